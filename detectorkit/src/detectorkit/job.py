@@ -1,0 +1,184 @@
+"""A detector job: Kafka source -> detector in mapInArrow -> Kafka sink, offsets committed to Kafka.
+
+Each micro-batch runs in `foreachBatch`: the tasks detect and write (flushing their producers), the
+driver collects their summaries and commits the batch's end offsets to the consumer group before the
+batch returns. A graceful stop waits for the batch in flight, so its offsets are committed too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import structlog
+
+from . import clients
+from .detector import Detector
+from .offset_store import OffsetStore
+from .processing import SUMMARY_SCHEMA, TaskContext, process_partition
+from .settings import Settings
+from .source import NAME as SOURCE_NAME
+from .source import SourceOptions
+
+log = structlog.get_logger("detectorkit.job")
+
+
+@dataclass
+class BatchResult:
+    batch_id: int
+    records: int
+    detections: int
+    dead_letters: Counter
+    committed: dict[int, int]
+    seconds: float
+
+
+@dataclass
+class JobStats:
+    batches: int = 0
+    records: int = 0
+    detections: int = 0
+    dead_letters: Counter = field(default_factory=Counter)
+    last: BatchResult | None = None
+
+
+class DetectorJob:
+    """Start with `start()`, stop gracefully with `stop()`; `stats` tells what was processed."""
+
+    def __init__(self, detector: Detector, settings: Settings, spark, config: Any = None):
+        if not settings.kafka_bootstrap_servers:
+            raise ValueError("settings.kafka_bootstrap_servers must be set (the command line starts the embedded broker)")
+        self.detector = detector
+        self.settings = settings.for_service(detector.name)
+        self.spark = spark
+        self.config = detector.load_config() if config is None else config
+        self.stats = JobStats()
+        self.query = None
+        self.last_activity = time.monotonic()
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._checkpoint_tmp: str | None = None
+        s = self.settings
+        self._base = clients.base(s.kafka_bootstrap_servers, s.kafka_options)
+        self._store: OffsetStore | None = None
+        self._task = TaskContext(
+            service=detector.name,
+            detector=detector,
+            config=self.config,
+            producer_conf=clients.producer(self._base),
+            output_topic=s.output_topic,
+            dlq_topic=s.dlq_topic,
+        )
+
+    def source_options(self) -> SourceOptions:
+        s = self.settings
+        return SourceOptions(
+            topic=s.input_topic,
+            client_conf=self._base,
+            group=s.consumer_group,
+            starting_offsets=s.starting_offsets,
+            max_records_per_batch=s.max_records_per_batch,
+            fail_on_data_loss=s.fail_on_data_loss,
+            timeout=s.connect_timeout_seconds,
+        )
+
+    def start(self):
+        s = self.settings
+        self._store = OffsetStore(clients.consumer(self._base, s.consumer_group), s.input_topic, s.connect_timeout_seconds)
+        checkpoint = s.checkpoint_dir
+        if checkpoint is None:
+            # Offsets live in Kafka; the checkpoint only has to outlive one run.
+            checkpoint = self._checkpoint_tmp = tempfile.mkdtemp(prefix=f"{self.detector.name}-checkpoint-")
+        stream = self.spark.readStream.format(SOURCE_NAME).options(**self.source_options().to_options()).load()
+        writer = stream.writeStream.foreachBatch(self._on_batch).option("checkpointLocation", checkpoint).queryName(self.detector.name)
+        if s.trigger_interval_seconds > 0:
+            writer = writer.trigger(processingTime=f"{s.trigger_interval_seconds} seconds")
+        self.last_activity = time.monotonic()
+        self.query = writer.start()
+        log.info("job started", input_topic=s.input_topic, output_topic=s.output_topic, dlq_topic=s.dlq_topic,
+                 consumer_group=s.consumer_group, starting_offsets=s.starting_offsets, checkpoint=checkpoint)
+        return self.query
+
+    def _on_batch(self, frame, batch_id: int) -> None:
+        with self._lock:
+            if self._stopping:
+                return  # not committed, so the next run reads these records again
+            self.last_activity = started = time.monotonic()
+            structlog.contextvars.bind_contextvars(batch=batch_id)
+            try:
+                result = self._process(frame, batch_id, started)
+            finally:
+                structlog.contextvars.unbind_contextvars("batch")
+            self.last_activity = time.monotonic()
+
+    def _process(self, frame, batch_id: int, started: float) -> BatchResult:
+        rows = frame.mapInArrow(partial(process_partition, self._task), SUMMARY_SCHEMA).collect()
+        committed: dict[int, int] = {}
+        records = detections = 0
+        dead = Counter()
+        for row in rows:
+            committed[row.partition] = max(committed.get(row.partition, -1), row.next_offset)
+            records += row.records
+            detections += row.detections
+            dead.update(json.loads(row.dead_letters))
+        # Every task has flushed its producer: the output is written, so the position may move.
+        self._store.commit(committed)
+        result = BatchResult(batch_id, records, detections, dead, committed, time.monotonic() - started)
+        st = self.stats
+        st.batches += 1
+        st.records += records
+        st.detections += detections
+        st.dead_letters.update(dead)
+        st.last = result
+        if records:
+            log.info("batch done", records=records, detections=detections, dead_letters=dict(dead),
+                     committed={str(k): v for k, v in committed.items()}, seconds=round(result.seconds, 3))
+        return result
+
+    def stop(self, timeout: float = 120.0) -> None:
+        """Finish the batch in flight (its offsets get committed), then stop the query."""
+        if self._lock.acquire(timeout=timeout):
+            self._stopping = True
+            self._lock.release()
+        else:
+            log.warning("batch in flight did not finish in time; stopping anyway", timeout=timeout)
+            self._stopping = True
+        if self.query is not None:
+            self.query.stop()
+        self.close()
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        if self._checkpoint_tmp:
+            shutil.rmtree(self._checkpoint_tmp, ignore_errors=True)
+            self._checkpoint_tmp = None
+
+    def idle_for(self) -> float:
+        return time.monotonic() - self.last_activity
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
+_OUR_ERRORS = ("DataLossError", "NoCommittedOffsetsError", "DeliveryError", "TimeoutError", "KafkaException", "LookupError")
+
+
+def explain(exc: BaseException) -> str:
+    """The one line of a failed query's error that says what went wrong, not Spark's stack."""
+    text = str(exc)
+    found = _ERROR_LINE.findall(text)
+    for name, message in found:
+        if name in _OUR_ERRORS:
+            return f"{name}: {message.strip()}"
+    python = [f"{n}: {m.strip()}" for n, m in found if n not in ("PythonException", "StreamingQueryException", "Py4JJavaError")]
+    if python:
+        return python[-1]
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__

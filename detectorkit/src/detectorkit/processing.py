@@ -1,0 +1,166 @@
+"""One Spark task's work: parse, detect, write detections and dead letters, report what was done.
+
+It runs in `mapInArrow` on the executors, over the Arrow batches of one Kafka partition range, so
+records never pass through the driver. What it yields is a summary per Kafka partition, which the
+driver collects to commit offsets and count.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import records as rec
+from . import sink as sinks
+from .detector import Detector
+
+SUMMARY_SCHEMA = "partition int, next_offset long, records long, detections long, dead_letters string"
+_SUMMARY_ARROW = pa.schema([
+    ("partition", pa.int32()),
+    ("next_offset", pa.int64()),
+    ("records", pa.int64()),
+    ("detections", pa.int64()),
+    ("dead_letters", pa.string()),
+])
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """Everything a task needs; pickled to the workers once per batch."""
+
+    service: str
+    detector: Detector
+    config: Any
+    producer_conf: dict[str, Any]
+    output_topic: str
+    dlq_topic: str
+    flush_timeout: float = 60.0
+
+
+@dataclass
+class PartitionSummary:
+    next_offset: int = -1
+    records: int = 0
+    detections: int = 0
+    dead_letters: Counter = field(default_factory=Counter)
+
+
+def run_detector(ctx: TaskContext, frame: pd.DataFrame) -> tuple[list[tuple[int, dict]], list[rec.Rejected]]:
+    """Detections as (record position, fields); records on which the detector raises are rejected.
+
+    The detector runs on the whole batch; if it raises, its records are retried one by one so only
+    the records that make it fail go to the dead-letter topic.
+    """
+    if frame.empty:
+        return [], []
+    try:
+        return _detections(ctx.detector.detect(frame, ctx.config), frame.index), []
+    except Exception:  # noqa: BLE001 - any failure of user code is a dead letter, not a crash
+        pass
+    found: list[tuple[int, dict]] = []
+    rejected: list[rec.Rejected] = []
+    for position in frame.index:
+        one = frame.loc[[position]]
+        try:
+            out = ctx.detector.detect(one, ctx.config)
+            found.extend((position, fields) for _, fields in _detections(out, one.index, single=True))
+        except Exception as exc:  # noqa: BLE001
+            message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            rejected.append(rec.Rejected(int(position), rec.DETECTOR_ERROR, message[:2000]))
+    return found, rejected
+
+
+def _detections(out: Any, index: pd.Index, single: bool = False) -> list[tuple[int, dict]]:
+    if not isinstance(out, pd.DataFrame):
+        raise TypeError(f"detect() must return a pandas DataFrame, not {type(out).__name__}")
+    if out.empty:
+        return []
+    if not single and not out.index.isin(index).all():
+        raise ValueError("detect() returned rows whose index is not the index of an input record")
+    positions = [int(index[0])] * len(out) if single else [int(i) for i in out.index]
+    return list(zip(positions, out.to_dict(orient="records"), strict=True))
+
+
+def _headers(ctx: TaskContext, reason: str, message: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
+    return [
+        ("error_type", reason.encode()),
+        ("error_message", message.encode(errors="replace")),
+        ("source_topic", topic.encode()),
+        ("source_partition", str(partition).encode()),
+        ("source_offset", str(offset).encode()),
+        ("service", ctx.service.encode()),
+    ]
+
+
+def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, summaries: dict[int, PartitionSummary]) -> None:
+    if batch.num_rows == 0:
+        return
+    columns = batch.to_pydict()
+    keys, values = columns["key"], columns["value"]
+    topics, partitions, offsets = columns["topic"], columns["partition"], batch.column("offset").to_pylist()
+    stamps = pc.divide(batch.column("timestamp").cast(pa.int64()), 1000).to_pylist()  # ms, as Kafka has them
+
+    frame, rejected = rec.parse(values, ctx.detector.required_fields)
+    found, failed = run_detector(ctx, frame)
+    for position, fields in found:
+        value = {
+            "service": ctx.service,
+            "detection": fields,
+            "source": {
+                "topic": topics[position],
+                "partition": partitions[position],
+                "offset": offsets[position],
+                "timestamp_ms": stamps[position],
+            },
+        }
+        sink.send(ctx.output_topic, keys[position], json.dumps(value, default=str).encode())
+    for r in rejected + failed:
+        p = r.position
+        sink.send(ctx.dlq_topic, keys[p], values[p] or b"", _headers(ctx, r.reason, r.message, topics[p], partitions[p], offsets[p]))
+
+    detections_at = Counter(partitions[p] for p, _ in found)
+    dead_at: dict[int, Counter] = {}
+    for r in rejected + failed:
+        dead_at.setdefault(partitions[r.position], Counter())[r.reason] += 1
+    for partition in set(partitions):
+        s = summaries.setdefault(partition, PartitionSummary())
+        s.detections += detections_at.get(partition, 0)
+        s.dead_letters.update(dead_at.get(partition, {}))
+    for partition, offset in zip(partitions, offsets, strict=True):
+        s = summaries[partition]
+        s.records += 1
+        if offset >= s.next_offset:
+            s.next_offset = offset + 1
+
+
+def process_partition(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The `mapInArrow` function: all batches of one task, then one summary row per Kafka partition."""
+    sink = sinks.for_worker(ctx.producer_conf)
+    summaries: dict[int, PartitionSummary] = {}
+    try:
+        for batch in batches:
+            process_batch(ctx, batch, sink, summaries)
+        sink.flush(ctx.flush_timeout)
+    except BaseException:
+        sinks.discard(ctx.producer_conf)
+        raise
+    if summaries:
+        items = sorted(summaries.items())
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([p for p, _ in items], pa.int32()),
+                pa.array([s.next_offset for _, s in items], pa.int64()),
+                pa.array([s.records for _, s in items], pa.int64()),
+                pa.array([s.detections for _, s in items], pa.int64()),
+                pa.array([json.dumps(dict(s.dead_letters)) for _, s in items], pa.string()),
+            ],
+            schema=_SUMMARY_ARROW,
+        )

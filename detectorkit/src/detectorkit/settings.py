@@ -1,0 +1,174 @@
+"""The job's settings: one typed object, read from environment variables and command-line flags.
+
+Every field's environment variable is its name in upper case (``input_topic`` -> ``INPUT_TOPIC``);
+the flag is its name in kebab case (``--input-topic``). Flags win over the environment.
+librdkafka settings for real clusters pass through from ``KAFKA_SECURITY_PROTOCOL``,
+``KAFKA_SASL_*`` and ``KAFKA_SSL_*`` (``KAFKA_SASL_USERNAME`` -> ``sasl.username``) or from
+``--kafka-option sasl.username=...``; their secrets never reach a log line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# The librdkafka keys a deployment may pass through: what a secured real cluster needs.
+PASS_THROUGH_PREFIXES = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "metadata.")
+_SECRET_WORDS = ("password", "secret", "key", "token", "jaas")
+_TOPIC_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+class SettingsError(ValueError):
+    """A missing or invalid setting; its message is one line that says which and what to do."""
+
+
+def check_topic_name(name: str) -> str:
+    """Kafka's rules for a topic name; returns the name or raises ValueError saying what is wrong."""
+    if not name:
+        raise ValueError("a topic name cannot be empty")
+    if name in (".", ".."):
+        raise ValueError(f"{name!r} is not allowed as a topic name")
+    if len(name) > 249:
+        raise ValueError(f"a topic name has at most 249 characters, this one has {len(name)}")
+    bad = sorted(set(name) - _TOPIC_CHARS)
+    if bad:
+        raise ValueError(f"a topic name may use only letters, digits, '.', '_' and '-', not {''.join(bad)!r}")
+    return name
+
+
+def redact(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a client configuration that is safe to log."""
+    return {k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in conf.items()}
+
+
+def default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Settings(BaseModel):
+    """Settings of one detector job. Defaults suit a laptop with the embedded broker."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+
+    kafka_bootstrap_servers: str | None = Field(
+        None, description="Kafka bootstrap servers, host:port[,host:port]. Unset: start the embedded broker."
+    )
+    input_topic: str = Field("records.normalized", description="Topic of normalised records to read.")
+    output_topic: str = Field("detections", description="Topic the detections are written to.")
+    dlq_topic: str | None = Field(None, description="Dead-letter topic. Default: <service>.dlq.")
+    consumer_group: str | None = Field(None, description="Consumer group holding the job's offsets. Default: the service name.")
+    instance_id: str = Field(default_factory=default_instance_id, description="This instance's id, unique among the service's instances. Default: host-pid.")
+    starting_offsets: Literal["latest", "earliest", "error"] = Field(
+        "latest", description="Where to start when the group has no committed offset: latest, earliest or error."
+    )
+    max_records_per_batch: int = Field(100_000, gt=0, description="At most this many records in one micro-batch.")
+    fail_on_data_loss: bool = Field(True, description="Stop when planned records are gone (retention, deleted topic); false skips ahead.")
+    spark_master: str = Field("local[2]", description="Spark master URL.")
+    trigger_interval_seconds: float = Field(0.0, ge=0, description="Minimum time between micro-batch starts; 0 starts the next one at once.")
+    checkpoint_dir: str | None = Field(None, description="Spark checkpoint directory. Default: a temporary one, since offsets live in Kafka.")
+    connect_timeout_seconds: float = Field(30.0, gt=0, description="How long to wait for the broker at start before giving up.")
+    stop_after_idle_seconds: float = Field(0.0, ge=0, description="Stop gracefully after this long with no new records; 0 runs until stopped.")
+    create_topics: bool = Field(False, description="Create missing input, output and dead-letter topics at start.")
+    topic_partitions: int = Field(8, gt=0, description="Partitions of topics created by CREATE_TOPICS.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level of the job's own logs.")
+    kafka_options: dict[str, str] = Field(default_factory=dict, description="librdkafka settings passed through (security.protocol, sasl.*, ssl.*).")
+
+    @field_validator("input_topic", "output_topic", "dlq_topic")
+    @classmethod
+    def _topic(cls, value: str | None) -> str | None:
+        return None if value is None else check_topic_name(value)
+
+    @field_validator("kafka_options")
+    @classmethod
+    def _options(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not key.startswith(PASS_THROUGH_PREFIXES):
+                raise ValueError(f"{key!r} is not a pass-through librdkafka setting (allowed: {', '.join(p + '*' for p in PASS_THROUGH_PREFIXES)})")
+        return value
+
+    def for_service(self, service: str) -> Settings:
+        """Fill the defaults that depend on the service's name."""
+        return self.model_copy(update={
+            "dlq_topic": self.dlq_topic or check_topic_name(f"{service}.dlq"),
+            "consumer_group": self.consumer_group or service,
+        })
+
+    def __repr_args__(self):
+        for name, value in super().__repr_args__():
+            yield name, (redact(value) if name == "kafka_options" else value)
+
+    def safe_dict(self) -> dict[str, Any]:
+        """The settings as a dict fit for a log line."""
+        data = self.model_dump()
+        data["kafka_options"] = redact(self.kafka_options)
+        return data
+
+
+def kafka_options_from_env(environ: Mapping[str, str]) -> dict[str, str]:
+    options = {}
+    for name, value in environ.items():
+        upper = name.upper()
+        for prefix in ("KAFKA_SECURITY_", "KAFKA_SASL_", "KAFKA_SSL_"):
+            if upper.startswith(prefix):
+                options[upper[len("KAFKA_"):].lower().replace("_", ".")] = value
+    return options
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting, with the field's description as help."""
+    for name, field in Settings.model_fields.items():
+        if name == "kafka_options":
+            continue
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=f"{field.description} (env {name.upper()})")
+    parser.add_argument(
+        "--kafka-option", dest="kafka_options", action="append", default=[], metavar="KEY=VALUE",
+        help="librdkafka setting passed to every client, e.g. sasl.mechanism=PLAIN (repeatable)",
+    )
+
+
+def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings from the environment and flags, or SettingsError with one clear line."""
+    environ = os.environ if environ is None else environ
+    overrides: dict[str, Any] = {}
+    options = kafka_options_from_env(environ)
+    if args is not None:
+        for name in Settings.model_fields:
+            value = getattr(args, name, None)
+            if name == "kafka_options":
+                for item in value or []:
+                    key, sep, val = item.partition("=")
+                    if not sep:
+                        raise SettingsError(f"--kafka-option wants KEY=VALUE, got {item!r}")
+                    options[key.strip()] = val
+            elif value is not None:
+                overrides[name] = value
+    overrides["kafka_options"] = options
+    env_values = {
+        name: environ[name.upper()] for name in Settings.model_fields
+        if name.upper() in environ and name not in overrides and name != "kafka_options"
+    }
+    try:
+        return Settings.model_validate({**env_values, **overrides})
+    except ValidationError as exc:
+        raise SettingsError(describe(exc)) from None
+
+
+def describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        name = ".".join(str(x) for x in error["loc"]) or "settings"
+        shown = "***" if "option" in name else repr(error.get("input"))
+        parts.append(f"{name.upper()}={shown}: {error['msg']}")
+    return "invalid setting " + "; ".join(parts)
+
+
+def parse(argv: Sequence[str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return load(parser.parse_args(argv))

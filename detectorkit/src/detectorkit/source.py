@@ -1,0 +1,297 @@
+"""The Kafka source: a PySpark Python Data Source streaming reader built on confluent-kafka.
+
+Spark's own Kafka connector is a JVM package; this one needs nothing but Python packages.
+
+Where things run: `initialOffset`, `latestOffset` and `partitions` run in a long-lived Python
+process on the driver (the planner); `read` runs in Python workers on an unpickled copy of the
+reader. Kafka clients are therefore created lazily and cached per process, never pickled.
+
+Offsets: the job starts at the consumer group's committed offsets (the job commits them after each
+batch's output is flushed, see `job.py`); where the group has none, at the end of the partition by
+default. The reader's `commit(end)` is deliberately not used to commit: Spark calls it one batch
+late, so a redeploy would replay the last batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from . import clients
+from .end_offsets import EndOffsetProbe
+from .offset_store import OffsetStore
+from .planning import (
+    DataLossError,
+    PartitionRange,
+    cap_end_offsets,
+    from_spark,
+    plan_ranges,
+    reconcile,
+    resolve_start,
+    to_spark,
+)
+
+NAME = "detectorkit-kafka"
+
+# The same columns as Spark's own Kafka source, less headers.
+SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp"
+ARROW_SCHEMA = pa.schema([
+    ("key", pa.binary()),
+    ("value", pa.binary()),
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("timestamp", pa.timestamp("us", tz="UTC")),
+])
+
+# How many records one Arrow batch from `read` holds: big enough to amortise the per-batch cost of
+# the detector, small enough to keep a worker's memory flat.
+CHUNK_RECORDS = 20_000
+
+# Errors by which the broker says the records asked for are not there.
+_GONE = {
+    KafkaError._AUTO_OFFSET_RESET,
+    KafkaError.OFFSET_OUT_OF_RANGE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError._UNKNOWN_TOPIC,
+}
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    topic: str
+    client_conf: dict[str, Any]
+    group: str
+    starting_offsets: str = "latest"
+    max_records_per_batch: int | None = None
+    fail_on_data_loss: bool = True
+    timeout: float = 30.0
+    partition_refresh_seconds: float = 5.0
+
+    def to_options(self) -> dict[str, str]:
+        return {"detectorkit.options": json.dumps(self.__dict__)}
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> SourceOptions:
+        return cls(**json.loads(options["detectorkit.options"]))
+
+
+class KafkaInputPartition(InputPartition):
+    def __init__(self, range_: PartitionRange):
+        super().__init__(range_)
+        self.range = range_
+
+
+class KafkaSource(DataSource):
+    """Register with ``spark.dataSource.register(KafkaSource)``, read with
+    ``spark.readStream.format("detectorkit-kafka").options(**SourceOptions(...).to_options())``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema) -> KafkaStreamReader:
+        return KafkaStreamReader(SourceOptions.from_options(self.options))
+
+
+_consumers: dict[str, Consumer] = {}
+
+
+def _reader_consumer(conf: Mapping[str, Any]) -> Consumer:
+    """One reading consumer per worker process, reused by every task that process runs."""
+    key = json.dumps(conf, sort_keys=True)
+    consumer = _consumers.get(key)
+    if consumer is None:
+        consumer = _consumers[key] = Consumer(dict(conf))
+    return consumer
+
+
+@dataclass
+class KafkaStreamReader(DataSourceStreamReader):
+    options: SourceOptions
+    _probe: EndOffsetProbe | None = field(default=None, repr=False)
+    _store: OffsetStore | None = field(default=None, repr=False)
+    _partitions: list[int] = field(default_factory=list, repr=False)
+    _partitions_at: float = field(default=0.0, repr=False)
+
+    def __getstate__(self) -> dict:
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["options"])
+
+    # ---- planner side -------------------------------------------------------------------------
+
+    def _consumer_conf(self, **extra: Any) -> dict[str, Any]:
+        return clients.consumer(self.options.client_conf, self.options.group, **{"isolation.level": "read_uncommitted", **extra})
+
+    def _clients(self) -> tuple[EndOffsetProbe, OffsetStore]:
+        if self._probe is None:
+            self._probe = EndOffsetProbe(self._consumer_conf(), self.options.topic, self.options.timeout)
+            self._store = OffsetStore(self._consumer_conf(), self.options.topic, self.options.timeout)
+        return self._probe, self._store
+
+    def _topic_partitions(self, force: bool = False) -> list[int]:
+        # Partitions added to the topic are picked up within the refresh interval.
+        now = time.monotonic()
+        if force or now - self._partitions_at > self.options.partition_refresh_seconds:
+            probe, _ = self._clients()
+            try:
+                partitions = clients.topic_partitions(probe._consumer, self.options.topic, self.options.timeout)
+            except LookupError as exc:
+                if not self._partitions:
+                    raise
+                raise DataLossError(f"{exc}: it was deleted while the job read it") from None
+            probe.forget(set(self._partitions) - set(partitions))
+            self._partitions, self._partitions_at = partitions, now
+        return self._partitions
+
+    def initialOffset(self) -> dict:
+        probe, store = self._clients()
+        partitions = self._topic_partitions(force=True)
+        committed = store.committed(partitions)
+        latest = probe.end_offsets(partitions)
+        need_earliest = self.options.starting_offsets == "earliest" and any(committed[p] is None for p in partitions)
+        earliest = probe.earliest(partitions) if need_earliest else {}
+        start = resolve_start(committed, earliest, latest, self.options.starting_offsets, self.options.topic, self.options.group)
+        # Record where the job starts, so a restart before any record arrives starts there too
+        # instead of at a later "latest" that would skip what came in between.
+        store.commit({p: o for p, o in start.items() if committed[p] is None})
+        return to_spark(self.options.topic, start)
+
+    def getDefaultReadLimit(self):
+        if self.options.max_records_per_batch:
+            return ReadMaxRows(self.options.max_records_per_batch)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict | None = None, limit=None) -> dict:
+        probe, _ = self._clients()
+        partitions = self._topic_partitions()
+        latest = probe.end_offsets(partitions)
+        current = from_spark(self.options.topic, start)
+        planned, _, problems = reconcile(current, latest, self.options.fail_on_data_loss, self.options.topic)
+        for problem in problems:
+            log.warning("skipping lost records: %s", problem)
+        if limit is None:  # PySpark before 4.2 passes neither argument
+            limit = self.getDefaultReadLimit()
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return to_spark(self.options.topic, cap_end_offsets(planned, latest, max_rows))
+
+    def partitions(self, start: dict, end: dict) -> list[KafkaInputPartition]:
+        topic = self.options.topic
+        return [KafkaInputPartition(r) for r in plan_ranges(topic, from_spark(topic, start), from_spark(topic, end))]
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the job commits each batch's offsets itself once its output is flushed."""
+
+    def stop(self) -> None:
+        for client in (self._probe, self._store):
+            if client is not None:
+                client.close()
+        self._probe = self._store = None
+
+    # ---- worker side --------------------------------------------------------------------------
+
+    def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
+        conf = self._consumer_conf(**{"enable.partition.eof": True, "auto.offset.reset": "error"})
+        yield from read_range(_reader_consumer(conf), partition.range, self.options.fail_on_data_loss, self.options.timeout)
+
+
+def read_range(consumer: Consumer, r: PartitionRange, fail_on_data_loss: bool, timeout: float) -> Iterator[pa.RecordBatch]:
+    """Exactly the records of offsets [r.start, r.end), as Arrow record batches."""
+    consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
+    try:
+        yield from _read_assigned(consumer, r, fail_on_data_loss, timeout)
+    finally:
+        consumer.unassign()
+
+
+def _read_assigned(consumer: Consumer, r: PartitionRange, fail_on_data_loss: bool, timeout: float) -> Iterator[pa.RecordBatch]:
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    offsets: list[int] = []
+    stamps: list[int] = []
+    position = r.start
+    deadline = time.monotonic() + timeout
+    while position < r.end:
+        messages = consumer.consume(min(CHUNK_RECORDS, r.end - position + 1), timeout=0.2)
+        if not messages and time.monotonic() > deadline:
+            raise TimeoutError(
+                f"no records from {r.topic}-{r.partition} at offset {position} for {timeout:.0f} s "
+                f"(planned up to {r.end}); is the broker reachable?"
+            )
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                position = _handle_error(consumer, r, position, error, message, fail_on_data_loss, timeout)
+                if position >= r.end:
+                    break
+                continue
+            offset = message.offset()
+            if offset >= r.end:
+                position = r.end
+                break
+            keys.append(message.key())
+            values.append(message.value())
+            offsets.append(offset)
+            stamps.append(message.timestamp()[1])
+            position = offset + 1
+        if messages:
+            deadline = time.monotonic() + timeout
+        if len(offsets) >= CHUNK_RECORDS or (offsets and position >= r.end):
+            yield _to_arrow(r, keys, values, offsets, stamps)
+            keys, values, offsets, stamps = [], [], [], []
+
+
+def _handle_error(consumer, r: PartitionRange, position: int, error: KafkaError, message, fail_on_data_loss: bool, timeout: float) -> int:
+    """Where reading goes on after `error`; raises when it cannot."""
+    code = error.code()
+    if code == KafkaError._PARTITION_EOF:
+        if message.offset() >= r.end:
+            return r.end  # the rest of the range holds no records (e.g. transaction markers)
+        problem = f"partition {r.topic}-{r.partition} ends at offset {message.offset()}, before the planned {r.end}"
+    elif code in _GONE:
+        problem = f"records {r.topic}-{r.partition} [{position}, {r.end}) are no longer on the broker ({error.str()})"
+    elif error.fatal() or not error.retriable():
+        raise KafkaException(error)
+    else:
+        return position  # transient: librdkafka retries by itself
+    if fail_on_data_loss and not r.from_earliest:
+        raise DataLossError(problem + ". Some records were never processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.")
+    log.warning("skipping lost records: %s", problem)
+    low, high = consumer.get_watermark_offsets(TopicPartition(r.topic, r.partition), timeout=timeout, cached=False)
+    if low < 0 or low >= r.end or code == KafkaError._PARTITION_EOF or low <= position:
+        return r.end
+    consumer.assign([TopicPartition(r.topic, r.partition, low)])
+    return low
+
+
+def _to_arrow(r: PartitionRange, keys, values, offsets, stamps) -> pa.RecordBatch:
+    n = len(offsets)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array([r.topic] * n, pa.string()),
+            pa.array([r.partition] * n, pa.int32()),
+            pa.array(offsets, pa.int64()),
+            pc.multiply(pa.array(stamps, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC")),
+        ],
+        schema=ARROW_SCHEMA,
+    )
