@@ -8,7 +8,9 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from . import clients, logs
 from . import settings as settings_mod
@@ -47,14 +49,14 @@ def check_kafka(settings: Settings) -> str | None:
     return None
 
 
-def run_detector(detector: Detector, argv: Sequence[str] | None = None) -> int:
+def run_detector(detector: Detector, argv: Sequence[str] | None = None, defaults: Mapping[str, Any] | None = None) -> int:
     """Run `detector` as a streaming job until SIGTERM/SIGINT (or idle, if configured). Exit code:
     0 after a graceful stop, 1 when the job failed, 2 when it could not start."""
     parser = argparse.ArgumentParser(prog=detector.name, description=f"Run the {detector.name} detector.")
     settings_mod.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        settings = settings_mod.load(args).for_service(detector.name)
+        settings = settings_mod.load(args, defaults=defaults).for_service(detector.name)
         config = detector.load_config()
     except SettingsError as exc:
         return _fail(str(exc))
@@ -98,12 +100,19 @@ def _run(detector: Detector, settings: Settings, config, log) -> int:
     try:
         query = job.start()
         idle = settings.stop_after_idle_seconds
+        idle_since = None
         while not stop.is_set():
             if query.awaitTermination(0.25):
                 break
-            if idle and job.idle_for() > idle:
-                log.info("stopping: no new records", idle_seconds=idle)
-                stop.set()
+            if idle:
+                # Idle means caught up and waiting: Spark's own status says so once the sources
+                # are initialised, the first batches are done and no new record has arrived.
+                status = query.status
+                waiting = not status["isDataAvailable"] and not status["isTriggerActive"] and status["message"].startswith("Waiting")
+                idle_since = (idle_since or time.monotonic()) if waiting else None
+                if idle_since and time.monotonic() - idle_since > idle:
+                    log.info("stopping: no new records", idle_seconds=idle)
+                    stop.set()
         if query.isActive:
             job.stop()
         error = query.exception()

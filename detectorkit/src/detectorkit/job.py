@@ -62,7 +62,6 @@ class DetectorJob:
         self.config = detector.load_config() if config is None else config
         self.stats = JobStats()
         self.query = None
-        self.last_activity = time.monotonic()
         self._lock = threading.Lock()
         self._stopping = False
         self._checkpoint_tmp: str | None = None
@@ -101,7 +100,6 @@ class DetectorJob:
         writer = stream.writeStream.foreachBatch(self._on_batch).option("checkpointLocation", checkpoint).queryName(self.detector.name)
         if s.trigger_interval_seconds > 0:
             writer = writer.trigger(processingTime=f"{s.trigger_interval_seconds} seconds")
-        self.last_activity = time.monotonic()
         self.query = writer.start()
         log.info("job started", input_topic=s.input_topic, output_topic=s.output_topic, dlq_topic=s.dlq_topic,
                  consumer_group=s.consumer_group, starting_offsets=s.starting_offsets, checkpoint=checkpoint)
@@ -111,13 +109,12 @@ class DetectorJob:
         with self._lock:
             if self._stopping:
                 return  # not committed, so the next run reads these records again
-            self.last_activity = started = time.monotonic()
+            started = time.monotonic()
             structlog.contextvars.bind_contextvars(batch=batch_id)
             try:
-                result = self._process(frame, batch_id, started)
+                self._process(frame, batch_id, started)
             finally:
                 structlog.contextvars.unbind_contextvars("batch")
-            self.last_activity = time.monotonic()
 
     def _process(self, frame, batch_id: int, started: float) -> BatchResult:
         rows = frame.mapInArrow(partial(process_partition, self._task), SUMMARY_SCHEMA).collect()
@@ -162,9 +159,6 @@ class DetectorJob:
         if self._checkpoint_tmp:
             shutil.rmtree(self._checkpoint_tmp, ignore_errors=True)
             self._checkpoint_tmp = None
-
-    def idle_for(self) -> float:
-        return time.monotonic() - self.last_activity
 
 
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$", re.MULTILINE)

@@ -132,8 +132,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None) -> Settings:
-    """Settings from the environment and flags, or SettingsError with one clear line."""
+def load(
+    args: argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Settings from flags, else the environment, else `defaults` (a service's own), else the
+    documented defaults; or SettingsError with one clear line."""
     environ = os.environ if environ is None else environ
     overrides: dict[str, Any] = {}
     options = kafka_options_from_env(environ)
@@ -154,7 +159,7 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
         if name.upper() in environ and name not in overrides and name != "kafka_options"
     }
     try:
-        return Settings.model_validate({**env_values, **overrides})
+        return Settings.model_validate({**(defaults or {}), **env_values, **overrides})
     except ValidationError as exc:
         raise SettingsError(describe(exc)) from None
 

@@ -1,0 +1,116 @@
+"""Test helpers and a pytest plugin (loaded automatically where detectorkit is installed).
+
+The `kafka_bootstrap_servers` fixture picks the broker as a deployment would: KAFKA_BOOTSTRAP_SERVERS
+if set; else a Kafka container where a Docker engine answers; else the embedded broker (Tansu).
+`kafka_broker_kind` tells which, so a test that needs what Tansu lacks can skip with a reason.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import pytest
+from confluent_kafka import Producer
+
+from . import clients
+from .samples import Sample
+from .topic_reader import read_topic
+
+EXTERNAL, CONTAINER, TANSU = "external", "container", "tansu"
+
+
+@dataclass(frozen=True)
+class Topics:
+    input: str
+    output: str
+    dlq: str
+    group: str
+
+
+@dataclass(frozen=True)
+class Sent:
+    sample: Sample
+    partition: int
+    offset: int
+
+
+def create_test_topics(bootstrap_servers: str, prefix: str, partitions: int = 4) -> Topics:
+    """Fresh input/output/dead-letter topics and group, so tests never see each other's records."""
+    suffix = uuid.uuid4().hex[:8]
+    topics = Topics(f"{prefix}.in.{suffix}", f"{prefix}.out.{suffix}", f"{prefix}.dlq.{suffix}", f"{prefix}.{suffix}")
+    clients.create_topics(clients.base(bootstrap_servers), {topics.input: partitions, topics.output: 1, topics.dlq: 1})
+    return topics
+
+
+def produce(bootstrap_servers: str, topic: str, samples: Iterable[Sample]) -> list[Sent]:
+    """Write samples; returns where each landed, in the order given."""
+    producer = Producer(clients.producer(clients.base(bootstrap_servers)))
+    sent: list[Sent | None] = []
+    errors: list[str] = []
+
+    def delivered(index: int, sample: Sample):
+        def callback(error, message):
+            if error is not None:
+                errors.append(error.str())
+            else:
+                sent[index] = Sent(sample, message.partition(), message.offset())
+        return callback
+
+    for index, sample in enumerate(samples):
+        sent.append(None)
+        while True:
+            try:
+                producer.produce(topic, key=sample.key, value=sample.value, on_delivery=delivered(index, sample))
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    remaining = producer.flush(60)
+    if remaining or errors or any(s is None for s in sent):
+        raise RuntimeError(f"producing test records failed: {remaining} undelivered, errors {errors[:3]}")
+    return sent  # type: ignore[return-value]
+
+
+def read_all(bootstrap_servers: str, topic: str, timeout: float = 60.0) -> list[dict]:
+    return list(read_topic(clients.base(bootstrap_servers), topic, timeout=timeout))
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:  # noqa: BLE001 - no client, no socket, no engine: all mean "no Docker"
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[tuple[str, str]]:
+    """(bootstrap servers, kind) of the broker the tests use."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"], EXTERNAL
+        return
+    if _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer() as kafka:
+            yield kafka.get_bootstrap_server(), CONTAINER
+        return
+    from .broker import EmbeddedBroker
+
+    with EmbeddedBroker() as broker:
+        yield broker.bootstrap_servers, TANSU
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap_servers(kafka_broker) -> str:
+    return kafka_broker[0]
+
+
+@pytest.fixture(scope="session")
+def kafka_broker_kind(kafka_broker) -> str:
+    return kafka_broker[1]
