@@ -83,7 +83,7 @@ def run_detector(detector: Detector, argv: Sequence[str] | None = None, defaults
 
 
 def _run(detector: Detector, settings: Settings, config, log) -> int:
-    from .job import DetectorJob, explain
+    from .job import DetectorJob
     from .spark import session
 
     stop = threading.Event()
@@ -102,7 +102,7 @@ def _run(detector: Detector, settings: Settings, config, log) -> int:
         idle = settings.stop_after_idle_seconds
         idle_since = None
         while not stop.is_set():
-            if query.awaitTermination(0.25):
+            if job.terminated(0.25):
                 break
             if idle:
                 # Idle means caught up and waiting: Spark's own status says so once the sources
@@ -115,9 +115,8 @@ def _run(detector: Detector, settings: Settings, config, log) -> int:
                     stop.set()
         if query.isActive:
             job.stop()
-        error = query.exception()
-        if error is not None:
-            reason = explain(error)
+        reason = job.error()
+        if reason is not None:
             log.error("job failed", error=reason)
             return _fail(reason, EXIT_FAILED)
         st = job.stats

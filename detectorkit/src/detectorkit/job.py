@@ -140,6 +140,20 @@ class DetectorJob:
                      committed={str(k): v for k, v in committed.items()}, seconds=round(result.seconds, 3))
         return result
 
+    def terminated(self, timeout: float) -> bool:
+        """Wait up to `timeout` s; True once the query has ended, failed or not (see `error()`)."""
+        from pyspark.errors import StreamingQueryException
+
+        try:
+            return bool(self.query.awaitTermination(timeout))
+        except StreamingQueryException:
+            return True
+
+    def error(self) -> str | None:
+        """Why the query failed, in one line; None while it runs or after a clean stop."""
+        exc = self.query.exception() if self.query is not None else None
+        return None if exc is None else explain(exc)
+
     def stop(self, timeout: float = 120.0) -> None:
         """Finish the batch in flight (its offsets get committed), then stop the query."""
         if self._lock.acquire(timeout=timeout):

@@ -58,6 +58,9 @@ ARROW_SCHEMA = pa.schema([
 # the detector, small enough to keep a worker's memory flat.
 CHUNK_RECORDS = 20_000
 
+# How long a read may see nothing before it checks that its partition still exists.
+_STALL_CHECK_SECONDS = 2.0
+
 # Errors by which the broker says the records asked for are not there.
 _GONE = {
     KafkaError._AUTO_OFFSET_RESET,
@@ -166,7 +169,8 @@ class KafkaStreamReader(DataSourceStreamReader):
         probe, store = self._clients()
         partitions = self._topic_partitions(force=True)
         committed = store.committed(partitions)
-        latest = probe.end_offsets(partitions)
+        # Where "latest" starts must be the true end: a low answer here would replay old records.
+        latest = probe.end_offsets(partitions, confirmed=True)
         need_earliest = self.options.starting_offsets == "earliest" and any(committed[p] is None for p in partitions)
         earliest = probe.earliest(partitions) if need_earliest else {}
         start = resolve_start(committed, earliest, latest, self.options.starting_offsets, self.options.topic, self.options.group)
@@ -229,13 +233,23 @@ def _read_assigned(consumer: Consumer, r: PartitionRange, fail_on_data_loss: boo
     stamps: list[int] = []
     position = r.start
     deadline = time.monotonic() + timeout
+    checked = time.monotonic()
     while position < r.end:
         messages = consumer.consume(min(CHUNK_RECORDS, r.end - position + 1), timeout=0.2)
-        if not messages and time.monotonic() > deadline:
-            raise TimeoutError(
-                f"no records from {r.topic}-{r.partition} at offset {position} for {timeout:.0f} s "
-                f"(planned up to {r.end}); is the broker reachable?"
-            )
+        if not messages:
+            now = time.monotonic()
+            if now > checked + _STALL_CHECK_SECONDS:
+                # librdkafka waits quietly on a partition that no longer exists: ask the metadata.
+                checked = now
+                if not _partition_exists(consumer, r, timeout):
+                    problem = f"partition {r.topic}-{r.partition} no longer exists; records [{position}, {r.end}) are gone"
+                    _lost(r, problem, fail_on_data_loss)
+                    break
+            if now > deadline:
+                raise TimeoutError(
+                    f"no records from {r.topic}-{r.partition} at offset {position} for {timeout:.0f} s "
+                    f"(planned up to {r.end}); is the broker reachable?"
+                )
         for message in messages:
             error = message.error()
             if error is not None:
@@ -272,14 +286,27 @@ def _handle_error(consumer, r: PartitionRange, position: int, error: KafkaError,
         raise KafkaException(error)
     else:
         return position  # transient: librdkafka retries by itself
-    if fail_on_data_loss and not r.from_earliest:
-        raise DataLossError(problem + ". Some records were never processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.")
-    log.warning("skipping lost records: %s", problem)
+    _lost(r, problem, fail_on_data_loss)
     low, high = consumer.get_watermark_offsets(TopicPartition(r.topic, r.partition), timeout=timeout, cached=False)
     if low < 0 or low >= r.end or code == KafkaError._PARTITION_EOF or low <= position:
         return r.end
     consumer.assign([TopicPartition(r.topic, r.partition, low)])
     return low
+
+
+def _lost(r: PartitionRange, problem: str, fail_on_data_loss: bool) -> None:
+    if fail_on_data_loss and not r.from_earliest:
+        raise DataLossError(problem + ". Some records were never processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.")
+    log.warning("skipping lost records: %s", problem)
+
+
+def _partition_exists(consumer: Consumer, r: PartitionRange, timeout: float) -> bool:
+    try:
+        return r.partition in clients.topic_partitions(consumer, r.topic, timeout)
+    except LookupError:
+        return False
+    except KafkaException:
+        return True  # the broker did not answer: not a sign of loss; the read timeout covers it
 
 
 def _to_arrow(r: PartitionRange, keys, values, offsets, stamps) -> pa.RecordBatch:

@@ -1,0 +1,19 @@
+import os
+import pathlib
+
+import pytest
+
+HERE = pathlib.Path(__file__).parent
+
+# Spark's Python workers import the test detectors by name; they inherit this from the driver.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One SparkSession for the whole run: starting one costs about 5 s."""
+    from detectorkit.spark import session
+
+    spark = session("local[2]", "detectorkit-tests")
+    yield spark
+    spark.stop()

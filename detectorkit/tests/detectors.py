@@ -1,0 +1,21 @@
+"""Detectors the runtime's tests run; importable by Spark's Python workers (conftest puts this
+folder on PYTHONPATH before Spark starts)."""
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from detectorkit import Detector
+
+
+@dataclass(frozen=True)
+class Config:
+    threshold: float = 1000.0
+
+
+def above_threshold(records: pd.DataFrame, config: Config) -> pd.DataFrame:
+    hits = records[records["amount"] > config.threshold]
+    return pd.DataFrame({"amount": hits["amount"]}, index=hits.index)
+
+
+THRESHOLD = Detector(name="test-threshold", detect=above_threshold, config=Config, required_fields=("amount",))

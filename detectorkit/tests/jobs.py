@@ -1,0 +1,68 @@
+"""Running the test detector as its own process, the way a deployment runs a service."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+from detectorkit import clients
+from detectorkit.offset_store import OffsetStore
+
+HERE = pathlib.Path(__file__).parent
+COMMAND = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:THRESHOLD"]
+
+
+def job_env(bootstrap_servers, topics, **settings):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DETECTOR_", "SPARK_"))}
+    env.update({
+        "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p),
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers,
+        "INPUT_TOPIC": topics.input,
+        "OUTPUT_TOPIC": topics.output,
+        "DLQ_TOPIC": topics.dlq,
+        "CONSUMER_GROUP": topics.group,
+    })
+    env.update({k.upper(): str(v) for k, v in settings.items()})
+    return env
+
+
+class Job:
+    """A job process with its output in files (a pipe nobody reads would block it)."""
+
+    def __init__(self, env):
+        self.log = tempfile.NamedTemporaryFile(prefix="job-", suffix=".log", delete=False)
+        # Its own session, so a kill reaches the JVM and the Python workers too, as in a container.
+        self.process = subprocess.Popen(COMMAND, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self, timeout=300):
+        return self.process.wait(timeout=timeout)
+
+    def output(self):
+        return pathlib.Path(self.log.name).read_text(errors="replace")
+
+    def signal_group(self, signum):
+        os.killpg(self.process.pid, signum)
+
+
+def run(env, timeout=300):
+    job = Job(env)
+    code = job.wait(timeout)
+    return code, job.output()
+
+
+def committed(bootstrap_servers, topics, partitions):
+    store = OffsetStore(clients.consumer(clients.base(bootstrap_servers), topics.group), topics.input)
+    try:
+        return store.committed(partitions)
+    finally:
+        store.close()
+
+
+def wait_for(condition, timeout=120, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)

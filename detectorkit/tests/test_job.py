@@ -1,0 +1,143 @@
+"""The detector job end to end on a broker, in this process with the shared SparkSession."""
+
+import collections
+import json
+import time
+
+import pytest
+
+from detectorkit.job import DetectorJob, explain
+from detectorkit.samples import KINDS, samples
+from detectorkit.settings import Settings
+from detectorkit.testing import create_test_topics, produce, read_all
+
+from .detectors import THRESHOLD, Config
+from .jobs import committed, wait_for
+
+
+def settings(bootstrap, topics, **extra):
+    return Settings(
+        kafka_bootstrap_servers=bootstrap, input_topic=topics.input, output_topic=topics.output,
+        dlq_topic=topics.dlq, consumer_group=topics.group, **extra,
+    )
+
+
+def detections_by_source(bootstrap, topic):
+    values = [json.loads(m["value"]) for m in read_all(bootstrap, topic)]
+    return collections.Counter((v["source"]["partition"], v["source"]["offset"]) for v in values)
+
+
+def expected_detections(sent, threshold=Config().threshold):
+    return {(s.partition, s.offset) for s in sent if s.sample.kind == "valid" and s.sample.amount > threshold}
+
+
+def test_ten_thousand_records_with_bad_ones_lose_nothing(spark, kafka_bootstrap_servers):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "e2e", partitions=4)
+    sent = produce(bs, topics.input, samples(10_000, seed=11, bad_every=20))
+    kinds = collections.Counter(s.sample.kind for s in sent)
+    assert all(kinds[k] >= 100 for k in KINDS)  # every kind of bad record is really there
+
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=2_500), spark)
+    query = job.start()
+    wait_for(lambda: job.stats.records >= 10_000 or not query.isActive, what="10,000 records")
+    job.stop()
+    assert query.exception() is None
+    assert job.stats.records == 10_000
+    assert job.stats.batches >= 4  # the cap of 2,500 records per batch held
+
+    found = detections_by_source(bs, topics.output)
+    assert set(found) == expected_detections(sent)
+    assert set(found.values()) == {1}  # exactly once
+
+    dead = read_all(bs, topics.dlq)
+    by_source = {(int(m["headers"]["source_partition"]), int(m["headers"]["source_offset"])): m for m in dead}
+    assert len(by_source) == len(dead)
+    bad = {(s.partition, s.offset): s for s in sent if s.sample.kind != "valid"}
+    assert set(by_source) == set(bad)
+    for where, message in by_source.items():
+        assert message["headers"]["error_type"] == bad[where].sample.kind
+        assert message["value"] == bad[where].sample.value.decode()
+        assert message["key"] == bad[where].sample.key.decode()
+        assert message["headers"]["error_message"]
+        assert message["headers"]["service"] == THRESHOLD.name
+
+    valid = sum(1 for s in sent if s.sample.kind == "valid")
+    assert valid + len(dead) == len(sent)  # input = output-eligible + dead letters
+    assert committed(bs, topics, range(4)) == {p: sum(1 for s in sent if s.partition == p) for p in range(4)}
+
+
+def test_latest_skips_records_produced_before_the_first_start(spark, kafka_bootstrap_servers):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "latest", partitions=2)
+    before = produce(bs, topics.input, samples(300, seed=1, bad_every=0, high_share=0.5))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="latest"), spark)
+    query = job.start()
+    # The job records where it starts as soon as it has chosen: then it is safe to produce.
+    ends = {p: sum(1 for s in before if s.partition == p) for p in range(2)}
+    wait_for(lambda: committed(bs, topics, range(2)) == ends, what="the starting offsets to be committed")
+    after = produce(bs, topics.input, samples(200, seed=2, bad_every=0, high_share=0.5))
+    wait_for(lambda: job.stats.records >= 200 or not query.isActive, what="the new records")
+    job.stop()
+    assert job.stats.records == 200
+    assert set(detections_by_source(bs, topics.output)) == expected_detections(after)
+
+
+def test_earliest_processes_records_produced_before_the_first_start(spark, kafka_bootstrap_servers):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "earliest", partitions=2)
+    before = produce(bs, topics.input, samples(300, seed=3, bad_every=0, high_share=0.5))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    query = job.start()
+    wait_for(lambda: job.stats.records >= 300 or not query.isActive, what="the earlier records")
+    job.stop()
+    assert job.stats.records == 300
+    assert set(detections_by_source(bs, topics.output)) == expected_detections(before)
+
+
+def test_error_policy_stops_with_a_clear_message(spark, kafka_bootstrap_servers):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "error", partitions=2)
+    produce(bs, topics.input, samples(10, bad_every=0))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="error"), spark)
+    query = job.start()
+    deadline = time.monotonic() + 120
+    while not job.terminated(0.2) and time.monotonic() < deadline:
+        pass
+    job.close()
+    assert not query.isActive
+    reason = job.error()
+    assert reason.startswith("NoCommittedOffsetsError:")
+    assert topics.group in reason and "STARTING_OFFSETS=latest or earliest" in reason
+    assert "\n" not in reason
+
+
+def test_committed_offsets_are_the_restart_point(spark, kafka_bootstrap_servers):
+    """Two runs, each with a new, empty checkpoint directory: the second resumes from Kafka."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "resume", partitions=2)
+    first = produce(bs, topics.input, samples(400, seed=5, bad_every=0, high_share=0.5))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    query = job.start()
+    wait_for(lambda: job.stats.records >= 400 or not query.isActive, what="the first run")
+    job.stop()
+    second = produce(bs, topics.input, samples(300, seed=6, bad_every=0, high_share=0.5))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    query = job.start()
+    wait_for(lambda: job.stats.records >= 300 or not query.isActive, what="the second run")
+    job.stop()
+    assert job.stats.records == 300
+    found = detections_by_source(bs, topics.output)
+    assert set(found) == expected_detections(first + second) and set(found.values()) == {1}
+
+
+@pytest.mark.parametrize("bad", ["not_an_int"])
+def test_explain_picks_our_error_out_of_a_spark_stack(bad):
+    text = (
+        "[STREAM_FAILED] Query terminated with exception: Traceback (most recent call last):\n"
+        '  File "x.py", line 3, in read\n'
+        "detectorkit.planning.DataLossError: partition t-0 no longer exists. Set FAIL_ON_DATA_LOSS=false to skip ahead.\n"
+        "\tat org.apache.spark.Foo(Foo.scala:1)\n"
+    )
+    assert explain(RuntimeError(text)) == "DataLossError: partition t-0 no longer exists. Set FAIL_ON_DATA_LOSS=false to skip ahead."
+    assert explain(RuntimeError(f"ValueError: invalid literal for int() with base 10: '{bad}'")).startswith("ValueError:")

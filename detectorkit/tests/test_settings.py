@@ -1,0 +1,86 @@
+import argparse
+
+import pytest
+
+from detectorkit import settings as s
+from detectorkit.detector import Detector
+from detectorkit.settings import SettingsError, load
+
+from .detectors import THRESHOLD, Config
+
+
+def parse(argv, environ=None, defaults=None):
+    parser = argparse.ArgumentParser()
+    s.add_arguments(parser)
+    return load(parser.parse_args(argv), environ=environ or {}, defaults=defaults)
+
+
+def test_documented_defaults():
+    got = load(environ={})
+    assert got.kafka_bootstrap_servers is None
+    assert (got.input_topic, got.output_topic, got.starting_offsets) == ("records.normalized", "detections", "latest")
+    assert got.max_records_per_batch == 100_000 and got.fail_on_data_loss is True
+    assert all(f.description for f in s.Settings.model_fields.values())
+
+
+def test_environment_then_flags_then_service_defaults():
+    env = {"INPUT_TOPIC": "from-env", "OUTPUT_TOPIC": "out-env", "MAX_RECORDS_PER_BATCH": "500"}
+    got = parse(["--output-topic", "out-flag"], env, defaults={"input_topic": "svc-in", "dlq_topic": "svc.dlq"})
+    assert got.input_topic == "from-env"
+    assert got.output_topic == "out-flag"
+    assert got.dlq_topic == "svc.dlq"
+    assert got.max_records_per_batch == 500
+
+
+def test_service_fills_dlq_and_group():
+    got = load(environ={}).for_service("high-value-orders")
+    assert got.dlq_topic == "high-value-orders.dlq"
+    assert got.consumer_group == "high-value-orders"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"STARTING_OFFSETS": "newest"}, "STARTING_OFFSETS='newest'"),
+        ({"MAX_RECORDS_PER_BATCH": "0"}, "MAX_RECORDS_PER_BATCH='0'"),
+        ({"MAX_RECORDS_PER_BATCH": "lots"}, "MAX_RECORDS_PER_BATCH='lots'"),
+        ({"INPUT_TOPIC": "bad topic"}, "INPUT_TOPIC='bad topic'"),
+        ({"OUTPUT_TOPIC": ".."}, "not allowed"),
+        ({"FAIL_ON_DATA_LOSS": "maybe"}, "FAIL_ON_DATA_LOSS"),
+    ],
+)
+def test_invalid_value_is_one_clear_line(env, message):
+    with pytest.raises(SettingsError) as info:
+        load(environ=env)
+    text = str(info.value)
+    assert message in text and "\n" not in text
+
+
+def test_pass_through_of_librdkafka_settings_from_env_and_flags():
+    env = {"KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_USERNAME": "svc", "KAFKA_SASL_PASSWORD": "hunter2"}
+    got = parse(["--kafka-option", "ssl.ca.location=/etc/ca.pem"], env)
+    assert got.kafka_options == {
+        "security.protocol": "SASL_SSL", "sasl.username": "svc", "sasl.password": "hunter2", "ssl.ca.location": "/etc/ca.pem",
+    }
+
+
+def test_only_connection_settings_pass_through():
+    with pytest.raises(SettingsError, match="enable.auto.commit"):
+        parse(["--kafka-option", "enable.auto.commit=true"])
+
+
+def test_secrets_never_reach_logs():
+    got = load(environ={"KAFKA_SASL_PASSWORD": "hunter2", "KAFKA_SSL_KEY_PASSWORD": "s3cret"})
+    for shown in (repr(got), str(got), str(got.safe_dict())):
+        assert "hunter2" not in shown and "s3cret" not in shown
+    assert got.kafka_options["sasl.password"] == "hunter2"
+
+
+def test_detector_config_from_environment():
+    assert THRESHOLD.load_config({"DETECTOR_THRESHOLD": "12.5"}) == Config(threshold=12.5)
+    with pytest.raises(SettingsError, match="DETECTOR_THRESHOLD='high'"):
+        THRESHOLD.load_config({"DETECTOR_THRESHOLD": "high"})
+
+
+def test_detector_without_config():
+    assert Detector(name="x", detect=lambda r, c: r).load_config({}) is not None
