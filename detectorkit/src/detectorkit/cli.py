@@ -94,8 +94,10 @@ def _run(detector: Detector, settings: Settings, config, log) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-
     spark = session(settings.spark_master, detector.name)
+    # SparkContext replaces the SIGINT handler with one that cancels every job at once; a Ctrl-C
+    # must finish the batch in flight instead.
+    signal.signal(signal.SIGINT, on_signal)
     job = DetectorJob(detector, settings, spark, config)
     try:
         query = job.start()

@@ -57,7 +57,9 @@ def producer(base_conf: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
 def topic_partitions(admin_or_consumer, topic: str, timeout: float) -> list[int]:
     """The topic's partition ids; KafkaException when the broker does not answer in time, LookupError
     when the topic does not exist."""
-    metadata = admin_or_consumer.list_topics(topic, timeout=timeout)
+    # All topics, not just this one: a Metadata request naming a topic creates it on brokers with
+    # auto-creation on (Tansu always), and a job must not conjure up the topic it was told to read.
+    metadata = admin_or_consumer.list_topics(timeout=timeout)
     entry = metadata.topics.get(topic)
     if entry is None or entry.error is not None or not entry.partitions:
         raise LookupError(f"topic {topic!r} does not exist on {metadata.orig_broker_name or 'the broker'}")

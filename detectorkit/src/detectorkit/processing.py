@@ -56,26 +56,22 @@ class PartitionSummary:
 def run_detector(ctx: TaskContext, frame: pd.DataFrame) -> tuple[list[tuple[int, dict]], list[rec.Rejected]]:
     """Detections as (record position, fields); records on which the detector raises are rejected.
 
-    The detector runs on the whole batch; if it raises, its records are retried one by one so only
-    the records that make it fail go to the dead-letter topic.
+    The detector runs on the whole batch; if it raises, the batch is split in halves and each half
+    retried, down to single records, so only the records that make it fail go to the dead-letter
+    topic. Splitting finds k bad records among n in about k*log2(n) calls instead of n.
     """
     if frame.empty:
         return [], []
     try:
-        return _detections(ctx.detector.detect(frame, ctx.config), frame.index), []
-    except Exception:  # noqa: BLE001 - any failure of user code is a dead letter, not a crash
-        pass
-    found: list[tuple[int, dict]] = []
-    rejected: list[rec.Rejected] = []
-    for position in frame.index:
-        one = frame.loc[[position]]
-        try:
-            out = ctx.detector.detect(one, ctx.config)
-            found.extend((position, fields) for _, fields in _detections(out, one.index, single=True))
-        except Exception as exc:  # noqa: BLE001
+        return _detections(ctx.detector.detect(frame, ctx.config), frame.index, single=len(frame) == 1), []
+    except Exception as exc:  # noqa: BLE001 - any failure of user code is a dead letter, not a crash
+        if len(frame) == 1:
             message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            rejected.append(rec.Rejected(int(position), rec.DETECTOR_ERROR, message[:2000]))
-    return found, rejected
+            return [], [rec.Rejected(int(frame.index[0]), rec.DETECTOR_ERROR, message[:2000])]
+    middle = len(frame) // 2
+    found_a, failed_a = run_detector(ctx, frame.iloc[:middle])
+    found_b, failed_b = run_detector(ctx, frame.iloc[middle:])
+    return found_a + found_b, failed_a + failed_b
 
 
 def _detections(out: Any, index: pd.Index, single: bool = False) -> list[tuple[int, dict]]:

@@ -62,7 +62,9 @@ class Settings(BaseModel):
     output_topic: str = Field("detections", description="Topic the detections are written to.")
     dlq_topic: str | None = Field(None, description="Dead-letter topic. Default: <service>.dlq.")
     consumer_group: str | None = Field(None, description="Consumer group holding the job's offsets. Default: the service name.")
-    instance_id: str = Field(default_factory=default_instance_id, description="This instance's id, unique among the service's instances. Default: host-pid.")
+    instance_id: str = Field(
+        default_factory=default_instance_id, description="This instance's id, unique among the service's instances. Default: host-pid."
+    )
     starting_offsets: Literal["latest", "earliest", "error"] = Field(
         "latest", description="Where to start when the group has no committed offset: latest, earliest or error."
     )

@@ -235,7 +235,9 @@ def _read_assigned(consumer: Consumer, r: PartitionRange, fail_on_data_loss: boo
     deadline = time.monotonic() + timeout
     checked = time.monotonic()
     while position < r.end:
-        messages = consumer.consume(min(CHUNK_RECORDS, r.end - position + 1), timeout=0.2)
+        # consume() returns once it has as many messages as asked for: asking for one more than
+        # the range holds would wait out the whole timeout at the end of every range.
+        messages = consumer.consume(min(CHUNK_RECORDS, r.end - position), timeout=0.2)
         if not messages:
             now = time.monotonic()
             if now > checked + _STALL_CHECK_SECONDS:

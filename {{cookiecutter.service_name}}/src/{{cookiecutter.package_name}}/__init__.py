@@ -1,1 +1,1 @@
-"""{{ cookiecutter.description }}"""
+"""The {{ cookiecutter.service_name }} detector service (see README.md)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
-
 from detectorkit import Detector
 
 

@@ -1,0 +1,32 @@
+# The front door: `make demo` and `make test` set everything up on a fresh machine by themselves.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test test-runtime test-template lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: detectorkit/pyproject.toml requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e 'detectorkit[test]' -r requirements-dev.txt
+	touch $@
+
+demo: setup
+	bash scripts/demo.sh
+
+# Two pytest runs: the runtime's tests and the template's each have a `tests` package.
+test: setup lint test-runtime test-template
+
+test-runtime: setup
+	$(PY) -m pytest detectorkit/tests
+
+test-template: setup
+	$(PY) -m pytest tests
+
+lint: setup
+	$(PY) -m ruff check detectorkit hooks tests
+
+clean:
+	rm -rf $(VENV) .demo

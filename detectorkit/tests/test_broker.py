@@ -1,0 +1,62 @@
+"""The embedded broker launcher and the `detectorkit broker` command."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from detectorkit.broker import BrokerError, EmbeddedBroker
+
+
+def answers(bootstrap):
+    try:
+        AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(timeout=2)
+        return True
+    except Exception:
+        return False
+
+
+def test_starts_on_a_free_loopback_port_and_stops():
+    with EmbeddedBroker() as broker:
+        assert broker.bootstrap_servers.startswith("127.0.0.1:")
+        assert answers(broker.bootstrap_servers)
+        process = broker.process
+    assert process.poll() is not None
+    assert not answers(broker.bootstrap_servers)
+
+
+def test_two_brokers_side_by_side():
+    with EmbeddedBroker() as a, EmbeddedBroker() as b:
+        assert a.bootstrap_servers != b.bootstrap_servers
+        assert answers(a.bootstrap_servers) and answers(b.bootstrap_servers)
+
+
+def test_a_taken_port_is_a_clear_error():
+    with EmbeddedBroker() as broker:
+        port = int(broker.bootstrap_servers.rsplit(":", 1)[1])
+        with pytest.raises(BrokerError, match="Tansu"):
+            EmbeddedBroker(port=port, startup_timeout=5).start()
+
+
+def test_command_prints_the_address_creates_topics_and_stops_on_sigterm():
+    command = [sys.executable, "-m", "detectorkit", "broker", "--topics", "a", "b", "--partitions", "3"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        bootstrap = process.stdout.readline().strip()
+        assert bootstrap.startswith("127.0.0.1:")
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            topics = admin.list_topics(timeout=5).topics
+            if {"a", "b"} <= set(topics):
+                break
+            time.sleep(0.1)
+        assert len(topics["a"].partitions) == 3 and len(topics["b"].partitions) == 3
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        process.kill()
+    assert not answers(bootstrap)
