@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-runtime test-template lint bench clean
+.PHONY: setup tools demo test test-runtime test-template lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -16,8 +16,14 @@ $(VENV)/.installed: detectorkit/pyproject.toml requirements-dev.txt
 demo: setup
 	bash scripts/demo.sh
 
+# The dashboard test queries a real Prometheus: Debian's package, installed where we are root.
+tools:
+	@command -v prometheus >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
+		echo "prometheus is not installed: the dashboard test will be skipped (apt-get install prometheus)"
+
 # Two pytest runs: the runtime's tests and the template's each have a `tests` package.
-test: setup lint test-runtime test-template
+test: setup tools lint test-runtime test-template
 
 test-runtime: setup
 	$(PY) -m pytest detectorkit/tests

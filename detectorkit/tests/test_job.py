@@ -163,3 +163,33 @@ def test_partitions_added_to_the_topic_are_picked_up(spark, kafka_bootstrap_serv
     wait_for(lambda: job.stats.records >= 500 or not query.isActive, what="records on the new partitions")
     job.stop()
     assert set(detections_by_source(bs, topics.output)) == expected_detections(first + later)
+
+
+def test_unreachable_metrics_topic_never_stops_the_job(spark, kafka_bootstrap_servers, capfd):
+    import socket
+
+    from detectorkit.snapshot import parse
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "nometrics", partitions=2)
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_bootstrap_servers=closed,
+                                          metrics_interval_seconds=0.5), spark)
+    query = job.start()
+    sent = produce(bs, topics.input, samples(200, seed=12, bad_every=0, high_share=0.5))
+    wait_for(lambda: job.stats.records >= 200 or not query.isActive, what="records processed without metrics")
+    # Undelivered snapshots time out after 5 s: then the counter and the log say so.
+    wait_for(lambda: job.metrics.report_errors._value.get() > 0, timeout=30, what="the report error counter")
+    assert query.isActive
+    job.stop()
+    assert set(detections_by_source(bs, topics.output)) == expected_detections(sent)
+    logged = capfd.readouterr()
+    assert "metrics snapshot not delivered; the job goes on" in logged.out + logged.err
+    # What would have been reported is a well-formed snapshot with the job's counts.
+    from detectorkit.snapshot import from_registry
+
+    snap = parse(from_registry(job.metrics.registry, "svc", "i", 1.0, 2.0).to_json())
+    read = [s for f in snap.families for s in f.samples if s[0] == "detector_records_read_total"]
+    assert read == [("detector_records_read_total", {}, 200.0)]

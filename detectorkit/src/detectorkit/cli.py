@@ -41,6 +41,8 @@ def check_kafka(settings: Settings) -> str | None:
         return f"cannot reach Kafka at {settings.kafka_bootstrap_servers} within {timeout:g} s ({exc.args[0].str()})"
     if settings.create_topics:
         wanted = {t: settings.topic_partitions for t in (settings.input_topic, settings.output_topic, settings.dlq_topic)}
+        # One partition: the aggregator reads it as a table, and order per instance must hold.
+        wanted[settings.metrics_topic] = 1
         clients.create_topics(conf, wanted, timeout)
     try:
         clients.topic_partitions(admin, settings.input_topic, timeout)
@@ -216,7 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max", type=int, default=None, help="stop after this many records")
     p.add_argument("--timeout", type=float, default=10.0, help="give up reaching the end after this many seconds")
 
+    sub.add_parser("aggregate", help="run the shared metrics-aggregator (detectorkit aggregate --help)", add_help=False)
+
     args, rest = parser.parse_known_args(argv)
+    if args.command == "aggregate":
+        from .aggregator_service import main as aggregate
+
+        return aggregate(rest)
     if args.command == "run":
         return _cmd_run(args, rest)
     if rest:

@@ -22,8 +22,11 @@ import structlog
 
 from . import clients
 from .detector import Detector
+from .end_offsets import EndOffsetProbe
+from .metrics import LATENCY_BUCKETS, JobMetrics
 from .offset_store import OffsetStore
 from .processing import SUMMARY_SCHEMA, TaskContext, process_partition
+from .reporter import MetricsReporter
 from .settings import Settings
 from .source import NAME as SOURCE_NAME
 from .source import SourceOptions
@@ -68,6 +71,11 @@ class DetectorJob:
         s = self.settings
         self._base = clients.base(s.kafka_bootstrap_servers, s.kafka_options)
         self._store: OffsetStore | None = None
+        self._ends: EndOffsetProbe | None = None
+        self._reporter: MetricsReporter | None = None
+        self.metrics = JobMetrics()
+        self._offsets_lock = threading.Lock()
+        self._committed: dict[int, int] = {}
         self._task = TaskContext(
             service=detector.name,
             detector=detector,
@@ -87,11 +95,17 @@ class DetectorJob:
             max_records_per_batch=s.max_records_per_batch,
             fail_on_data_loss=s.fail_on_data_loss,
             timeout=s.connect_timeout_seconds,
+            partitions=s.partitions(),
         )
 
     def start(self):
         s = self.settings
         self._store = OffsetStore(clients.consumer(self._base, s.consumer_group), s.input_topic, s.connect_timeout_seconds)
+        # The driver's own probe: lag needs the true end, which ListOffsets gets wrong on Tansu.
+        self._ends = EndOffsetProbe(clients.consumer(self._base, s.consumer_group), s.input_topic, s.connect_timeout_seconds)
+        metrics_conf = clients.base(s.metrics_bootstrap_servers, s.kafka_options) if s.metrics_bootstrap_servers else self._base
+        self._reporter = MetricsReporter(self.metrics, metrics_conf, s.metrics_topic, self.detector.name, s.instance_id,
+                                         s.metrics_interval_seconds, before_report=self.refresh_lag).start()
         checkpoint = s.checkpoint_dir
         if checkpoint is None:
             # Offsets live in Kafka; the checkpoint only has to outlive one run.
@@ -121,14 +135,23 @@ class DetectorJob:
         committed: dict[int, int] = {}
         records = detections = 0
         dead = Counter()
+        latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        latency_sum = 0.0
         for row in rows:
             committed[row.partition] = max(committed.get(row.partition, -1), row.next_offset)
             records += row.records
             detections += row.detections
             dead.update(json.loads(row.dead_letters))
+            latency_counts = [a + b for a, b in zip(latency_counts, json.loads(row.latency_counts), strict=True)]
+            latency_sum += row.latency_sum
         # Every task has flushed its producer: the output is written, so the position may move.
         self._store.commit(committed)
         result = BatchResult(batch_id, records, detections, dead, committed, time.monotonic() - started)
+        self.metrics.record_batch(records, detections, dead, result.seconds, latency_counts, latency_sum)
+        with self._offsets_lock:
+            self._committed.update(committed)
+            if committed:
+                self.metrics.set_offsets(committed, self._ends.end_offsets(committed))
         st = self.stats
         st.batches += 1
         st.records += records
@@ -139,6 +162,17 @@ class DetectorJob:
             log.info("batch done", records=records, detections=detections, dead_letters=dict(dead),
                      committed={str(k): v for k, v in committed.items()}, seconds=round(result.seconds, 3))
         return result
+
+    def refresh_lag(self) -> None:
+        """Lag of every partition the job owns, also while no batch runs (called before each report)."""
+        if self._store is None or self._ends is None:
+            return
+        with self._offsets_lock:
+            partitions = self.settings.partitions() or clients.topic_partitions(self._ends._consumer, self.settings.input_topic,
+                                                                                self.settings.connect_timeout_seconds)
+            known = {p: o for p, o in self._store.committed(partitions).items() if o is not None}
+            self._committed.update(known)
+            self.metrics.set_offsets(known, self._ends.end_offsets(known))
 
     def terminated(self, timeout: float) -> bool:
         """Wait up to `timeout` s; True once the query has ended, failed or not (see `error()`)."""
@@ -167,9 +201,17 @@ class DetectorJob:
         self.close()
 
     def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        if self._reporter is not None:
+            try:
+                self._reporter.stop()  # the last snapshot, with the last batch in it
+            except Exception:  # noqa: BLE001 - a failed report must not hide how the job ended
+                log.exception("final metrics report failed")
+            self._reporter = None
+        with self._offsets_lock:
+            for client in (self._store, self._ends):
+                if client is not None:
+                    client.close()
+            self._store = self._ends = None
         if self._checkpoint_tmp:
             shutil.rmtree(self._checkpoint_tmp, ignore_errors=True)
             self._checkpoint_tmp = None

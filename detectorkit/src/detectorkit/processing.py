@@ -8,6 +8,7 @@ driver collects to commit offsets and count.
 from __future__ import annotations
 
 import json
+import time
 import traceback
 from collections import Counter
 from collections.abc import Iterator
@@ -21,14 +22,19 @@ import pyarrow.compute as pc
 from . import records as rec
 from . import sink as sinks
 from .detector import Detector
+from .metrics import bucket_counts
 
-SUMMARY_SCHEMA = "partition int, next_offset long, records long, detections long, dead_letters string"
+SUMMARY_SCHEMA = (
+    "partition int, next_offset long, records long, detections long, dead_letters string, latency_counts string, latency_sum double"
+)
 _SUMMARY_ARROW = pa.schema([
     ("partition", pa.int32()),
     ("next_offset", pa.int64()),
     ("records", pa.int64()),
     ("detections", pa.int64()),
     ("dead_letters", pa.string()),
+    ("latency_counts", pa.string()),
+    ("latency_sum", pa.float64()),
 ])
 
 
@@ -51,6 +57,8 @@ class PartitionSummary:
     records: int = 0
     detections: int = 0
     dead_letters: Counter = field(default_factory=Counter)
+    # Kafka timestamps (ms) of the records whose detections were written, for the latency histogram.
+    detected_at: list[int] = field(default_factory=list)
 
 
 def run_detector(ctx: TaskContext, frame: pd.DataFrame) -> tuple[list[tuple[int, dict]], list[rec.Rejected]]:
@@ -123,6 +131,8 @@ def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, sum
         sink.send(ctx.dlq_topic, keys[p], values[p] or b"", _headers(ctx, r.reason, r.message, topics[p], partitions[p], offsets[p]))
 
     detections_at = Counter(partitions[p] for p, _ in found)
+    for p, _ in found:
+        summaries.setdefault(partitions[p], PartitionSummary()).detected_at.append(stamps[p])
     dead_at: dict[int, Counter] = {}
     for r in rejected + failed:
         dead_at.setdefault(partitions[r.position], Counter())[r.reason] += 1
@@ -148,8 +158,11 @@ def process_partition(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> It
     except BaseException:
         sinks.discard(ctx.producer_conf)
         raise
+    # Latency ends when the broker has acknowledged the detection: after the flush.
+    written_ms = time.time() * 1000
     if summaries:
         items = sorted(summaries.items())
+        latencies = [[(written_ms - ts) / 1000 for ts in s.detected_at] for _, s in items]
         yield pa.RecordBatch.from_arrays(
             [
                 pa.array([p for p, _ in items], pa.int32()),
@@ -157,6 +170,8 @@ def process_partition(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> It
                 pa.array([s.records for _, s in items], pa.int64()),
                 pa.array([s.detections for _, s in items], pa.int64()),
                 pa.array([json.dumps(dict(s.dead_letters)) for _, s in items], pa.string()),
+                pa.array([json.dumps(bucket_counts(values)) for values in latencies], pa.string()),
+                pa.array([float(sum(values)) for values in latencies], pa.float64()),
             ],
             schema=_SUMMARY_ARROW,
         )

@@ -41,6 +41,20 @@ def check_topic_name(name: str) -> str:
     return name
 
 
+def parse_partitions(text: str) -> list[int]:
+    """'0-3,7' -> [0, 1, 2, 3, 7]; ValueError saying what is wrong."""
+    partitions: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        first, sep, last = part.partition("-")
+        if not first.isdigit() or (sep and not last.isdigit()):
+            raise ValueError(f"partitions are numbers and ranges like '0-3,7', not {text!r}")
+        low, high = int(first), int(last) if sep else int(first)
+        if high < low:
+            raise ValueError(f"range {part!r} goes backwards")
+        partitions.update(range(low, high + 1))
+    return sorted(partitions)
+
+
 def redact(conf: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a client configuration that is safe to log."""
     return {k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in conf.items()}
@@ -77,10 +91,26 @@ class Settings(BaseModel):
     stop_after_idle_seconds: float = Field(0.0, ge=0, description="Stop gracefully after this long with no new records; 0 runs until stopped.")
     create_topics: bool = Field(False, description="Create missing input, output and dead-letter topics at start.")
     topic_partitions: int = Field(8, gt=0, description="Partitions of topics created by CREATE_TOPICS.")
+    input_partitions: str | None = Field(
+        None, description="Input partitions this instance reads, e.g. '0-3' or '0,2,4'; unset: all. Instances of one service split them."
+    )
+    metrics_topic: str = Field("metrics", description="Topic the job's metric snapshots are written to.")
+    metrics_bootstrap_servers: str | None = Field(None, description="Kafka cluster of the metrics topic. Default: KAFKA_BOOTSTRAP_SERVERS.")
+    metrics_interval_seconds: float = Field(10.0, gt=0, description="How often the job publishes a metrics snapshot.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level of the job's own logs.")
     kafka_options: dict[str, str] = Field(default_factory=dict, description="librdkafka settings passed through (security.protocol, sasl.*, ssl.*).")
 
-    @field_validator("input_topic", "output_topic", "dlq_topic")
+    @field_validator("input_partitions")
+    @classmethod
+    def _partitions(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_partitions(value)
+        return value
+
+    def partitions(self) -> list[int] | None:
+        return None if self.input_partitions is None else parse_partitions(self.input_partitions)
+
+    @field_validator("input_topic", "output_topic", "dlq_topic", "metrics_topic")
     @classmethod
     def _topic(cls, value: str | None) -> str | None:
         return None if value is None else check_topic_name(value)

@@ -83,6 +83,8 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     timeout: float = 30.0
     partition_refresh_seconds: float = 5.0
+    # The partitions this instance owns; None: all of the topic's, including ones added later.
+    partitions: list[int] | None = None
 
     def to_options(self) -> dict[str, str]:
         return {"detectorkit.options": json.dumps(self.__dict__)}
@@ -161,6 +163,11 @@ class KafkaStreamReader(DataSourceStreamReader):
                 if not self._partitions:
                     raise
                 raise DataLossError(f"{exc}: it was deleted while the job read it") from None
+            if self.options.partitions is not None:
+                missing = sorted(set(self.options.partitions) - set(partitions))
+                if missing:
+                    raise LookupError(f"topic {self.options.topic!r} has no partition(s) {missing}; check INPUT_PARTITIONS")
+                partitions = sorted(self.options.partitions)
             probe.forget(set(self._partitions) - set(partitions))
             self._partitions, self._partitions_at = partitions, now
         return self._partitions
