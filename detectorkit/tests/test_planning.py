@@ -8,6 +8,7 @@ from detectorkit.planning import (
     PartitionRange,
     cap_end_offsets,
     from_spark,
+    pack_ranges,
     plan_ranges,
     reconcile,
     resolve_start,
@@ -115,6 +116,31 @@ class TestRanges:
         start = {0: 0, 1: 100, 2: 7}
         end = cap_end_offsets(start, {0: 500, 1: 900, 2: 8}, 321)
         assert sum(r.size for r in plan_ranges("t", start, end)) == 321
+
+
+class TestPacking:
+    def ranges(self, *sizes):
+        return [PartitionRange("t", p, 0, size) for p, size in enumerate(sizes)]
+
+    def test_never_more_groups_than_tasks(self):
+        groups = pack_ranges(self.ranges(5, 5, 5, 5, 5, 5, 5, 5), 2)
+        assert len(groups) == 2
+        assert [sum(r.size for r in g) for g in groups] == [20, 20]
+
+    def test_fewer_ranges_than_tasks_gives_one_range_per_task(self):
+        assert pack_ranges(self.ranges(3), 4) == [[PartitionRange("t", 0, 0, 3)]]
+
+    def test_every_range_is_planned_exactly_once(self):
+        ranges = self.ranges(100, 1, 50, 49, 7, 3, 0, 8)
+        groups = pack_ranges(ranges, 3)
+        assert sorted((r for g in groups for r in g), key=lambda r: r.partition) == ranges
+
+    def test_uneven_sizes_are_balanced_greedily(self):
+        sizes = [sum(r.size for r in g) for g in pack_ranges(self.ranges(100, 60, 40, 30, 30), 2)]
+        assert sorted(sizes) == [130, 130]
+
+    def test_no_ranges_no_tasks(self):
+        assert pack_ranges([], 2) == []
 
 
 class TestSparkOffsets:

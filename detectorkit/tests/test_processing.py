@@ -134,3 +134,24 @@ def test_odd_values_never_crash_the_batch(value):
     process_batch(ctx(), arrow([value]), sink, summaries)
     assert summaries[3].records == 1
     assert len(sink.sent) <= 1
+
+
+def test_fast_and_record_by_record_parsing_agree():
+    values = [b'{"amount": 1500.5, "id": "a", "n": 3, "ok": true}', b'{"amount": 2, "id": "b", "n": null, "ok": false}',
+              b'{"id": "c"}', b'{"amount": null, "id": "d"}']
+    fast, fast_rejected = rec.parse_arrow(pa.array(values, pa.binary()), ("amount",))
+    slow, slow_rejected = rec.parse(values, ("amount",))
+    assert fast_rejected == slow_rejected
+    pd.testing.assert_frame_equal(fast[sorted(fast.columns)], slow[sorted(slow.columns)], check_dtype=False)
+    assert list(fast.index) == [0, 1]
+
+
+@pytest.mark.parametrize("odd", [b"null", b"[1]", b'"s"', b"", b'{"ts": "2020-01-01T00:00:00Z", "amount": 1}',
+                                 b'{"amount": 1, "tags": [1, 2]}', b'{"amount": 1,\n "x": 2}', b'{"amount": 1, "o": {"a": 1}}'])
+def test_batches_arrow_cannot_take_as_is_fall_back_to_record_by_record(odd):
+    values = [b'{"amount": 5}', odd, b'{"amount": 2000}']
+    assert rec._parse_all_at_once(pa.array(values, pa.binary()), ("amount",)) is None
+    fast, fast_rejected = rec.parse_arrow(pa.array(values, pa.binary()), ("amount",))
+    slow, slow_rejected = rec.parse(values, ("amount",))
+    assert fast_rejected == slow_rejected
+    pd.testing.assert_frame_equal(fast, slow)

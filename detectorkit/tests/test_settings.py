@@ -19,7 +19,7 @@ def test_documented_defaults():
     got = load(environ={})
     assert got.kafka_bootstrap_servers is None
     assert (got.input_topic, got.output_topic, got.starting_offsets) == ("records.normalized", "detections", "latest")
-    assert got.max_records_per_batch == 100_000 and got.fail_on_data_loss is True
+    assert got.max_records_per_batch == 250_000 and got.fail_on_data_loss is True
     assert all(f.description for f in s.Settings.model_fields.values())
 
 

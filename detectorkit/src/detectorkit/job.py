@@ -96,6 +96,7 @@ class DetectorJob:
             fail_on_data_loss=s.fail_on_data_loss,
             timeout=s.connect_timeout_seconds,
             partitions=s.partitions(),
+            max_tasks=max(1, self.spark.sparkContext.defaultParallelism),
         )
 
     def start(self):
@@ -144,8 +145,10 @@ class DetectorJob:
             dead.update(json.loads(row.dead_letters))
             latency_counts = [a + b for a, b in zip(latency_counts, json.loads(row.latency_counts), strict=True)]
             latency_sum += row.latency_sum
+        collected = time.monotonic()
         # Every task has flushed its producer: the output is written, so the position may move.
         self._store.commit(committed)
+        commit_seconds = time.monotonic() - collected
         result = BatchResult(batch_id, records, detections, dead, committed, time.monotonic() - started)
         self.metrics.record_batch(records, detections, dead, result.seconds, latency_counts, latency_sum)
         with self._offsets_lock:
@@ -160,7 +163,8 @@ class DetectorJob:
         st.last = result
         if records:
             log.info("batch done", records=records, detections=detections, dead_letters=dict(dead),
-                     committed={str(k): v for k, v in committed.items()}, seconds=round(result.seconds, 3))
+                     committed={str(k): v for k, v in committed.items()}, seconds=round(result.seconds, 3),
+                     tasks_seconds=round(collected - started, 3), commit_seconds=round(commit_seconds, 3))
         return result
 
     def refresh_lag(self) -> None:

@@ -144,6 +144,24 @@ def plan_ranges(topic: str, start: Mapping[int, int], end: Mapping[int, int]) ->
     return ranges
 
 
+def pack_ranges(ranges: list[PartitionRange], tasks: int) -> list[list[PartitionRange]]:
+    """At most `tasks` groups of ranges, as even in records as greedy packing makes them.
+
+    A Spark task costs tens of milliseconds whatever it reads; one task per Kafka partition would
+    spend most of a small batch on that. One task per core, each reading its partitions at once,
+    keeps small batches fast and large ones parallel.
+    """
+    if tasks <= 0:
+        raise ValueError("tasks must be positive")
+    groups: list[list[PartitionRange]] = [[] for _ in range(min(tasks, len(ranges)))]
+    sizes = [0] * len(groups)
+    for r in sorted(ranges, key=lambda r: (-r.size, r.partition)):
+        lightest = sizes.index(min(sizes))
+        groups[lightest].append(r)
+        sizes[lightest] += r.size
+    return [sorted(g, key=lambda r: r.partition) for g in groups]
+
+
 def to_spark(topic: str, offsets: Mapping[int, int]) -> dict:
     return {topic: {str(p): int(o) for p, o in sorted(offsets.items())}}
 

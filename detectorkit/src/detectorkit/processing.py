@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -107,44 +108,38 @@ def _headers(ctx: TaskContext, reason: str, message: str, topic: str, partition:
 def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, summaries: dict[int, PartitionSummary]) -> None:
     if batch.num_rows == 0:
         return
-    columns = batch.to_pydict()
-    keys, values = columns["key"], columns["value"]
-    topics, partitions, offsets = columns["topic"], columns["partition"], batch.column("offset").to_pylist()
-    stamps = pc.divide(batch.column("timestamp").cast(pa.int64()), 1000).to_pylist()  # ms, as Kafka has them
-
-    frame, rejected = rec.parse(values, ctx.detector.required_fields)
+    frame, rejected = rec.parse_arrow(batch.column("value"), ctx.detector.required_fields)
     found, failed = run_detector(ctx, frame)
+    partitions = batch.column("partition").to_numpy()
+    offsets = batch.column("offset").to_numpy()
+    topic = batch.column("topic")[0].as_py()
+    # Only the rows that are written out are turned into Python objects.
+    keys, values = batch.column("key"), batch.column("value")
+    stamps = pc.divide(batch.column("timestamp").cast(pa.int64()), 1000)  # ms, as Kafka has them
     for position, fields in found:
+        p = int(partitions[position])
+        stamp = stamps[position].as_py()
         value = {
             "service": ctx.service,
             "detection": fields,
-            "source": {
-                "topic": topics[position],
-                "partition": partitions[position],
-                "offset": offsets[position],
-                "timestamp_ms": stamps[position],
-            },
+            "source": {"topic": topic, "partition": p, "offset": int(offsets[position]), "timestamp_ms": stamp},
         }
-        sink.send(ctx.output_topic, keys[position], json.dumps(value, default=str).encode())
+        sink.send(ctx.output_topic, keys[position].as_py(), json.dumps(value, default=str).encode())
+        summaries.setdefault(p, PartitionSummary()).detected_at.append(stamp)
     for r in rejected + failed:
-        p = r.position
-        sink.send(ctx.dlq_topic, keys[p], values[p] or b"", _headers(ctx, r.reason, r.message, topics[p], partitions[p], offsets[p]))
+        i = r.position
+        p = int(partitions[i])
+        headers = _headers(ctx, r.reason, r.message, topic, p, int(offsets[i]))
+        sink.send(ctx.dlq_topic, keys[i].as_py(), values[i].as_py() or b"", headers)
+        summaries.setdefault(p, PartitionSummary()).dead_letters[r.reason] += 1
 
-    detections_at = Counter(partitions[p] for p, _ in found)
-    for p, _ in found:
-        summaries.setdefault(partitions[p], PartitionSummary()).detected_at.append(stamps[p])
-    dead_at: dict[int, Counter] = {}
-    for r in rejected + failed:
-        dead_at.setdefault(partitions[r.position], Counter())[r.reason] += 1
-    for partition in set(partitions):
-        s = summaries.setdefault(partition, PartitionSummary())
-        s.detections += detections_at.get(partition, 0)
-        s.dead_letters.update(dead_at.get(partition, {}))
-    for partition, offset in zip(partitions, offsets, strict=True):
-        s = summaries[partition]
-        s.records += 1
-        if offset >= s.next_offset:
-            s.next_offset = offset + 1
+    detections_in = Counter(int(partitions[p]) for p, _ in found)
+    for p in np.unique(partitions).tolist():
+        mask = partitions == p
+        s = summaries.setdefault(p, PartitionSummary())
+        s.records += int(mask.sum())
+        s.detections += detections_in.get(p, 0)
+        s.next_offset = max(s.next_offset, int(offsets[mask].max()) + 1)
 
 
 def process_partition(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.json as pa_json
 
 # Dead-letter reasons: the `error_type` header and the metrics label.
 MALFORMED_JSON = "malformed_json"
@@ -44,4 +47,48 @@ def parse(values: Sequence[bytes | None], required_fields: Sequence[str]) -> tup
         rows.append(record)
         positions.append(position)
     frame = pd.DataFrame.from_records(rows, index=positions) if rows else pd.DataFrame(index=pd.Index([], dtype="int64"))
+    return frame, rejected
+
+
+# Column types the fast path may hand to the detector: exactly what json.loads + pandas would give.
+# Arrow also infers timestamps from strings and keeps lists and objects as its own types; batches
+# holding those take the slow path, so a detector always sees the same types for the same record.
+_PLAIN_TYPES = (pa.types.is_boolean, pa.types.is_int64, pa.types.is_float64, pa.types.is_string, pa.types.is_null)
+
+
+def parse_arrow(values: pa.Array, required_fields: Sequence[str]) -> tuple[pd.DataFrame, list[Rejected]]:
+    """`parse` for an Arrow column of values: a whole batch of flat JSON objects is parsed at once
+    by Arrow's JSON reader (C++, no Python per record); anything else goes record by record."""
+    fast = _parse_all_at_once(values, required_fields)
+    return fast if fast is not None else parse(values.to_pylist(), required_fields)
+
+
+def _parse_all_at_once(values: pa.Array, required_fields: Sequence[str]) -> tuple[pd.DataFrame, list[Rejected]] | None:
+    n = len(values)
+    if n == 0 or values.null_count:
+        return None
+    raw = values.to_pylist()
+    # Objects only: Arrow's reader crashes the process on a bare `null` line (pyarrow 26), and any
+    # other non-object would fail the whole batch anyway.
+    if not all(v[:1] == b"{" and v[-1:] == b"}" for v in raw):
+        return None
+    data = b"\n".join(raw)
+    if data.count(b"\n") != n - 1:  # a value spanning lines: framing by line would split it
+        return None
+    try:
+        table = pa_json.read_json(io.BytesIO(data), read_options=pa_json.ReadOptions(block_size=max(1 << 20, len(data) + 1)))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None  # a malformed or non-object value somewhere: the slow path says which
+    if table.num_rows != n or not all(any(check(f.type) for check in _PLAIN_TYPES) for f in table.schema):
+        return None
+    frame = table.to_pandas()
+    rejected: list[Rejected] = []
+    missing = pd.Series(False, index=frame.index)
+    for name in required_fields:
+        missing |= frame[name].isna() if name in frame.columns else True
+    if missing.any():
+        for position in frame.index[missing]:
+            absent = [f for f in required_fields if f not in frame.columns or pd.isna(frame.at[position, f])]
+            rejected.append(Rejected(int(position), MISSING_FIELD, f"record has no value for {', '.join(absent)}"))
+        frame = frame[~missing]
     return frame, rejected

@@ -82,7 +82,7 @@ class Settings(BaseModel):
     starting_offsets: Literal["latest", "earliest", "error"] = Field(
         "latest", description="Where to start when the group has no committed offset: latest, earliest or error."
     )
-    max_records_per_batch: int = Field(100_000, gt=0, description="At most this many records in one micro-batch.")
+    max_records_per_batch: int = Field(250_000, gt=0, description="At most this many records in one micro-batch.")
     fail_on_data_loss: bool = Field(True, description="Stop when planned records are gone (retention, deleted topic); false skips ahead.")
     spark_master: str = Field("local[2]", description="Spark master URL.")
     trigger_interval_seconds: float = Field(0.0, ge=0, description="Minimum time between micro-batch starts; 0 starts the next one at once.")

@@ -35,6 +35,7 @@ from .planning import (
     PartitionRange,
     cap_end_offsets,
     from_spark,
+    pack_ranges,
     plan_ranges,
     reconcile,
     resolve_start,
@@ -85,6 +86,8 @@ class SourceOptions:
     partition_refresh_seconds: float = 5.0
     # The partitions this instance owns; None: all of the topic's, including ones added later.
     partitions: list[int] | None = None
+    # Spark tasks per batch at most: the job passes its parallelism (cores).
+    max_tasks: int = 2
 
     def to_options(self) -> dict[str, str]:
         return {"detectorkit.options": json.dumps(self.__dict__)}
@@ -95,9 +98,11 @@ class SourceOptions:
 
 
 class KafkaInputPartition(InputPartition):
-    def __init__(self, range_: PartitionRange):
-        super().__init__(range_)
-        self.range = range_
+    """One Spark task: the ranges of one or more Kafka partitions, read at once."""
+
+    def __init__(self, ranges: list[PartitionRange]):
+        super().__init__(ranges)
+        self.ranges = ranges
 
 
 class KafkaSource(DataSource):
@@ -206,7 +211,8 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict, end: dict) -> list[KafkaInputPartition]:
         topic = self.options.topic
-        return [KafkaInputPartition(r) for r in plan_ranges(topic, from_spark(topic, start), from_spark(topic, end))]
+        ranges = plan_ranges(topic, from_spark(topic, start), from_spark(topic, end))
+        return [KafkaInputPartition(group) for group in pack_ranges(ranges, self.options.max_tasks)]
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the job commits each batch's offsets itself once its output is flushed."""
@@ -221,65 +227,88 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
         conf = self._consumer_conf(**{"enable.partition.eof": True, "auto.offset.reset": "error"})
-        yield from read_range(_reader_consumer(conf), partition.range, self.options.fail_on_data_loss, self.options.timeout)
+        yield from read_ranges(_reader_consumer(conf), partition.ranges, self.options.fail_on_data_loss, self.options.timeout)
 
 
 def read_range(consumer: Consumer, r: PartitionRange, fail_on_data_loss: bool, timeout: float) -> Iterator[pa.RecordBatch]:
-    """Exactly the records of offsets [r.start, r.end), as Arrow record batches."""
-    consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
+    yield from read_ranges(consumer, [r], fail_on_data_loss, timeout)
+
+
+def read_ranges(consumer: Consumer, ranges: list[PartitionRange], fail_on_data_loss: bool, timeout: float) -> Iterator[pa.RecordBatch]:
+    """Exactly the records of each range's offsets [start, end), as Arrow record batches; the
+    partitions are fetched at once, so their records come interleaved."""
+    consumer.assign([TopicPartition(r.topic, r.partition, r.start) for r in ranges])
     try:
-        yield from _read_assigned(consumer, r, fail_on_data_loss, timeout)
+        yield from _read_assigned(consumer, {r.partition: r for r in ranges}, fail_on_data_loss, timeout)
     finally:
         consumer.unassign()
 
 
-def _read_assigned(consumer: Consumer, r: PartitionRange, fail_on_data_loss: bool, timeout: float) -> Iterator[pa.RecordBatch]:
+def _read_assigned(consumer: Consumer, ranges: dict[int, PartitionRange], fail_on_data_loss: bool,
+                   timeout: float) -> Iterator[pa.RecordBatch]:
+    topic = next(iter(ranges.values())).topic
     keys: list[bytes | None] = []
     values: list[bytes | None] = []
+    partitions: list[int] = []
     offsets: list[int] = []
     stamps: list[int] = []
-    position = r.start
+    position = {p: r.start for p, r in ranges.items()}
+    remaining = sum(r.size for r in ranges.values())
     deadline = time.monotonic() + timeout
     checked = time.monotonic()
-    while position < r.end:
-        # consume() returns once it has as many messages as asked for: asking for one more than
-        # the range holds would wait out the whole timeout at the end of every range.
-        messages = consumer.consume(min(CHUNK_RECORDS, r.end - position), timeout=0.2)
+    while remaining > 0:
+        # consume() returns once it has as many messages as asked for: asking for more than the
+        # ranges hold would wait out the whole timeout at the end of every task.
+        messages = consumer.consume(min(CHUNK_RECORDS, remaining), timeout=0.2)
         if not messages:
             now = time.monotonic()
             if now > checked + _STALL_CHECK_SECONDS:
                 # librdkafka waits quietly on a partition that no longer exists: ask the metadata.
                 checked = now
-                if not _partition_exists(consumer, r, timeout):
-                    problem = f"partition {r.topic}-{r.partition} no longer exists; records [{position}, {r.end}) are gone"
-                    _lost(r, problem, fail_on_data_loss)
-                    break
+                for p in [p for p, r in ranges.items() if position[p] < r.end]:
+                    if not _partition_exists(consumer, ranges[p], timeout):
+                        r = ranges[p]
+                        _lost(r, f"partition {r.topic}-{p} no longer exists; records [{position[p]}, {r.end}) are gone", fail_on_data_loss)
+                        remaining -= r.end - position[p]
+                        position[p] = r.end
             if now > deadline:
-                raise TimeoutError(
-                    f"no records from {r.topic}-{r.partition} at offset {position} for {timeout:.0f} s "
-                    f"(planned up to {r.end}); is the broker reachable?"
-                )
+                late = {p: (position[p], r.end) for p, r in ranges.items() if position[p] < r.end}
+                raise TimeoutError(f"no records from {topic} partition(s) {late} (position, planned end) for {timeout:.0f} s; "
+                                   "is the broker reachable?")
+            continue
+        deadline = time.monotonic() + timeout
         for message in messages:
+            p = message.partition()
+            r = ranges.get(p)
             error = message.error()
+            if r is None:
+                if error is not None and error.fatal():
+                    raise KafkaException(error)
+                continue  # a client-wide notice, or a record of a partition this task does not read
+            if position[p] >= r.end:
+                continue
             if error is not None:
-                position = _handle_error(consumer, r, position, error, message, fail_on_data_loss, timeout)
-                if position >= r.end:
-                    break
+                moved = _handle_error(consumer, r, position[p], error, message, fail_on_data_loss, timeout)
+                remaining -= min(moved, r.end) - position[p]
+                position[p] = min(moved, r.end)
                 continue
             offset = message.offset()
+            if offset < position[p]:
+                continue
             if offset >= r.end:
-                position = r.end
-                break
+                remaining -= r.end - position[p]
+                position[p] = r.end
+                continue
             keys.append(message.key())
             values.append(message.value())
+            partitions.append(p)
             offsets.append(offset)
             stamps.append(message.timestamp()[1])
-            position = offset + 1
-        if messages:
-            deadline = time.monotonic() + timeout
-        if len(offsets) >= CHUNK_RECORDS or (offsets and position >= r.end):
-            yield _to_arrow(r, keys, values, offsets, stamps)
-            keys, values, offsets, stamps = [], [], [], []
+            remaining -= offset + 1 - position[p]
+            position[p] = offset + 1
+        if len(offsets) >= CHUNK_RECORDS or (offsets and remaining <= 0):
+            yield _to_arrow(topic, keys, values, partitions, offsets, stamps)
+            keys, values, partitions, offsets, stamps = [], [], [], [], []
 
 
 def _handle_error(consumer, r: PartitionRange, position: int, error: KafkaError, message, fail_on_data_loss: bool, timeout: float) -> int:
@@ -299,7 +328,7 @@ def _handle_error(consumer, r: PartitionRange, position: int, error: KafkaError,
     low, high = consumer.get_watermark_offsets(TopicPartition(r.topic, r.partition), timeout=timeout, cached=False)
     if low < 0 or low >= r.end or code == KafkaError._PARTITION_EOF or low <= position:
         return r.end
-    consumer.assign([TopicPartition(r.topic, r.partition, low)])
+    consumer.seek(TopicPartition(r.topic, r.partition, low))
     return low
 
 
@@ -318,14 +347,14 @@ def _partition_exists(consumer: Consumer, r: PartitionRange, timeout: float) -> 
         return True  # the broker did not answer: not a sign of loss; the read timeout covers it
 
 
-def _to_arrow(r: PartitionRange, keys, values, offsets, stamps) -> pa.RecordBatch:
+def _to_arrow(topic: str, keys, values, partitions, offsets, stamps) -> pa.RecordBatch:
     n = len(offsets)
     return pa.RecordBatch.from_arrays(
         [
             pa.array(keys, pa.binary()),
             pa.array(values, pa.binary()),
-            pa.array([r.topic] * n, pa.string()),
-            pa.array([r.partition] * n, pa.int32()),
+            pa.array([topic] * n, pa.string()),
+            pa.array(partitions, pa.int32()),
             pa.array(offsets, pa.int64()),
             pc.multiply(pa.array(stamps, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC")),
         ],

@@ -1,0 +1,36 @@
+"""A tiny run of the benchmark, so its harness cannot rot: every contender must process every
+record. It checks completeness, never speed (speed is for the benchmark itself)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_benchmark_smoke_run_processes_every_record(tmp_path):
+    command = [sys.executable, str(REPO / "bench" / "run.py"), "--records", "20000", "--latency-seconds", "5", "--warmup-seconds", "2",
+               "--rate", "200", "--out", str(tmp_path)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=1500)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "latest.json").read_text())
+
+    throughput = {r["name"].split()[0]: r for r in result["throughput"]}
+    assert set(throughput) == {"detector", "plain", "Quix", "raw"}
+    for name, r in throughput.items():
+        assert r["complete"], f"{name} did not process every record: {r}"
+        assert r["records_per_s"] > 0
+        if name != "raw":
+            assert r["detections"] == r["expected"] > 0
+            assert r["peak_memory_bytes"] > 0 and r["cpu_seconds_per_million"] > 0
+    assert throughput["plain"]["ratio_to_plain"] == 1.0
+
+    latency = {r["name"].split()[0]: r for r in result["latency"]}
+    assert set(latency) == {"detector", "plain", "Quix"}
+    for name, r in latency.items():
+        assert r["received"] == r["expected"] > 0, f"{name} missed detections in the latency run: {r}"
+        assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
+
+    table = (tmp_path / "latest.md").read_text()
+    assert "| detector service (this project) |" in table and "× plain loop" in table
