@@ -83,11 +83,13 @@ def test_latest_skips_records_produced_before_the_first_start(spark, kafka_boots
     assert set(detections_by_source(bs, topics.output)) == expected_detections(after)
 
 
-def test_earliest_processes_records_produced_before_the_first_start(spark, kafka_bootstrap_servers):
+@pytest.mark.parametrize("deliver", ["ranges", "records"])
+def test_earliest_processes_records_produced_before_the_first_start(spark, kafka_bootstrap_servers, deliver):
+    """Also runs with the source delivering the records themselves through Spark, as any query would."""
     bs = kafka_bootstrap_servers
-    topics = create_test_topics(bs, "earliest", partitions=2)
+    topics = create_test_topics(bs, "earliest", partitions=4)
     before = produce(bs, topics.input, samples(300, seed=3, bad_every=0, high_share=0.5))
-    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark, deliver=deliver)
     query = job.start()
     wait_for(lambda: job.stats.records >= 300 or not query.isActive, what="the earlier records")
     job.stop()

@@ -25,7 +25,7 @@ from .detector import Detector
 from .end_offsets import EndOffsetProbe
 from .metrics import LATENCY_BUCKETS, JobMetrics
 from .offset_store import OffsetStore
-from .processing import SUMMARY_SCHEMA, TaskContext, process_partition
+from .processing import SUMMARY_SCHEMA, TaskContext, process_partition, process_ranges
 from .reporter import MetricsReporter
 from .settings import Settings
 from .source import NAME as SOURCE_NAME
@@ -56,7 +56,7 @@ class JobStats:
 class DetectorJob:
     """Start with `start()`, stop gracefully with `stop()`; `stats` tells what was processed."""
 
-    def __init__(self, detector: Detector, settings: Settings, spark, config: Any = None):
+    def __init__(self, detector: Detector, settings: Settings, spark, config: Any = None, deliver: str = "ranges"):
         if not settings.kafka_bootstrap_servers:
             raise ValueError("settings.kafka_bootstrap_servers must be set (the command line starts the embedded broker)")
         self.detector = detector
@@ -64,6 +64,9 @@ class DetectorJob:
         self.spark = spark
         self.config = detector.load_config() if config is None else config
         self.stats = JobStats()
+        # "ranges": the tasks read their planned ranges themselves; "records": the source's records
+        # pass through the JVM into the tasks. Both are kept so the benchmark can compare them.
+        self.deliver = deliver
         self.query = None
         self._lock = threading.Lock()
         self._stopping = False
@@ -85,7 +88,7 @@ class DetectorJob:
             dlq_topic=s.dlq_topic,
         )
 
-    def source_options(self) -> SourceOptions:
+    def source_options(self, deliver: str = "ranges") -> SourceOptions:
         s = self.settings
         return SourceOptions(
             topic=s.input_topic,
@@ -97,6 +100,7 @@ class DetectorJob:
             timeout=s.connect_timeout_seconds,
             partitions=s.partitions(),
             max_tasks=max(1, self.spark.sparkContext.defaultParallelism),
+            deliver=deliver,
         )
 
     def start(self):
@@ -111,7 +115,8 @@ class DetectorJob:
         if checkpoint is None:
             # Offsets live in Kafka; the checkpoint only has to outlive one run.
             checkpoint = self._checkpoint_tmp = tempfile.mkdtemp(prefix=f"{self.detector.name}-checkpoint-")
-        stream = self.spark.readStream.format(SOURCE_NAME).options(**self.source_options().to_options()).load()
+        self._source = self.source_options(self.deliver)
+        stream = self.spark.readStream.format(SOURCE_NAME).options(**self._source.to_options()).load()
         writer = stream.writeStream.foreachBatch(self._on_batch).option("checkpointLocation", checkpoint).queryName(self.detector.name)
         if s.trigger_interval_seconds > 0:
             writer = writer.trigger(processingTime=f"{s.trigger_interval_seconds} seconds")
@@ -132,7 +137,12 @@ class DetectorJob:
                 structlog.contextvars.unbind_contextvars("batch")
 
     def _process(self, frame, batch_id: int, started: float) -> BatchResult:
-        rows = frame.mapInArrow(partial(process_partition, self._task), SUMMARY_SCHEMA).collect()
+        # The source hands over the planned ranges; the tasks read, detect and write in one worker.
+        if self.deliver == "ranges":
+            work = partial(process_ranges, self._task, self._source)
+        else:
+            work = partial(process_partition, self._task)
+        rows = frame.mapInArrow(work, SUMMARY_SCHEMA).collect()
         committed: dict[int, int] = {}
         records = detections = 0
         dead = Counter()

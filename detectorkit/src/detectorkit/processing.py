@@ -24,6 +24,7 @@ from . import records as rec
 from . import sink as sinks
 from .detector import Detector
 from .metrics import bucket_counts
+from .source import SourceOptions, ranges_from_row, read_planned
 
 SUMMARY_SCHEMA = (
     "partition int, next_offset long, records long, detections long, dead_letters string, latency_counts string, latency_sum double"
@@ -143,7 +144,24 @@ def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, sum
 
 
 def process_partition(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The `mapInArrow` function: all batches of one task, then one summary row per Kafka partition."""
+    """The `mapInArrow` function over record batches: all batches of one task, then one summary
+    row per Kafka partition."""
+    return _process(ctx, batches)
+
+
+def process_ranges(ctx: TaskContext, source: SourceOptions, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The `mapInArrow` function over the source's planned ranges: reads them here, in the same
+    worker, and processes them as `process_partition` does, so records never cross the JVM."""
+
+    def batches():
+        for task in tasks:
+            for text in task.column("ranges").to_pylist():
+                yield from read_planned(source, ranges_from_row(text))
+
+    return _process(ctx, batches())
+
+
+def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     sink = sinks.for_worker(ctx.producer_conf)
     summaries: dict[int, PartitionSummary] = {}
     try:

@@ -14,6 +14,7 @@ late, so a redeploy would replay the last batch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -46,6 +47,9 @@ NAME = "detectorkit-kafka"
 
 # The same columns as Spark's own Kafka source, less headers.
 SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp"
+# deliver="ranges": one row per task naming the offset ranges it owns, for a stage that reads them
+# itself (the detector job does), so records never cross into the JVM and back.
+RANGES_SCHEMA = "ranges string"
 ARROW_SCHEMA = pa.schema([
     ("key", pa.binary()),
     ("value", pa.binary()),
@@ -88,6 +92,8 @@ class SourceOptions:
     partitions: list[int] | None = None
     # Spark tasks per batch at most: the job passes its parallelism (cores).
     max_tasks: int = 2
+    # "records": the records themselves (Spark's Kafka source columns); "ranges": see RANGES_SCHEMA.
+    deliver: str = "records"
 
     def to_options(self) -> dict[str, str]:
         return {"detectorkit.options": json.dumps(self.__dict__)}
@@ -114,7 +120,7 @@ class KafkaSource(DataSource):
         return NAME
 
     def schema(self) -> str:
-        return SCHEMA
+        return RANGES_SCHEMA if SourceOptions.from_options(self.options).deliver == "ranges" else SCHEMA
 
     def streamReader(self, schema) -> KafkaStreamReader:
         return KafkaStreamReader(SourceOptions.from_options(self.options))
@@ -149,7 +155,7 @@ class KafkaStreamReader(DataSourceStreamReader):
     # ---- planner side -------------------------------------------------------------------------
 
     def _consumer_conf(self, **extra: Any) -> dict[str, Any]:
-        return clients.consumer(self.options.client_conf, self.options.group, **{"isolation.level": "read_uncommitted", **extra})
+        return _consumer_conf(self.options, **extra)
 
     def _clients(self) -> tuple[EndOffsetProbe, OffsetStore]:
         if self._probe is None:
@@ -225,9 +231,27 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     # ---- worker side --------------------------------------------------------------------------
 
-    def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
-        conf = self._consumer_conf(**{"enable.partition.eof": True, "auto.offset.reset": "error"})
-        yield from read_ranges(_reader_consumer(conf), partition.ranges, self.options.fail_on_data_loss, self.options.timeout)
+    def read(self, partition: KafkaInputPartition) -> Iterator:
+        if self.options.deliver == "ranges":
+            yield (json.dumps([dataclasses.astuple(r) for r in partition.ranges]),)
+        else:
+            yield from read_planned(self.options, partition.ranges)
+
+
+def _consumer_conf(options: SourceOptions, **extra: Any) -> dict[str, Any]:
+    # Uncommitted reads: the end offsets come from the high watermark, and Tansu does not hide
+    # aborted records anyway. A transactional upstream's aborted records would be processed.
+    return clients.consumer(options.client_conf, options.group, **{"isolation.level": "read_uncommitted", **extra})
+
+
+def read_planned(options: SourceOptions, ranges: list[PartitionRange]) -> Iterator[pa.RecordBatch]:
+    """The records of planned ranges, with this worker process's reading consumer."""
+    conf = _consumer_conf(options, **{"enable.partition.eof": True, "auto.offset.reset": "error"})
+    yield from read_ranges(_reader_consumer(conf), ranges, options.fail_on_data_loss, options.timeout)
+
+
+def ranges_from_row(text: str) -> list[PartitionRange]:
+    return [PartitionRange(*fields) for fields in json.loads(text)]
 
 
 def read_range(consumer: Consumer, r: PartitionRange, fail_on_data_loss: bool, timeout: float) -> Iterator[pa.RecordBatch]:
