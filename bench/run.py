@@ -75,7 +75,8 @@ def sample_values(count: int, seed: int = 42) -> list[tuple[bytes, bytes, bool]]
         high = rng.random() < 0.05
         amount = round(rng.uniform(1000.01, 5000), 2) if high else round(rng.uniform(0, 1000), 2)
         key = f"c{rng.randrange(100_000):05d}".encode()
-        value = json.dumps({"id": i, "customer": key.decode(), "amount": amount, "currency": "EUR", "channel": "web"}).encode()
+        value = json.dumps({"id": i, "customer": key.decode(), "amount": amount, "currency": "EUR", "channel": "web",
+                            "country": "DE"}).encode()
         out.append((key, value, high))
     return out
 
@@ -84,13 +85,20 @@ def sample_values(count: int, seed: int = 42) -> list[tuple[bytes, bytes, bool]]
 
 
 class TreeSampler(threading.Thread):
-    """Peak resident memory and CPU time of a process and all its descendants."""
+    """Peak memory and CPU time of a process and all its descendants.
+
+    Memory is counted twice: the sum of resident set sizes, and the sum of proportional set sizes
+    (PSS, Linux), which shares each page among the processes mapping it. PySpark forks its Python
+    workers from one daemon, so their RSS counts the same copy-on-write pages again and again; PSS
+    is the memory the tree really holds, and the figure the 2 GiB target is read against.
+    """
 
     def __init__(self, pid: int, interval: float = 0.2):
         super().__init__(daemon=True)
         self.root = psutil.Process(pid)
         self.interval = interval
         self.peak_rss = 0
+        self.peak_pss = 0
         self.cpu = 0.0
         self._cpu_by_pid: dict[int, float] = {}
         self._halt = threading.Event()
@@ -100,16 +108,19 @@ class TreeSampler(threading.Thread):
             procs = [self.root, *self.root.children(recursive=True)]
         except psutil.Error:
             return
-        rss = 0
+        rss = pss = 0
         for proc in procs:
             try:
-                rss += proc.memory_info().rss
+                info = proc.memory_full_info() if hasattr(psutil.Process, "memory_full_info") else proc.memory_info()
+                rss += info.rss
+                pss += getattr(info, "pss", info.rss)
                 t = proc.cpu_times()
                 # Remember each process's own CPU: an exited worker's seconds still count.
                 self._cpu_by_pid[proc.pid] = max(self._cpu_by_pid.get(proc.pid, 0.0), t.user + t.system)
             except psutil.Error:
                 continue
         self.peak_rss = max(self.peak_rss, rss)
+        self.peak_pss = max(self.peak_pss, pss)
         self.cpu = sum(self._cpu_by_pid.values())
 
     def run(self) -> None:
@@ -278,7 +289,8 @@ def throughput_run(c: Contender, base: dict, out_topic: str, records: int, expec
         "expected": expected,
         "records_per_s": records / span_s if span_s > 0 else float("nan"),
         "first_detection_s": (tail.first_ms / 1000 - launched) if tail.first_ms else float("nan"),
-        "peak_memory_bytes": sampler.peak_rss,
+        "peak_memory_bytes": sampler.peak_pss,
+        "peak_rss_sum_bytes": sampler.peak_rss,
         "cpu_seconds_per_million": sampler.cpu / records * 1_000_000,
     }
 
@@ -350,11 +362,13 @@ def markdown(result: dict) -> str:
              f"{result['machine']['platform']}, Python {result['machine']['python']}, PySpark {result['machine']['pyspark']}; "
              f"broker: {result['broker']}.", "",
              f"## Throughput: {p['records']:,} records of ~{p['record_bytes']} bytes, {PARTITIONS} partitions, ~5% detections", "",
-             "| contender | records/s | × plain loop | peak memory | CPU s per 1M records | first detection after launch | complete |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             "| contender | records/s | × plain loop | peak memory (PSS) | peak RSS sum | CPU s per 1M records | first detection after launch "
+             "| complete |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in result["throughput"]:
         lines.append(f"| {r['name']} | {r['records_per_s']:,.0f} | {r['ratio_to_plain']:.2f} | "
-                     f"{r.get('peak_memory_bytes', 0) / 2**20:,.0f} MiB | {r.get('cpu_seconds_per_million', float('nan')):.1f} | "
+                     f"{r.get('peak_memory_bytes', 0) / 2**20:,.0f} MiB | {r.get('peak_rss_sum_bytes', 0) / 2**20:,.0f} MiB | "
+                     f"{r.get('cpu_seconds_per_million', float('nan')):.1f} | "
                      f"{r.get('first_detection_s', float('nan')):.1f} s | {'yes' if r['complete'] else 'NO'} |")
     lines += ["", f"## Latency: {p['rate']:,} records/s for {p['latency_seconds']:g} s after {p['warmup_seconds']:g} s of warm-up, "
               "producer timestamp to detection received", "",

@@ -17,6 +17,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from . import clients
+
 # librdkafka reports an unknown offset as -1001.
 _UNKNOWN = -1001
 
@@ -39,6 +41,10 @@ class EndOffsetProbe:
 
     def _list_offsets(self, partition: int) -> tuple[int, int]:
         return self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=self.timeout, cached=False)
+
+    def topic_partitions(self) -> list[int]:
+        """The topic's partitions now (LookupError if it does not exist)."""
+        return clients.topic_partitions(self._consumer, self.topic, self.timeout)
 
     def earliest(self, partitions: Iterable[int]) -> dict[int, int]:
         return {p: self._list_offsets(p)[0] for p in partitions}

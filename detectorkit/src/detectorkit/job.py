@@ -182,8 +182,7 @@ class DetectorJob:
         if self._store is None or self._ends is None:
             return
         with self._offsets_lock:
-            partitions = self.settings.partitions() or clients.topic_partitions(self._ends._consumer, self.settings.input_topic,
-                                                                                self.settings.connect_timeout_seconds)
+            partitions = self.settings.partitions() or self._ends.topic_partitions()
             known = {p: o for p, o in self._store.committed(partitions).items() if o is not None}
             self._committed.update(known)
             self.metrics.set_offsets(known, self._ends.end_offsets(known))

@@ -169,7 +169,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         if force or now - self._partitions_at > self.options.partition_refresh_seconds:
             probe, _ = self._clients()
             try:
-                partitions = clients.topic_partitions(probe._consumer, self.options.topic, self.options.timeout)
+                partitions = probe.topic_partitions()
             except LookupError as exc:
                 if not self._partitions:
                     raise
