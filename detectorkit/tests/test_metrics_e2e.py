@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from detectorkit.samples import samples
-from detectorkit.testing import create_test_topics, produce
+from detectorkit.testing import create_test_topics, produce, read_all
 
 from .jobs import Job, job_env, wait_for
 
@@ -106,6 +106,13 @@ def test_two_instances_aggregate_across_stop_restart_and_aggregator_restart(kafk
         wait_for(caught_up, timeout=180, what="the restarted instance's counts")
         assert min(seen) >= 2_000, f"the total dropped: {seen}"
         assert aggregator.value("detector_instances_up") == 2
+
+        # The aggregate also goes to the aggregated topic, keyed by service.
+        def published_total():
+            values = [json.loads(m["value"]) for m in read_all(bs, f"{metrics_topic}-agg") if m["key"] == SERVICE]
+            return next((v for name, labels, v in values[-1]["samples"] if name == "detector_records_read_total"), None) if values else None
+
+        wait_for(lambda: published_total() == 3_000, timeout=30, what="the total on the aggregated topic")
 
         # A restarted aggregator replays the topic and rebuilds the same totals.
         before = read()
