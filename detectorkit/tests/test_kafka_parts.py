@@ -12,7 +12,7 @@ from detectorkit import clients
 from detectorkit.end_offsets import EndOffsetProbe
 from detectorkit.offset_store import OffsetStore
 from detectorkit.planning import DataLossError, PartitionRange
-from detectorkit.source import read_range
+from detectorkit.source import read_ranges
 
 
 @pytest.fixture
@@ -70,14 +70,14 @@ def reader(base):
 def test_read_range_returns_exactly_the_planned_records(base, topic):
     produce(base, topic, 500)
     consumer = reader(base)
-    batches = list(read_range(consumer, PartitionRange(topic, 0, 120, 377), True, 10))
+    batches = list(read_ranges(consumer, [PartitionRange(topic, 0, 120, 377)], True, 10))
     table = pa.Table.from_batches(batches)
     assert table.column("offset").to_pylist() == list(range(120, 377))
     assert table.column("key").to_pylist()[0] == b"120"
     assert set(table.column("partition").to_pylist()) == {0}
     assert table.schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
     # The same worker consumer serves the next task.
-    again = pa.Table.from_batches(list(read_range(consumer, PartitionRange(topic, 0, 0, 3), True, 10)))
+    again = pa.Table.from_batches(list(read_ranges(consumer, [PartitionRange(topic, 0, 0, 3)], True, 10)))
     assert again.column("offset").to_pylist() == [0, 1, 2]
     consumer.close()
 
@@ -88,7 +88,7 @@ def test_read_range_chunks_large_ranges(base, topic, monkeypatch):
     monkeypatch.setattr(source, "CHUNK_RECORDS", 100)
     produce(base, topic, 450)
     consumer = reader(base)
-    batches = list(read_range(consumer, PartitionRange(topic, 0, 0, 450), True, 10))
+    batches = list(read_ranges(consumer, [PartitionRange(topic, 0, 0, 450)], True, 10))
     assert [b.num_rows for b in batches] == [100, 100, 100, 100, 50]
     consumer.close()
 
@@ -97,14 +97,14 @@ def test_range_beyond_the_end_of_a_partition_is_data_loss(base, topic):
     produce(base, topic, 10)
     consumer = reader(base)
     with pytest.raises(DataLossError, match=r"ends at offset 10, before the planned 20.*FAIL_ON_DATA_LOSS=false"):
-        list(read_range(consumer, PartitionRange(topic, 0, 0, 20), True, 10))
+        list(read_ranges(consumer, [PartitionRange(topic, 0, 0, 20)], True, 10))
     consumer.close()
 
 
 def test_skipping_data_loss_returns_what_is_there(base, topic):
     produce(base, topic, 10)
     consumer = reader(base)
-    table = pa.Table.from_batches(list(read_range(consumer, PartitionRange(topic, 0, 5, 20), False, 10)))
+    table = pa.Table.from_batches(list(read_ranges(consumer, [PartitionRange(topic, 0, 5, 20)], False, 10)))
     assert table.column("offset").to_pylist() == [5, 6, 7, 8, 9]
     consumer.close()
 
@@ -115,7 +115,7 @@ def test_deleted_topic_is_data_loss(base, topic):
     admin.delete_topics([topic])[topic].result()
     consumer = reader(base)
     with pytest.raises(DataLossError, match=topic):
-        list(read_range(consumer, PartitionRange(topic, 0, 0, 10), True, 10))
+        list(read_ranges(consumer, [PartitionRange(topic, 0, 0, 10)], True, 10))
     consumer.close()
 
 

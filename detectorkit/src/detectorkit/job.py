@@ -78,7 +78,6 @@ class DetectorJob:
         self._reporter: MetricsReporter | None = None
         self.metrics = JobMetrics()
         self._offsets_lock = threading.Lock()
-        self._committed: dict[int, int] = {}
         self._task = TaskContext(
             service=detector.name,
             detector=detector,
@@ -88,7 +87,7 @@ class DetectorJob:
             dlq_topic=s.dlq_topic,
         )
 
-    def source_options(self, deliver: str = "ranges") -> SourceOptions:
+    def source_options(self) -> SourceOptions:
         s = self.settings
         return SourceOptions(
             topic=s.input_topic,
@@ -100,7 +99,7 @@ class DetectorJob:
             timeout=s.connect_timeout_seconds,
             partitions=s.partitions(),
             max_tasks=max(1, self.spark.sparkContext.defaultParallelism),
-            deliver=deliver,
+            deliver=self.deliver,
         )
 
     def start(self):
@@ -115,7 +114,7 @@ class DetectorJob:
         if checkpoint is None:
             # Offsets live in Kafka; the checkpoint only has to outlive one run.
             checkpoint = self._checkpoint_tmp = tempfile.mkdtemp(prefix=f"{self.detector.name}-checkpoint-")
-        self._source = self.source_options(self.deliver)
+        self._source = self.source_options()
         stream = self.spark.readStream.format(SOURCE_NAME).options(**self._source.to_options()).load()
         writer = stream.writeStream.foreachBatch(self._on_batch).option("checkpointLocation", checkpoint).queryName(self.detector.name)
         if s.trigger_interval_seconds > 0:
@@ -162,7 +161,6 @@ class DetectorJob:
         result = BatchResult(batch_id, records, detections, dead, committed, time.monotonic() - started)
         self.metrics.record_batch(records, detections, dead, result.seconds, latency_counts, latency_sum)
         with self._offsets_lock:
-            self._committed.update(committed)
             if committed:
                 self.metrics.set_offsets(committed, self._ends.end_offsets(committed))
         st = self.stats
@@ -184,7 +182,6 @@ class DetectorJob:
         with self._offsets_lock:
             partitions = self.settings.partitions() or self._ends.topic_partitions()
             known = {p: o for p, o in self._store.committed(partitions).items() if o is not None}
-            self._committed.update(known)
             self.metrics.set_offsets(known, self._ends.end_offsets(known))
 
     def terminated(self, timeout: float) -> bool:

@@ -59,18 +59,16 @@ _PLAIN_TYPES = (pa.types.is_boolean, pa.types.is_int64, pa.types.is_float64, pa.
 def parse_arrow(values: pa.Array, required_fields: Sequence[str]) -> tuple[pd.DataFrame, list[Rejected]]:
     """`parse` for an Arrow column of values: a whole batch of flat JSON objects is parsed at once
     by Arrow's JSON reader (C++, no Python per record); anything else goes record by record."""
-    fast = _parse_all_at_once(values, required_fields)
-    return fast if fast is not None else parse(values.to_pylist(), required_fields)
+    raw = values.to_pylist()  # once: both paths read the same Python values
+    fast = _parse_all_at_once(raw, required_fields)
+    return fast if fast is not None else parse(raw, required_fields)
 
 
-def _parse_all_at_once(values: pa.Array, required_fields: Sequence[str]) -> tuple[pd.DataFrame, list[Rejected]] | None:
-    n = len(values)
-    if n == 0 or values.null_count:
-        return None
-    raw = values.to_pylist()
+def _parse_all_at_once(raw: Sequence[bytes | None], required_fields: Sequence[str]) -> tuple[pd.DataFrame, list[Rejected]] | None:
+    n = len(raw)
     # Objects only: Arrow's reader crashes the process on a bare `null` line (pyarrow 26), and any
-    # other non-object would fail the whole batch anyway.
-    if not all(v[:1] == b"{" and v[-1:] == b"}" for v in raw):
+    # other non-object (or a null value) would fail the whole batch anyway.
+    if n == 0 or not all(v is not None and v[:1] == b"{" and v[-1:] == b"}" for v in raw):
         return None
     data = b"\n".join(raw)
     if data.count(b"\n") != n - 1:  # a value spanning lines: framing by line would split it

@@ -254,10 +254,6 @@ def ranges_from_row(text: str) -> list[PartitionRange]:
     return [PartitionRange(*fields) for fields in json.loads(text)]
 
 
-def read_range(consumer: Consumer, r: PartitionRange, fail_on_data_loss: bool, timeout: float) -> Iterator[pa.RecordBatch]:
-    yield from read_ranges(consumer, [r], fail_on_data_loss, timeout)
-
-
 def read_ranges(consumer: Consumer, ranges: list[PartitionRange], fail_on_data_loss: bool, timeout: float) -> Iterator[pa.RecordBatch]:
     """Exactly the records of each range's offsets [start, end), as Arrow record batches; the
     partitions are fetched at once, so their records come interleaved."""
@@ -289,8 +285,9 @@ def _read_assigned(consumer: Consumer, ranges: dict[int, PartitionRange], fail_o
             if now > checked + _STALL_CHECK_SECONDS:
                 # librdkafka waits quietly on a partition that no longer exists: ask the metadata.
                 checked = now
+                existing = _existing_partitions(consumer, topic, timeout)
                 for p in [p for p, r in ranges.items() if position[p] < r.end]:
-                    if not _partition_exists(consumer, ranges[p], timeout):
+                    if existing is not None and p not in existing:
                         r = ranges[p]
                         _lost(r, f"partition {r.topic}-{p} no longer exists; records [{position[p]}, {r.end}) are gone", fail_on_data_loss)
                         remaining -= r.end - position[p]
@@ -362,13 +359,15 @@ def _lost(r: PartitionRange, problem: str, fail_on_data_loss: bool) -> None:
     log.warning("skipping lost records: %s", problem)
 
 
-def _partition_exists(consumer: Consumer, r: PartitionRange, timeout: float) -> bool:
+def _existing_partitions(consumer: Consumer, topic: str, timeout: float) -> set[int] | None:
+    """The topic's partitions now; None when the broker does not answer, which is no sign of loss
+    (the read timeout covers it)."""
     try:
-        return r.partition in clients.topic_partitions(consumer, r.topic, timeout)
+        return set(clients.topic_partitions(consumer, topic, timeout))
     except LookupError:
-        return False
+        return set()
     except KafkaException:
-        return True  # the broker did not answer: not a sign of loss; the read timeout covers it
+        return None
 
 
 def _to_arrow(topic: str, keys, values, partitions, offsets, stamps) -> pa.RecordBatch:
