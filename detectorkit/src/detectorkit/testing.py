@@ -1,25 +1,27 @@
 """Test helpers and a pytest plugin (loaded automatically where detectorkit is installed).
 
-The `kafka_bootstrap_servers` fixture picks the broker as a deployment would: KAFKA_BOOTSTRAP_SERVERS
-if set; else a Kafka container where a Docker engine answers; else the embedded broker (Tansu).
-`kafka_broker_kind` tells which, so a test that needs what Tansu lacks can skip with a reason.
+The `kafka_bootstrap_servers` fixture picks the broker: KAFKA_BOOTSTRAP_SERVERS if set; else
+Apache Kafka started by `kafka_broker.KafkaBroker` where Java and Maven (or its cached jars) are
+there; else a Kafka container where a Docker engine answers; else the embedded broker (Tansu).
+DETECTORKIT_TEST_BROKER=kafka|container|tansu insists on one. `kafka_broker_kind` tells which, so a
+test that needs what Tansu lacks can skip with a reason.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from confluent_kafka import Producer
 
 from . import clients
 from .samples import Sample
 from .topic_reader import read_topic
 
-EXTERNAL, CONTAINER, TANSU = "external", "container", "tansu"
+EXTERNAL, KAFKA, CONTAINER, TANSU = "external", "kafka", "container", "tansu"
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ def create_test_topics(bootstrap_servers: str, prefix: str, partitions: int = 4)
 
 def produce(bootstrap_servers: str, topic: str, samples: Iterable[Sample]) -> list[Sent]:
     """Write samples; returns where each landed, in the order given."""
-    producer = Producer(clients.producer(clients.base(bootstrap_servers)))
+    producer = clients.new_producer(clients.producer(clients.base(bootstrap_servers)))
     sent: list[Sent | None] = []
     errors: list[str] = []
 
@@ -88,22 +90,48 @@ def _docker_answers() -> bool:
         return False
 
 
+def _kafka_can_start() -> bool:
+    from .kafka_broker import KAFKA_VERSION, cache_dir
+
+    cached = (cache_dir() / f"kafka-{KAFKA_VERSION}" / ".complete").exists()
+    return shutil.which("java") is not None and (cached or shutil.which("mvn") is not None)
+
+
+def choose_broker() -> str:
+    """The kind of broker the tests will use, in the order the module's docstring gives."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return EXTERNAL
+    wanted = os.environ.get("DETECTORKIT_TEST_BROKER", "").lower()
+    if wanted:
+        if wanted not in (KAFKA, CONTAINER, TANSU):
+            raise pytest.UsageError(f"DETECTORKIT_TEST_BROKER={wanted!r}: use kafka, container or tansu")
+        return wanted
+    if _kafka_can_start():
+        return KAFKA
+    return CONTAINER if _docker_answers() else TANSU
+
+
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[tuple[str, str]]:
     """(bootstrap servers, kind) of the broker the tests use."""
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+    kind = choose_broker()
+    if kind == EXTERNAL:
         yield os.environ["KAFKA_BOOTSTRAP_SERVERS"], EXTERNAL
-        return
-    if _docker_answers():
+    elif kind == KAFKA:
+        from .kafka_broker import KafkaBroker
+
+        with KafkaBroker() as broker:
+            yield broker.bootstrap_servers, KAFKA
+    elif kind == CONTAINER:
         from testcontainers.kafka import KafkaContainer
 
         with KafkaContainer() as kafka:
             yield kafka.get_bootstrap_server(), CONTAINER
-        return
-    from .broker import EmbeddedBroker
+    else:
+        from .broker import EmbeddedBroker
 
-    with EmbeddedBroker() as broker:
-        yield broker.bootstrap_servers, TANSU
+        with EmbeddedBroker() as broker:
+            yield broker.bootstrap_servers, TANSU
 
 
 @pytest.fixture(scope="session")
