@@ -48,10 +48,11 @@ def test_graceful_stop_and_restart_lose_and_duplicate_nothing(kafka_bootstrap_se
         job.process.send_signal(signum)  # as a container runtime does
     assert job.wait(120) == 0, job.output()
     assert '"stop requested"' in job.output()
-    at_stop = sum(committed(bs, topics, range(PARTITIONS)).values())
+    positions = committed(bs, topics, range(PARTITIONS))
+    at_stop = sum(positions.values())
     assert 0 < at_stop < RECORDS, "the stop must land mid-stream for this test to mean anything"
     # Everything written before the stop is committed: the output holds no record past the commit.
-    assert len(detections(bs, topics)) == len({x for x in expected(sent) if x[1] < committed(bs, topics, range(PARTITIONS))[x[0]]})
+    assert len(detections(bs, topics)) == len({x for x in expected(sent) if x[1] < positions[x[0]]})
 
     if signum == signal.SIGINT:
         return  # the same stop as SIGTERM from here on; the restart is checked once, below

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 
 import structlog
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry, start_http_server
 
 from . import clients, logs
@@ -52,10 +52,10 @@ class AggregatorService:
     def run(self) -> int:
         clients.create_topics(self.base, {self.metrics_topic: 1, self.aggregate_topic: 1}, self.timeout)
         # A group id of its own each start: the aggregator keeps no position, it replays the topic.
-        consumer = Consumer(clients.consumer(self.base, f"metrics-aggregator-{uuid.uuid4().hex[:8]}"))
+        consumer = clients.new_consumer(clients.consumer(self.base, f"metrics-aggregator-{uuid.uuid4().hex[:8]}"))
         partitions = clients.topic_partitions(consumer, self.metrics_topic, self.timeout)
         consumer.assign([TopicPartition(self.metrics_topic, p, 0) for p in partitions])
-        producer = Producer(clients.producer(self.base))
+        producer = clients.new_producer(clients.producer(self.base))
         server, thread = start_http_server(self.port, addr=self.host, registry=self.registry)
         self.port = server.server_port
         self.log.info("aggregator started", metrics_topic=self.metrics_topic, endpoint=f"http://{self.host}:{self.port}/metrics")

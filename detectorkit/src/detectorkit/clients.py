@@ -8,20 +8,55 @@ batches keep Tansu, which scans stored batches on every fetch, fast.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from pydantic import SecretStr
 
 # Fetch long-polls shorter than this livelock on Tansu; longer ones add latency at the end of a topic.
 FETCH_WAIT_MAX_MS = 50
 
 
-def base(bootstrap_servers: str, options: Mapping[str, str] | None = None) -> dict[str, Any]:
+# librdkafka keys whose values are secrets (sasl.password, ssl.key.password, sasl.oauthbearer.client.secret,
+# sasl.jaas.config, ...): they travel as SecretStr, whose repr and str never show the value.
+_SECRET_WORDS = ("password", "secret", "jaas", "token")
+
+
+def is_secret(key: str) -> bool:
+    return any(word in key.lower() for word in _SECRET_WORDS)
+
+
+def base(bootstrap_servers: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, "log_level": 3}
-    conf.update(options or {})
+    for key, value in (options or {}).items():
+        conf[key] = SecretStr(value) if is_secret(key) and not isinstance(value, SecretStr) else value
     return conf
+
+
+def reveal(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The plain configuration librdkafka takes: only client constructors see secrets."""
+    return {k: (v.get_secret_value() if isinstance(v, SecretStr) else v) for k, v in conf.items()}
+
+
+def conf_key(conf: Mapping[str, Any]) -> str:
+    """A key for caching clients per configuration; tells secrets apart without holding them."""
+    return hashlib.sha256(json.dumps(reveal(conf), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def new_consumer(conf: Mapping[str, Any]) -> Consumer:
+    return Consumer(reveal(conf))
+
+
+def new_producer(conf: Mapping[str, Any]) -> Producer:
+    return Producer(reveal(conf))
+
+
+def new_admin(conf: Mapping[str, Any]) -> AdminClient:
+    return AdminClient(reveal(conf))
 
 
 def consumer(base_conf: Mapping[str, Any], group_id: str, **extra: Any) -> dict[str, Any]:
@@ -54,21 +89,33 @@ def producer(base_conf: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
     return conf
 
 
+class TopicAccessError(KafkaException):
+    """The broker refused to describe a topic (not authorised, or another error than "not there")."""
+
+
+# The only answers that mean a topic is not there; anything else (authorisation above all) is no
+# evidence that records were lost and must never be read as a deleted topic.
+_NOT_THERE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}
+
+
 def topic_partitions(admin_or_consumer, topic: str, timeout: float) -> list[int]:
     """The topic's partition ids; KafkaException when the broker does not answer in time, LookupError
-    when the topic does not exist."""
+    when the topic does not exist, TopicAccessError when the broker refuses to say."""
     # All topics, not just this one: a Metadata request naming a topic creates it on brokers with
     # auto-creation on (Tansu always), and a job must not conjure up the topic it was told to read.
     metadata = admin_or_consumer.list_topics(timeout=timeout)
     entry = metadata.topics.get(topic)
+    where = metadata.orig_broker_name or "the broker"
+    if entry is not None and entry.error is not None and entry.error.code() not in _NOT_THERE:
+        raise TopicAccessError(KafkaError(entry.error.code(), f"cannot read topic {topic!r} on {where}: {entry.error.str()}", fatal=True))
     if entry is None or entry.error is not None or not entry.partitions:
-        raise LookupError(f"topic {topic!r} does not exist on {metadata.orig_broker_name or 'the broker'}")
+        raise LookupError(f"topic {topic!r} does not exist on {where}")
     return sorted(entry.partitions)
 
 
 def create_topics(base_conf: Mapping[str, Any], topics: Mapping[str, int], timeout: float = 30.0) -> list[str]:
     """Create the topics that do not exist yet; returns the ones created."""
-    admin = AdminClient(dict(base_conf))
+    admin = new_admin(base_conf)
     existing = admin.list_topics(timeout=timeout).topics
     wanted = [NewTopic(name, num_partitions=n, replication_factor=-1) for name, n in topics.items() if name not in existing]
     if not wanted:

@@ -1,4 +1,8 @@
-"""Exact end offsets of a topic's partitions, cheaply.
+"""Exact end offsets of a topic's partitions, cheaply: one strategy per broker kind.
+
+On Apache Kafka, ListOffsets is exact: `ListOffsetsEnds` asks it for every partition in one request,
+with the job's isolation level, so under read_committed the end is the last stable offset and a
+batch never plans into an open transaction.
 
 ListOffsets(latest) is wrong on the embedded broker (it answers the base offset of the last stored
 batch + 1), so planning up to it would leave the newest batch unread until another one arrives.
@@ -15,19 +19,69 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import OffsetSpec
 
-from . import clients
+from . import broker_kind, clients
 
 # librdkafka reports an unknown offset as -1001.
 _UNKNOWN = -1001
+
+
+def open_end_offsets(kind: str, base_conf: Mapping[str, Any], group: str, topic: str, timeout: float) -> ListOffsetsEnds | EndOffsetProbe:
+    """The end-offset strategy for a broker kind (`broker_kind.KAFKA` or `TANSU`)."""
+    isolation = broker_kind.isolation_level(kind)
+    if kind == broker_kind.TANSU:
+        return EndOffsetProbe(clients.consumer(base_conf, group, **{"isolation.level": isolation}), topic, timeout)
+    return ListOffsetsEnds(base_conf, topic, timeout, isolation)
+
+
+class ListOffsetsEnds:
+    """End and start offsets from ListOffsets, for brokers where it is exact (Apache Kafka)."""
+
+    def __init__(self, base_conf: Mapping[str, Any], topic: str, timeout: float = 30.0, isolation: str = "read_committed"):
+        self.topic = topic
+        self.timeout = timeout
+        self._isolation = IsolationLevel.READ_COMMITTED if isolation == "read_committed" else IsolationLevel.READ_UNCOMMITTED
+        self._admin = clients.new_admin(base_conf)
+
+    def topic_partitions(self) -> list[int]:
+        return clients.topic_partitions(self._admin, self.topic, self.timeout)
+
+    def _list(self, partitions: Iterable[int], spec: OffsetSpec) -> dict[int, int]:
+        request = {TopicPartition(self.topic, p): spec for p in partitions}
+        if not request:
+            return {}
+        answers = self._admin.list_offsets(request, isolation_level=self._isolation, request_timeout=self.timeout)
+        offsets = {}
+        for tp, future in answers.items():
+            try:
+                offsets[tp.partition] = future.result().offset
+            except KafkaException as exc:
+                if exc.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
+                    raise LookupError(f"partition {self.topic}-{tp.partition} does not exist") from None
+                raise
+        return offsets
+
+    def end_offsets(self, partitions: Iterable[int], confirmed: bool = False) -> dict[int, int]:
+        """Exact already: `confirmed` changes nothing here."""
+        return self._list(partitions, OffsetSpec.latest())
+
+    def earliest(self, partitions: Iterable[int]) -> dict[int, int]:
+        return self._list(partitions, OffsetSpec.earliest())
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Nothing is held per partition."""
+
+    def close(self) -> None:
+        self._admin = None
 
 
 class EndOffsetProbe:
     def __init__(self, consumer_conf: Mapping[str, Any], topic: str, timeout: float = 30.0):
         self.topic = topic
         self.timeout = timeout
-        self._consumer = Consumer({
+        self._consumer = clients.new_consumer({
             **consumer_conf,
             # A fetch that carries data only needs to bring one batch to update the watermark.
             "max.partition.fetch.bytes": 64 * 1024,

@@ -7,10 +7,34 @@ no group membership and no rebalance ever happens.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from . import clients
+
+T = TypeVar("T")
+
+# librdkafka does not always flag these as retriable, but they are: the coordinator comes back.
+_COORDINATOR_MOVING = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE}
+
+
+def retrying(call: Callable[[], T], timeout: float) -> T:
+    """`call`, again while the broker answers with a retriable error (a group coordinator that
+    is moving or still loading, as on a fresh cluster), until `timeout`."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (error.retriable() or error.code() in _COORDINATOR_MOVING) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
 
 
 class OffsetStore:
@@ -18,14 +42,14 @@ class OffsetStore:
         self.topic = topic
         self.group = consumer_conf["group.id"]
         self.timeout = timeout
-        self._consumer = Consumer(dict(consumer_conf))
+        self._consumer = clients.new_consumer(consumer_conf)
 
     def committed(self, partitions: Iterable[int]) -> dict[int, int | None]:
         """The committed offset of each partition, None where the group has none."""
         tps = [TopicPartition(self.topic, p) for p in partitions]
         if not tps:
             return {}
-        result = self._consumer.committed(tps, timeout=self.timeout)
+        result = retrying(lambda: self._consumer.committed(tps, timeout=self.timeout), self.timeout)
         return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
 
     def commit(self, offsets: Mapping[int, int]) -> None:
@@ -33,10 +57,14 @@ class OffsetStore:
         if not offsets:
             return
         tps = [TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())]
-        result = self._consumer.commit(offsets=tps, asynchronous=False)
-        failed = [tp for tp in result or [] if tp.error]
-        if failed:
-            raise KafkaException(failed[0].error)
+
+        def commit():
+            result = self._consumer.commit(offsets=tps, asynchronous=False)
+            failed = [tp for tp in result or [] if tp.error]
+            if failed:
+                raise KafkaException(failed[0].error)
+
+        retrying(commit, self.timeout)
 
     def close(self) -> None:
         self._consumer.close()

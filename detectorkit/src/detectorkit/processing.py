@@ -51,6 +51,8 @@ class TaskContext:
     output_topic: str
     dlq_topic: str
     flush_timeout: float = 60.0
+    # A worker's cached producer is closed after this long unused (see worker_clients).
+    client_idle_seconds: float = 60.0
 
 
 @dataclass
@@ -145,32 +147,39 @@ def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, sum
 
 def process_partition(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The `mapInArrow` function over record batches: all batches of one task, then one summary
-    row per Kafka partition."""
-    return _process(ctx, batches)
+    row per Kafka partition. The position it reports is the last record read + 1."""
+    return _process(ctx, batches, {})
 
 
 def process_ranges(ctx: TaskContext, source: SourceOptions, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The `mapInArrow` function over the source's planned ranges: reads them here, in the same
-    worker, and processes them as `process_partition` does, so records never cross the JVM."""
+    worker, and processes them as `process_partition` does, so records never cross the JVM.
+
+    The position it reports is each range's planned end, not its last record + 1: the offsets
+    after the last record may hold transaction markers or aborted records, and a position short
+    of them would leave lag that never reaches 0."""
+    ends: dict[int, int] = {}
 
     def batches():
         for task in tasks:
             for text in task.column("ranges").to_pylist():
-                yield from read_planned(source, ranges_from_row(text))
+                ranges = ranges_from_row(text)
+                yield from read_planned(source, ranges)
+                for r in ranges:  # read in full: only now may the position move to its end
+                    ends[r.partition] = max(ends.get(r.partition, -1), r.end)
 
-    return _process(ctx, batches())
+    return _process(ctx, batches(), ends)
 
 
-def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    sink = sinks.for_worker(ctx.producer_conf)
+def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch], ends: dict[int, int]) -> Iterator[pa.RecordBatch]:
     summaries: dict[int, PartitionSummary] = {}
-    try:
+    with sinks.for_worker(ctx.producer_conf, ctx.client_idle_seconds) as sink:
         for batch in batches:
             process_batch(ctx, batch, sink, summaries)
         sink.flush(ctx.flush_timeout)
-    except BaseException:
-        sinks.discard(ctx.producer_conf)
-        raise
+    for p, end in ends.items():
+        s = summaries.setdefault(p, PartitionSummary())
+        s.next_offset = max(s.next_offset, end)
     # Latency ends when the broker has acknowledged the detection: after the flush.
     written_ms = time.time() * 1000
     if summaries:

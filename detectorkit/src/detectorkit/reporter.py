@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import structlog
-from confluent_kafka import Producer
 
-from . import snapshot
+from . import clients, snapshot
 from .metrics import JobMetrics
 
 log = structlog.get_logger("detectorkit.reporter")
@@ -27,7 +26,7 @@ class MetricsReporter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
-        self._producer = Producer({
+        self._producer = clients.new_producer({
             **base_conf,
             "acks": "all",
             "linger.ms": 50,

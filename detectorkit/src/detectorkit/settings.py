@@ -86,7 +86,10 @@ class Settings(BaseModel):
     fail_on_data_loss: bool = Field(True, description="Stop when planned records are gone (retention, deleted topic); false skips ahead.")
     spark_master: str = Field("local[2]", description="Spark master URL.")
     trigger_interval_seconds: float = Field(0.0, ge=0, description="Minimum time between micro-batch starts; 0 starts the next one at once.")
-    checkpoint_dir: str | None = Field(None, description="Spark checkpoint directory. Default: a temporary one, since offsets live in Kafka.")
+    checkpoint_dir: str | None = Field(
+        None, description="Where Spark's checkpoint goes: a subdirectory per instance, emptied at every start, since the consumer group "
+        "holds the position. Default: a temporary directory."
+    )
     connect_timeout_seconds: float = Field(30.0, gt=0, description="How long to wait for the broker at start before giving up.")
     stop_after_idle_seconds: float = Field(0.0, ge=0, description="Stop gracefully after this long with no new records; 0 runs until stopped.")
     create_topics: bool = Field(False, description="Create missing input, output and dead-letter topics at start.")
@@ -97,8 +100,26 @@ class Settings(BaseModel):
     metrics_topic: str = Field("metrics", description="Topic the job's metric snapshots are written to.")
     metrics_bootstrap_servers: str | None = Field(None, description="Kafka cluster of the metrics topic. Default: KAFKA_BOOTSTRAP_SERVERS.")
     metrics_interval_seconds: float = Field(10.0, gt=0, description="How often the job publishes a metrics snapshot.")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level of the job's own logs.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level of the job's own logs (any case).")
+    kafka_broker_kind: Literal["auto", "kafka", "tansu"] = Field(
+        "auto", description="auto: detect; kafka: read_committed, end offsets from ListOffsets; tansu (the embedded broker): "
+        "read_uncommitted, end offsets from Fetch responses."
+    )
+    commit_refresh_seconds: float = Field(
+        3600.0, gt=0, description="Commit every partition's position again this often, so the group's offsets never expire "
+        "(offsets.retention.minutes)."
+    )
     kafka_options: dict[str, str] = Field(default_factory=dict, description="librdkafka settings passed through (security.protocol, sasl.*, ssl.*).")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("kafka_broker_kind", "starting_offsets", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("input_partitions")
     @classmethod

@@ -1,16 +1,20 @@
 """The Kafka sink: one idempotent producer per worker process, flushed at the end of every task.
 
 Any delivery error fails the task, and with it the batch, so the batch's offsets are never
-committed and its records are read again on restart (at-least-once).
+committed and its records are read again on restart (at-least-once). A producer unused for a while
+is closed (see `worker_clients`); after a failure it is dropped, since it may be left fenced.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
+
+from . import clients
+from .worker_clients import WorkerClients
 
 
 class DeliveryError(RuntimeError):
@@ -20,7 +24,7 @@ class DeliveryError(RuntimeError):
 class Sink:
     def __init__(self, producer_conf: Mapping[str, Any]):
         self._errors: list[str] = []
-        self.producer = Producer({
+        self.producer = clients.new_producer({
             **producer_conf,
             # Only failures call back into Python: a callback per record would cost more than the write.
             "delivery.report.only.error": True,
@@ -52,17 +56,15 @@ class Sink:
             raise DeliveryError(f"{len(errors)} delivery error(s), first: {errors[0]}")
 
 
-_sinks: dict[str, Sink] = {}
+    def close(self, timeout: float = 5.0) -> None:
+        self.producer.close(timeout)
 
 
-def for_worker(producer_conf: Mapping[str, Any]) -> Sink:
-    key = json.dumps(producer_conf, sort_keys=True, default=str)
-    sink = _sinks.get(key)
-    if sink is None:
-        sink = _sinks[key] = Sink(producer_conf)
-    return sink
+_sinks = WorkerClients(close=Sink.close)
 
 
-def discard(producer_conf: Mapping[str, Any]) -> None:
-    """Forget a worker's producer after a failure: an idempotent producer may be left fenced."""
-    _sinks.pop(json.dumps(producer_conf, sort_keys=True, default=str), None)
+@contextmanager
+def for_worker(producer_conf: Mapping[str, Any], idle_seconds: float | None = None) -> Iterator[Sink]:
+    """This worker process's sink for `producer_conf`, held for one task."""
+    with _sinks.use(clients.conf_key(producer_conf), lambda: Sink(producer_conf), idle_seconds) as sink:
+        yield sink

@@ -6,6 +6,10 @@ Where things run: `initialOffset`, `latestOffset` and `partitions` run in a long
 process on the driver (the planner); `read` runs in Python workers on an unpickled copy of the
 reader. Kafka clients are therefore created lazily and cached per process, never pickled.
 
+Broker kinds: on Apache Kafka the source reads read_committed with end offsets from ListOffsets
+(the last stable offset); on the embedded Tansu, read_uncommitted with end offsets from the Fetch
+high watermark (see `broker_kind` and `end_offsets`).
+
 Offsets: the job starts at the consumer group's committed offsets (the job commits them after each
 batch's output is flushed, see `job.py`); where the group has none, at the end of the partition by
 default. The reader's `commit(end)` is deliberately not used to commit: Spark calls it one batch
@@ -25,11 +29,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from pydantic import SecretStr
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from . import broker_kind as kinds
 from . import clients
-from .end_offsets import EndOffsetProbe
+from .end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets
 from .offset_store import OffsetStore
 from .planning import (
     DataLossError,
@@ -42,6 +48,7 @@ from .planning import (
     resolve_start,
     to_spark,
 )
+from .worker_clients import WorkerClients
 
 NAME = "detectorkit-kafka"
 
@@ -94,13 +101,30 @@ class SourceOptions:
     max_tasks: int = 2
     # "records": the records themselves (Spark's Kafka source columns); "ranges": see RANGES_SCHEMA.
     deliver: str = "records"
+    # broker_kind.KAFKA or TANSU (AUTO: detected by the planner); the job detects it once at start.
+    broker_kind: str = kinds.AUTO
+    # A worker's cached reading consumer is closed after this long unused (see worker_clients).
+    client_idle_seconds: float = 60.0
 
     def to_options(self) -> dict[str, str]:
-        return {"detectorkit.options": json.dumps(self.__dict__)}
+        """Spark's data source options. Secrets travel under keys that Spark's redaction pattern
+        (spark.redaction.regex matches "secret") hides from plans, explain() and the UI."""
+        conf = {k: v for k, v in self.client_conf.items() if not isinstance(v, SecretStr)}
+        options = {"detectorkit.options": json.dumps({**self.__dict__, "client_conf": conf})}
+        for k, v in self.client_conf.items():
+            if isinstance(v, SecretStr):
+                options[_SECRET_OPTION + k] = v.get_secret_value()
+        return options
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SourceOptions:
-        return cls(**json.loads(options["detectorkit.options"]))
+        fields = json.loads(options["detectorkit.options"])
+        # Spark may hand the options back with lower-cased keys; librdkafka's keys are lower case.
+        secrets = {k[len(_SECRET_OPTION):]: SecretStr(v) for k, v in options.items() if k.lower().startswith(_SECRET_OPTION)}
+        return cls(**{**fields, "client_conf": {**fields["client_conf"], **secrets}})
+
+
+_SECRET_OPTION = "detectorkit.secret."
 
 
 class KafkaInputPartition(InputPartition):
@@ -123,25 +147,21 @@ class KafkaSource(DataSource):
         return RANGES_SCHEMA if SourceOptions.from_options(self.options).deliver == "ranges" else SCHEMA
 
     def streamReader(self, schema) -> KafkaStreamReader:
-        return KafkaStreamReader(SourceOptions.from_options(self.options))
+        options = SourceOptions.from_options(self.options)
+        if options.broker_kind == kinds.AUTO:
+            kind = kinds.resolve(options.broker_kind, options.client_conf, options.timeout)
+            options = dataclasses.replace(options, broker_kind=kind)
+        return KafkaStreamReader(options)
 
 
-_consumers: dict[str, Consumer] = {}
-
-
-def _reader_consumer(conf: Mapping[str, Any]) -> Consumer:
-    """One reading consumer per worker process, reused by every task that process runs."""
-    key = json.dumps(conf, sort_keys=True)
-    consumer = _consumers.get(key)
-    if consumer is None:
-        consumer = _consumers[key] = Consumer(dict(conf))
-    return consumer
+# One reading consumer per worker process and configuration, reused by every task that process runs.
+_readers = WorkerClients(close=lambda consumer: consumer.close())
 
 
 @dataclass
 class KafkaStreamReader(DataSourceStreamReader):
     options: SourceOptions
-    _probe: EndOffsetProbe | None = field(default=None, repr=False)
+    _probe: ListOffsetsEnds | EndOffsetProbe | None = field(default=None, repr=False)
     _store: OffsetStore | None = field(default=None, repr=False)
     _partitions: list[int] = field(default_factory=list, repr=False)
     _partitions_at: float = field(default=0.0, repr=False)
@@ -157,10 +177,13 @@ class KafkaStreamReader(DataSourceStreamReader):
     def _consumer_conf(self, **extra: Any) -> dict[str, Any]:
         return _consumer_conf(self.options, **extra)
 
-    def _clients(self) -> tuple[EndOffsetProbe, OffsetStore]:
+    def _clients(self) -> tuple[ListOffsetsEnds | EndOffsetProbe, OffsetStore]:
         if self._probe is None:
-            self._probe = EndOffsetProbe(self._consumer_conf(), self.options.topic, self.options.timeout)
-            self._store = OffsetStore(self._consumer_conf(), self.options.topic, self.options.timeout)
+            o = self.options
+            if o.broker_kind == kinds.AUTO:
+                self.options = o = dataclasses.replace(o, broker_kind=kinds.resolve(o.broker_kind, o.client_conf, o.timeout))
+            self._probe = open_end_offsets(o.broker_kind, o.client_conf, o.group, o.topic, o.timeout)
+            self._store = OffsetStore(self._consumer_conf(), o.topic, o.timeout)
         return self._probe, self._store
 
     def _topic_partitions(self, force: bool = False) -> list[int]:
@@ -171,9 +194,15 @@ class KafkaStreamReader(DataSourceStreamReader):
             try:
                 partitions = probe.topic_partitions()
             except LookupError as exc:
-                if not self._partitions:
-                    raise
-                raise DataLossError(f"{exc}: it was deleted while the job read it") from None
+                if not self._partitions and not self._partitions_at:
+                    raise  # at start: the topic was never there
+                if self.options.fail_on_data_loss:
+                    raise DataLossError(f"{exc}: it was deleted while the job read it. Some records may never have been processed. "
+                                        "Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
+                # Skipping: wait for the topic to come back, then read it from its first record.
+                if self._partitions:
+                    log.warning("skipping lost records: %s: it was deleted while the job read it", exc)
+                partitions = []
             if self.options.partitions is not None:
                 missing = sorted(set(self.options.partitions) - set(partitions))
                 if missing:
@@ -205,7 +234,11 @@ class KafkaStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
         probe, _ = self._clients()
         partitions = self._topic_partitions()
-        latest = probe.end_offsets(partitions)
+        try:
+            latest = probe.end_offsets(partitions)
+        except LookupError:  # gone since the last look at the topic's partitions
+            partitions = self._topic_partitions(force=True)
+            latest = probe.end_offsets(partitions)
         current = from_spark(self.options.topic, start)
         planned, _, problems = reconcile(current, latest, self.options.fail_on_data_loss, self.options.topic)
         for problem in problems:
@@ -239,15 +272,17 @@ class KafkaStreamReader(DataSourceStreamReader):
 
 
 def _consumer_conf(options: SourceOptions, **extra: Any) -> dict[str, Any]:
-    # Uncommitted reads: the end offsets come from the high watermark, and Tansu does not hide
-    # aborted records anyway. A transactional upstream's aborted records would be processed.
-    return clients.consumer(options.client_conf, options.group, **{"isolation.level": "read_uncommitted", **extra})
+    # The planner's end offsets were taken at the same isolation level, so a range never ends
+    # inside an open transaction (read_committed) or beyond the high watermark (Tansu).
+    isolation = kinds.isolation_level(options.broker_kind)
+    return clients.consumer(options.client_conf, options.group, **{"isolation.level": isolation, **extra})
 
 
 def read_planned(options: SourceOptions, ranges: list[PartitionRange]) -> Iterator[pa.RecordBatch]:
     """The records of planned ranges, with this worker process's reading consumer."""
     conf = _consumer_conf(options, **{"enable.partition.eof": True, "auto.offset.reset": "error"})
-    yield from read_ranges(_reader_consumer(conf), ranges, options.fail_on_data_loss, options.timeout)
+    with _readers.use(clients.conf_key(conf), lambda: clients.new_consumer(conf), options.client_idle_seconds) as consumer:
+        yield from read_ranges(consumer, ranges, options.fail_on_data_loss, options.timeout)
 
 
 def ranges_from_row(text: str) -> list[PartitionRange]:
@@ -346,7 +381,10 @@ def _handle_error(consumer, r: PartitionRange, position: int, error: KafkaError,
     else:
         return position  # transient: librdkafka retries by itself
     _lost(r, problem, fail_on_data_loss)
-    low, high = consumer.get_watermark_offsets(TopicPartition(r.topic, r.partition), timeout=timeout, cached=False)
+    try:
+        low, _ = consumer.get_watermark_offsets(TopicPartition(r.topic, r.partition), timeout=timeout, cached=False)
+    except KafkaException:
+        return r.end  # the partition itself is gone: nothing of the range is left to read
     if low < 0 or low >= r.end or code == KafkaError._PARTITION_EOF or low <= position:
         return r.end
     consumer.seek(TopicPartition(r.topic, r.partition, low))
@@ -366,6 +404,8 @@ def _existing_partitions(consumer: Consumer, topic: str, timeout: float) -> set[
         return set(clients.topic_partitions(consumer, topic, timeout))
     except LookupError:
         return set()
+    except clients.TopicAccessError:
+        raise  # refused, not gone: stop rather than skip anything
     except KafkaException:
         return None
 

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from . import clients
 
@@ -31,7 +31,7 @@ def read_topic(base_conf: Mapping[str, Any], topic: str, timeout: float = 30.0, 
 
 def read_messages(base_conf: Mapping[str, Any], topic: str, timeout: float = 30.0, limit: int | None = None) -> Iterator:
     conf = clients.consumer(base_conf, f"detectorkit-reader-{uuid.uuid4()}", **{"enable.partition.eof": True, "isolation.level": "read_uncommitted"})
-    consumer = Consumer(conf)
+    consumer = clients.new_consumer(conf)
     try:
         partitions = clients.topic_partitions(consumer, topic, timeout)
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
