@@ -43,7 +43,9 @@ def free_port() -> int:
 
 def port_taken(port: int) -> bool:
     # Tansu binds with SO_REUSEPORT: it would share a taken port with another broker, not fail.
+    # SO_REUSEADDR, as Kafka binds: connections of a killed broker left in TIME_WAIT do not count.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

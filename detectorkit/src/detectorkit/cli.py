@@ -29,15 +29,29 @@ def _fail(message: str, code: int = EXIT_CONFIG) -> int:
 
 def check_kafka(settings: Settings) -> str | None:
     """None when the broker answers and the input topic exists; else what is wrong, in one line."""
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaError, KafkaException
 
     conf = clients.base(settings.kafka_bootstrap_servers, settings.kafka_options)
     timeout = settings.connect_timeout_seconds
-    admin = clients.new_admin({**conf, "log_level": 0})
-    try:
-        admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        return f"cannot reach Kafka at {settings.kafka_bootstrap_servers} within {timeout:g} s ({exc.args[0].str()})"
+    refused: list[str] = []
+
+    def on_error(error) -> None:
+        # A wrong password only ever shows here; the metadata request just sees a transport failure.
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+            refused.append(error.str())
+
+    admin = clients.new_admin({**conf, "log_level": 0, "error_cb": on_error})
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            admin.list_topics(timeout=min(1.0, timeout))
+            break
+        except KafkaException as exc:
+            admin.poll(0)  # serves error_cb
+            if refused:
+                return f"Kafka at {settings.kafka_bootstrap_servers} refused the credentials: {refused[-1]}"
+            if time.monotonic() >= deadline:
+                return f"cannot reach Kafka at {settings.kafka_bootstrap_servers} within {timeout:g} s ({exc.args[0].str()})"
     try:
         if settings.create_topics:
             wanted = {t: settings.topic_partitions for t in (settings.input_topic, settings.output_topic, settings.dlq_topic)}

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
 from confluent_kafka.admin import AdminClient, NewTopic
 from pydantic import SecretStr
 
@@ -106,8 +106,17 @@ def topic_partitions(admin_or_consumer, topic: str, timeout: float) -> list[int]
     metadata = admin_or_consumer.list_topics(timeout=timeout)
     entry = metadata.topics.get(topic)
     where = metadata.orig_broker_name or "the broker"
-    if entry is not None and entry.error is not None and entry.error.code() not in _NOT_THERE:
-        raise TopicAccessError(KafkaError(entry.error.code(), f"cannot read topic {topic!r} on {where}: {entry.error.str()}", fatal=True))
+    error = entry.error if entry is not None else None
+    if entry is None and isinstance(admin_or_consumer, AdminClient):
+        # Kafka leaves out of a full listing the topics this user may not describe. Asked by
+        # name (DescribeTopics never creates a topic), it says which: refused, or not there.
+        future = next(iter(admin_or_consumer.describe_topics(TopicCollection([topic]), request_timeout=timeout).values()))
+        try:
+            future.result()
+        except KafkaException as exc:
+            error = exc.args[0]
+    if error is not None and error.code() not in _NOT_THERE:
+        raise TopicAccessError(KafkaError(error.code(), f"cannot read topic {topic!r} on {where}: {error.str()}", fatal=True))
     if entry is None or entry.error is not None or not entry.partitions:
         raise LookupError(f"topic {topic!r} does not exist on {where}")
     return sorted(entry.partitions)

@@ -344,9 +344,16 @@ def _read_assigned(consumer: Consumer, ranges: dict[int, PartitionRange], fail_o
             if position[p] >= r.end:
                 continue
             if error is not None:
-                moved = _handle_error(consumer, r, position[p], error, message, fail_on_data_loss, timeout)
-                remaining -= min(moved, r.end) - position[p]
-                position[p] = min(moved, r.end)
+                moved = min(_handle_error(consumer, r, position[p], error, message, fail_on_data_loss, timeout), r.end)
+                if position[p] < moved < r.end:
+                    # Skipping to the first record still there. After an offset-out-of-range error
+                    # the partition's fetcher refuses seek(); a new assignment at every unfinished
+                    # partition's position restarts it (records already queued are fetched again
+                    # and skipped by offset).
+                    consumer.assign([TopicPartition(topic, q, moved if q == p else position[q])
+                                     for q, rq in ranges.items() if position[q] < rq.end])
+                remaining -= moved - position[p]
+                position[p] = moved
                 continue
             offset = message.offset()
             if offset < position[p]:
@@ -368,7 +375,8 @@ def _read_assigned(consumer: Consumer, ranges: dict[int, PartitionRange], fail_o
 
 
 def _handle_error(consumer, r: PartitionRange, position: int, error: KafkaError, message, fail_on_data_loss: bool, timeout: float) -> int:
-    """Where reading goes on after `error`; raises when it cannot."""
+    """The offset where reading goes on after `error` (the caller moves the consumer there); raises
+    when it cannot."""
     code = error.code()
     if code == KafkaError._PARTITION_EOF:
         if message.offset() >= r.end:
@@ -387,7 +395,6 @@ def _handle_error(consumer, r: PartitionRange, position: int, error: KafkaError,
         return r.end  # the partition itself is gone: nothing of the range is left to read
     if low < 0 or low >= r.end or code == KafkaError._PARTITION_EOF or low <= position:
         return r.end
-    consumer.seek(TopicPartition(r.topic, r.partition, low))
     return low
 
 
