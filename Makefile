@@ -3,7 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup tools demo test test-runtime test-template lint bench clean
+.PHONY: setup tools demo test test-runtime test-template test-tansu lint bench clean
+
+# The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
+# `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
+TEST_BROKER ?= kafka
 
 setup: $(VENV)/.installed
 
@@ -22,14 +26,19 @@ tools:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
 		echo "prometheus is not installed: the dashboard test will be skipped (apt-get install prometheus)"
 
-# Two pytest runs: the runtime's tests and the template's each have a `tests` package.
-test: setup tools lint test-runtime test-template
+# Two pytest runs on Apache Kafka (the runtime's tests and the template's each have a `tests`
+# package), then the embedded broker's smoke: the demo and a graceful stop and restart on Tansu.
+test: setup tools lint test-runtime test-template test-tansu
 
 test-runtime: setup
-	$(PY) -m pytest detectorkit/tests
+	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PY) -m pytest detectorkit/tests
 
 test-template: setup
-	$(PY) -m pytest tests
+	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PY) -m pytest tests
+
+test-tansu: setup
+	DETECTORKIT_TEST_BROKER=tansu $(PY) -m pytest detectorkit/tests/test_restart.py -k graceful_stop
+	bash scripts/demo.sh
 
 lint: setup
 	$(PY) -m ruff check detectorkit hooks tests bench

@@ -60,3 +60,41 @@ def test_command_prints_the_address_creates_topics_and_stops_on_sigterm():
     finally:
         process.kill()
     assert not answers(bootstrap)
+
+
+def test_kafka_engine_keeps_its_log_and_address_across_restarts_on_a_data_dir(tmp_path):
+    from detectorkit.kafka_broker import run_tool
+    from detectorkit.samples import Sample
+    from detectorkit.testing import _kafka_can_start, produce, read_all
+
+    if not _kafka_can_start():
+        pytest.skip("starting Apache Kafka needs Java and Maven (or the cached jars)")
+    command = [sys.executable, "-m", "detectorkit", "broker", "--engine", "kafka", "--data-dir", str(tmp_path), "--topics", "kept"]
+    addresses = []
+    for _ in range(2):
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            addresses.append(process.stdout.readline().strip())
+            assert addresses[-1].startswith("127.0.0.1:"), process.stderr.read() if process.poll() is not None else ""
+            deadline = time.monotonic() + 30
+            while "kept" not in AdminClient({"bootstrap.servers": addresses[-1]}).list_topics(timeout=5).topics:
+                assert time.monotonic() < deadline, "the topic was not created"
+                time.sleep(0.1)
+            described = run_tool("topics", ["--bootstrap-server", addresses[-1], "--describe", "--topic", "kept"],
+                                 capture_output=True, text=True, timeout=60)
+            assert "PartitionCount: 8" in described.stdout, described.stdout + described.stderr
+            if len(addresses) == 1:
+                produce(addresses[-1], "kept", [Sample(b"k", b"written before the restart", "valid")])
+            else:
+                assert [m["value"] for m in read_all(addresses[-1], "kept")] == ["written before the restart"]
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 0
+        finally:
+            process.kill()
+        assert not answers(addresses[-1])
+    assert addresses[0] == addresses[1]
+
+
+def test_tansu_refuses_a_data_dir():
+    done = subprocess.run([sys.executable, "-m", "detectorkit", "broker", "--data-dir", "/tmp/x"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--engine kafka" in done.stderr

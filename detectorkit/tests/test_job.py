@@ -195,3 +195,71 @@ def test_unreachable_metrics_topic_never_stops_the_job(spark, kafka_bootstrap_se
     snap = parse(from_registry(job.metrics.registry, "svc", "i", 1.0, 2.0).to_json())
     read = [s for f in snap.families for s in f.samples if s[0] == "detector_records_read_total"]
     assert read == [("detector_records_read_total", {}, 200.0)]
+
+
+def test_a_stop_that_times_out_closes_nothing_under_the_running_batch(spark, kafka_bootstrap_servers):
+    import threading
+
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "stoptimeout", partitions=2)
+    produce(bs, topics.input, samples(100, seed=13, bad_every=0))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    in_batch = threading.Event()
+    closed_under_batch = []
+    process = job._process
+
+    def slow_batch(frame, batch_id, started):
+        in_batch.set()
+        try:
+            time.sleep(3)  # a batch slower than the stop's patience
+            return process(frame, batch_id, started)
+        finally:
+            in_batch.clear()
+
+    job._process = slow_batch
+    query = job.start()
+    store = job._store
+    close = store.close
+    store.close = lambda: (closed_under_batch.append(in_batch.is_set()), close())
+    # Spark's query.stop() returns before the batch callback has when spark.sql.streaming.stopTimeout
+    # runs out; here it returns at once, and the real stop goes on beside it.
+    real_stop = query.stop
+    stopping = threading.Thread(target=real_stop)
+    query.stop = stopping.start
+    wait_for(in_batch.is_set, what="a batch in flight")
+    job.stop(timeout=0.5)
+    stopping.join()
+    assert not query.isActive
+    assert closed_under_batch == [False]
+
+
+def test_a_stopped_job_leaves_no_kafka_connection_in_the_workers(spark, kafka_bootstrap_servers):
+    import os
+
+    import psutil
+
+    bs = kafka_bootstrap_servers
+    port = int(bs.rsplit(":", 1)[1])
+    me = psutil.Process(os.getpid())
+
+    def worker_connections():
+        count = 0
+        for proc in me.children(recursive=True):
+            try:
+                count += sum(1 for c in proc.net_connections(kind="tcp") if c.raddr and c.raddr.port == port)
+            except psutil.Error:
+                continue
+        return count
+
+    topics = create_test_topics(bs, "idleclients", partitions=2)
+    sent = produce(bs, topics.input, samples(300, seed=14, bad_every=0, high_share=0.5))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job.client_idle_seconds = 1.0
+    query = job.start()
+    wait_for(lambda: job.stats.records >= 300 or not query.isActive, what="the records")
+    assert worker_connections() > 0  # the workers' consumers and producers are connected while it runs
+    job.stop()
+    assert set(detections_by_source(bs, topics.output)) == expected_detections(sent)
+    # Workers outlive the query; their clients must not. (Spark kills a worker idle for a minute:
+    # within 30 s only the clients' own idle close can empty them.)
+    wait_for(lambda: worker_connections() == 0, timeout=30, what="the workers' Kafka clients to close")

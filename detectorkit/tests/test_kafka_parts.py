@@ -126,3 +126,28 @@ def test_offset_store_round_trip(base, topic):
     store.commit({1: 7, 0: 43})
     assert store.committed([0, 1]) == {0: 43, 1: 7}
     store.close()
+
+
+def test_the_broker_kind_is_detected(base, kafka_broker_kind):
+    from detectorkit import broker_kind
+    from detectorkit.broker import EmbeddedBroker
+    from detectorkit.testing import KAFKA, TANSU
+
+    if kafka_broker_kind in (KAFKA, TANSU):
+        assert broker_kind.detect(base, 10) == (broker_kind.KAFKA if kafka_broker_kind == KAFKA else broker_kind.TANSU)
+    with EmbeddedBroker() as tansu:
+        assert broker_kind.detect(clients.base(tansu.bootstrap_servers), 10) == broker_kind.TANSU
+
+
+def test_list_offsets_ends_are_exact_on_kafka(base, topic, kafka_broker_kind):
+    from detectorkit.end_offsets import ListOffsetsEnds
+    from detectorkit.testing import TANSU
+
+    if kafka_broker_kind == TANSU:
+        pytest.skip("ListOffsets(latest) is wrong on Tansu: that is why the probe exists")
+    produce(base, topic, 1000)
+    produce(base, topic, 7, partition=1)
+    ends = ListOffsetsEnds(base, topic, 10)
+    assert ends.end_offsets([0, 1]) == {0: 1000, 1: 7}
+    assert ends.earliest([0, 1]) == {0: 0, 1: 0}
+    assert ends.topic_partitions() == [0, 1]

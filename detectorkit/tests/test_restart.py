@@ -128,3 +128,49 @@ def test_missing_input_topic_is_a_clear_error(kafka_bootstrap_servers):
     code, output = run(job_env(kafka_bootstrap_servers, topics, connect_timeout_seconds=5), timeout=60)
     assert code == 2
     assert "topic 'no-such-topic-here' does not exist" in output and "CREATE_TOPICS=true" in output
+
+
+def test_restarts_on_a_kept_checkpoint_dir_lose_and_duplicate_nothing(kafka_bootstrap_servers, tmp_path):
+    """A user keeps CHECKPOINT_DIR across deploys and stops the job three times while records flow.
+    The group's committed offsets must be the position every time, never Spark's commit log."""
+    import threading
+
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "keptcheckpoint", partitions=PARTITIONS)
+    env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=500, checkpoint_dir=str(tmp_path / "checkpoints"),
+                  instance_id="kept-1")
+    sent = []
+    done = threading.Event()
+
+    def upstream():
+        seed = 100
+        while not done.is_set():
+            sent.extend(produce(bs, topics.input, samples(200, seed=seed, bad_every=50, high_share=0.3)))
+            seed += 1
+            done.wait(0.05)  # a steady trickle, not a wait for a condition
+
+    feeder = threading.Thread(target=upstream, daemon=True)
+    feeder.start()
+    try:
+        for restart in range(3):
+            job = Job(env)
+            before = sum(o or 0 for o in committed(bs, topics, range(PARTITIONS)).values())
+
+            def progressed(job=job, before=before):
+                return sum(o or 0 for o in committed(bs, topics, range(PARTITIONS)).values()) > before + 1_000 or job.process.poll() is not None
+
+            wait_for(progressed, timeout=180, what=f"progress before stop {restart + 1}")
+            job.process.send_signal(signal.SIGTERM)
+            assert job.wait(120) == 0, job.output()
+            assert (tmp_path / "checkpoints").is_dir()
+    finally:
+        done.set()
+        feeder.join()
+    code, output = run({**env, "STOP_AFTER_IDLE_SECONDS": "3"})
+    assert code == 0, output
+    found = detections(bs, topics)
+    assert set(found) == expected(sent)
+    duplicated = sum(n - 1 for n in found.values())
+    assert duplicated == 0, f"{duplicated} detection(s) written twice across the restarts"
+    assert sum(committed(bs, topics, range(PARTITIONS)).values()) == len(sent)
+    assert not any((tmp_path / "checkpoints").iterdir())  # a graceful stop leaves no checkpoint behind

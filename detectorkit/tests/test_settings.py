@@ -84,3 +84,10 @@ def test_detector_config_from_environment():
 
 def test_detector_without_config():
     assert Detector(name="x", detect=lambda r, c: r).load_config({}) is not None
+
+
+def test_log_level_and_choices_in_any_case():
+    got = load(environ={"LOG_LEVEL": "debug", "STARTING_OFFSETS": "Earliest", "KAFKA_BROKER_KIND": "KAFKA"})
+    assert (got.log_level, got.starting_offsets, got.kafka_broker_kind) == ("DEBUG", "earliest", "kafka")
+    with pytest.raises(SettingsError, match="LOG_LEVEL='verbose'"):
+        load(environ={"LOG_LEVEL": "verbose"})

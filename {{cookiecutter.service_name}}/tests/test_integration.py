@@ -1,5 +1,6 @@
-"""The service on a real broker: KAFKA_BOOTSTRAP_SERVERS if set, else a Kafka container where Docker
-runs, else the embedded broker. It runs the service's own command, as a deployment would."""
+"""The service on a real broker: KAFKA_BOOTSTRAP_SERVERS if set, else Apache Kafka started by detectorkit
+(Java and Maven needed), else a Kafka container, else the embedded broker. It runs the service's own
+command, as a deployment would."""
 
 import json
 import os

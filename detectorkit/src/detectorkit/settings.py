@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -111,15 +112,15 @@ class Settings(BaseModel):
     )
     kafka_options: dict[str, str] = Field(default_factory=dict, description="librdkafka settings passed through (security.protocol, sasl.*, ssl.*).")
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "kafka_broker_kind", "starting_offsets", mode="before")
     @classmethod
-    def _upper(cls, value: Any) -> Any:
-        return value.upper() if isinstance(value, str) else value
-
-    @field_validator("kafka_broker_kind", "starting_offsets", mode="before")
-    @classmethod
-    def _lower(cls, value: Any) -> Any:
-        return value.lower() if isinstance(value, str) else value
+    def _any_case(cls, value: Any, info) -> Any:
+        # Only a known choice is normalised: a wrong one is reported as it was typed.
+        if isinstance(value, str):
+            for choice in typing.get_args(cls.model_fields[info.field_name].annotation):
+                if value.lower() == choice.lower():
+                    return choice
+        return value
 
     @field_validator("input_partitions")
     @classmethod
