@@ -28,6 +28,11 @@ from . import broker_kind, clients
 _UNKNOWN = -1001
 
 
+# How ListOffsets says a topic or partition is not there (after a deletion, depending on timing).
+_NOT_THERE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
+              getattr(KafkaError, "UNKNOWN_TOPIC_ID", KafkaError.UNKNOWN_TOPIC_OR_PART)}
+
+
 def open_end_offsets(kind: str, base_conf: Mapping[str, Any], group: str, topic: str, timeout: float) -> ListOffsetsEnds | EndOffsetProbe:
     """The end-offset strategy for a broker kind (`broker_kind.KAFKA` or `TANSU`)."""
     isolation = broker_kind.isolation_level(kind)
@@ -58,7 +63,7 @@ class ListOffsetsEnds:
             try:
                 offsets[tp.partition] = future.result().offset
             except KafkaException as exc:
-                if exc.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
+                if exc.args[0].code() in _NOT_THERE:
                     raise LookupError(f"partition {self.topic}-{tp.partition} does not exist") from None
                 raise
         return offsets

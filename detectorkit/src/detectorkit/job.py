@@ -27,12 +27,14 @@ from functools import partial
 from typing import Any
 
 import structlog
+from confluent_kafka import KafkaError, KafkaException
 
 from . import broker_kind, clients
 from .detector import Detector
 from .end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets
 from .metrics import LATENCY_BUCKETS, JobMetrics
 from .offset_store import OffsetStore
+from .planning import DataLossError
 from .processing import SUMMARY_SCHEMA, TaskContext, process_partition, process_ranges
 from .reporter import MetricsReporter
 from .settings import Settings
@@ -187,7 +189,17 @@ class DetectorJob:
         collected = time.monotonic()
         # Every task has flushed its producer: the output is written, so the position may move.
         with self._offsets_lock:
-            self._store.commit(committed)
+            try:
+                self._store.commit(committed)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
+                # Deleted between the batch's output and its commit: a deletion like any other.
+                problem = f"topic {self.settings.input_topic!r} was deleted while the job read it"
+                if self.settings.fail_on_data_loss:
+                    raise DataLossError(f"{problem}. Some records may never have been processed. "
+                                        "Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
+                log.warning("skipping lost records", problem=problem)
             if committed:
                 self._committed_at = time.monotonic()
         commit_seconds = time.monotonic() - collected
