@@ -28,7 +28,7 @@ def test_the_password_is_nowhere_to_be_read(spark, kafka_bootstrap_servers, capf
     options = job.source_options()
     carriers = [job.settings, options, SourceOptions.from_options(options.to_options()), job._task, job]
     texts = {f"repr({type(c).__name__})": repr(c) for c in carriers} | {f"str({type(c).__name__})": str(c) for c in carriers}
-    texts["progress"] = json.dumps(query.recentProgress)
+    texts["progress"] = json.dumps(query.recentProgress, default=str)  # progress objects and UUIDs, as text
     stream = spark.readStream.format(NAME).options(**options.to_options()).load()
     texts["explain"] = stream._jdf.queryExecution().toString()
     stream.explain(extended=True)
