@@ -197,9 +197,7 @@ def test_records_deleted_before_they_were_read(real_kafka, skip):
         assert committed(bs, topics, [0]) == {0: 500}
 
 
-@pytest.mark.parametrize("skip", [pytest.param(False, marks=pytest.mark.xfail(
-    reason="open: a deletion seen mid-batch (commit or read) can still end in another error than DataLossError", strict=False)),
-    True], ids=["fails", "skips"])
+@pytest.mark.parametrize("skip", [False, True], ids=["fails", "skips"])
 def test_input_topic_deleted_while_the_job_runs(real_kafka, skip):
     bs = real_kafka
     topics = create_test_topics(bs, f"deletetopic-{skip}", partitions=2)

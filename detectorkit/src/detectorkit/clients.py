@@ -93,9 +93,18 @@ class TopicAccessError(KafkaException):
     """The broker refused to describe a topic (not authorised, or another error than "not there")."""
 
 
-# The only answers that mean a topic is not there; anything else (authorisation above all) is no
-# evidence that records were lost and must never be read as a deleted topic.
-_NOT_THERE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}
+# The only answers that mean a topic or partition is not there (deleted, or never created);
+# anything else (authorisation above all) is no evidence that records were lost and must never be
+# read as a deleted topic.
+NOT_THERE = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
+                       getattr(KafkaError, "UNKNOWN_TOPIC_ID", KafkaError.UNKNOWN_TOPIC_OR_PART)})
+
+
+def is_not_there(exc: BaseException) -> bool:
+    """True for an error that says the topic or partition is gone (LookupError is ours for that)."""
+    if isinstance(exc, LookupError):
+        return True
+    return isinstance(exc, KafkaException) and bool(exc.args) and isinstance(exc.args[0], KafkaError) and exc.args[0].code() in NOT_THERE
 
 
 def topic_partitions(admin_or_consumer, topic: str, timeout: float) -> list[int]:
@@ -115,7 +124,7 @@ def topic_partitions(admin_or_consumer, topic: str, timeout: float) -> list[int]
             future.result()
         except KafkaException as exc:
             error = exc.args[0]
-    if error is not None and error.code() not in _NOT_THERE:
+    if error is not None and error.code() not in NOT_THERE:
         raise TopicAccessError(KafkaError(error.code(), f"cannot read topic {topic!r} on {where}: {error.str()}", fatal=True))
     if entry is None or entry.error is not None or not entry.partitions:
         raise LookupError(f"topic {topic!r} does not exist on {where}")

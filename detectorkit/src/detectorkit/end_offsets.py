@@ -19,18 +19,13 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from . import broker_kind, clients
 
 # librdkafka reports an unknown offset as -1001.
 _UNKNOWN = -1001
-
-
-# How ListOffsets says a topic or partition is not there (after a deletion, depending on timing).
-_NOT_THERE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
-              getattr(KafkaError, "UNKNOWN_TOPIC_ID", KafkaError.UNKNOWN_TOPIC_OR_PART)}
 
 
 def open_end_offsets(kind: str, base_conf: Mapping[str, Any], group: str, topic: str, timeout: float) -> ListOffsetsEnds | EndOffsetProbe:
@@ -63,7 +58,7 @@ class ListOffsetsEnds:
             try:
                 offsets[tp.partition] = future.result().offset
             except KafkaException as exc:
-                if exc.args[0].code() in _NOT_THERE:
+                if clients.is_not_there(exc):
                     raise LookupError(f"partition {self.topic}-{tp.partition} does not exist") from None
                 raise
         return offsets

@@ -27,7 +27,7 @@ from functools import partial
 from typing import Any
 
 import structlog
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 
 from . import broker_kind, clients
 from .detector import Detector
@@ -191,23 +191,22 @@ class DetectorJob:
         with self._offsets_lock:
             try:
                 self._store.commit(committed)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                if committed:
+                    self._committed_at = time.monotonic()
+                    self.metrics.set_offsets(committed, self._ends.end_offsets(committed))
+            except (LookupError, KafkaException) as exc:
+                if not clients.is_not_there(exc):
                     raise
-                # Deleted between the batch's output and its commit: a deletion like any other.
+                # Deleted after the batch was planned: a deletion like any other. When skipping,
+                # the source waits for the topic to come back.
                 problem = f"topic {self.settings.input_topic!r} was deleted while the job read it"
                 if self.settings.fail_on_data_loss:
                     raise DataLossError(f"{problem}. Some records may never have been processed. "
                                         "Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
                 log.warning("skipping lost records", problem=problem)
-            if committed:
-                self._committed_at = time.monotonic()
         commit_seconds = time.monotonic() - collected
         result = BatchResult(batch_id, records, detections, dead, committed, time.monotonic() - started)
         self.metrics.record_batch(records, detections, dead, result.seconds, latency_counts, latency_sum)
-        with self._offsets_lock:
-            if committed:
-                self.metrics.set_offsets(committed, self._ends.end_offsets(committed))
         st = self.stats
         st.batches += 1
         st.records += records
@@ -231,15 +230,18 @@ class DetectorJob:
         with self._offsets_lock:
             if self._store is None or self._ends is None:
                 return
-            partitions = self.settings.partitions() or self._ends.topic_partitions()
-            known = {p: o for p, o in self._store.committed(partitions).items() if o is not None}
-            if known and time.monotonic() - self._committed_at >= self.settings.commit_refresh_seconds:
-                self._store.commit(known)  # the same positions: only their commit time moves
-                self._committed_at = time.monotonic()
-                log.info("positions committed again", partitions=len(known))
-            self.metrics.set_offsets(known, self._ends.end_offsets(known))
-
-    refresh_lag = maintain_offsets
+            try:
+                partitions = self.settings.partitions() or self._ends.topic_partitions()
+                known = {p: o for p, o in self._store.committed(partitions).items() if o is not None}
+                if known and time.monotonic() - self._committed_at >= self.settings.commit_refresh_seconds:
+                    self._store.commit(known)  # the same positions: only their commit time moves
+                    self._committed_at = time.monotonic()
+                    log.info("positions committed again", partitions=len(known))
+                self.metrics.set_offsets(known, self._ends.end_offsets(known))
+            except (LookupError, KafkaException) as exc:
+                if not clients.is_not_there(exc):
+                    raise
+                # A deleted input topic: the source and the batches say so; there is no lag to tell.
 
     def terminated(self, timeout: float) -> bool:
         """Wait up to `timeout` s; True once the query has ended, failed or not (see `error()`)."""

@@ -74,13 +74,7 @@ CHUNK_RECORDS = 20_000
 _STALL_CHECK_SECONDS = 2.0
 
 # Errors by which the broker says the records asked for are not there.
-_GONE = {
-    KafkaError._AUTO_OFFSET_RESET,
-    KafkaError.OFFSET_OUT_OF_RANGE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._UNKNOWN_PARTITION,
-    KafkaError._UNKNOWN_TOPIC,
-}
+_GONE = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE, *clients.NOT_THERE}
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +99,12 @@ class SourceOptions:
     broker_kind: str = kinds.AUTO
     # A worker's cached reading consumer is closed after this long unused (see worker_clients).
     client_idle_seconds: float = 60.0
+
+    def resolved(self) -> SourceOptions:
+        """These options with the broker kind detected, if it was AUTO."""
+        if self.broker_kind != kinds.AUTO:
+            return self
+        return dataclasses.replace(self, broker_kind=kinds.resolve(self.broker_kind, self.client_conf, self.timeout))
 
     def to_options(self) -> dict[str, str]:
         """Spark's data source options. Secrets travel under keys that Spark's redaction pattern
@@ -147,11 +147,7 @@ class KafkaSource(DataSource):
         return RANGES_SCHEMA if SourceOptions.from_options(self.options).deliver == "ranges" else SCHEMA
 
     def streamReader(self, schema) -> KafkaStreamReader:
-        options = SourceOptions.from_options(self.options)
-        if options.broker_kind == kinds.AUTO:
-            kind = kinds.resolve(options.broker_kind, options.client_conf, options.timeout)
-            options = dataclasses.replace(options, broker_kind=kind)
-        return KafkaStreamReader(options)
+        return KafkaStreamReader(SourceOptions.from_options(self.options).resolved())
 
 
 # One reading consumer per worker process and configuration, reused by every task that process runs.
@@ -179,9 +175,7 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def _clients(self) -> tuple[ListOffsetsEnds | EndOffsetProbe, OffsetStore]:
         if self._probe is None:
-            o = self.options
-            if o.broker_kind == kinds.AUTO:
-                self.options = o = dataclasses.replace(o, broker_kind=kinds.resolve(o.broker_kind, o.client_conf, o.timeout))
+            self.options = o = self.options.resolved()
             self._probe = open_end_offsets(o.broker_kind, o.client_conf, o.group, o.topic, o.timeout)
             self._store = OffsetStore(self._consumer_conf(), o.topic, o.timeout)
         return self._probe, self._store
