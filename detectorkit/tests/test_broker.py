@@ -98,3 +98,14 @@ def test_kafka_engine_keeps_its_log_and_address_across_restarts_on_a_data_dir(tm
 def test_tansu_refuses_a_data_dir():
     done = subprocess.run([sys.executable, "-m", "detectorkit", "broker", "--data-dir", "/tmp/x"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--engine kafka" in done.stderr
+
+
+def test_cluster_ids_never_look_like_an_option(monkeypatch):
+    import uuid as uuid_module
+
+    from detectorkit import kafka_broker
+
+    # 0xf8... encodes to a leading '-' in URL-safe base64: the first draw must be refused.
+    draws = iter([uuid_module.UUID(int=0xF8 << 120), uuid_module.UUID(int=1)])
+    monkeypatch.setattr(kafka_broker.uuid, "uuid4", lambda: next(draws))
+    assert kafka_broker.cluster_id() == "AAAAAAAAAAAAAAAAAAAAAQ"

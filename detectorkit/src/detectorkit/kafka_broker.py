@@ -106,7 +106,12 @@ def run_tool(name: str, args: Sequence[str], **run_kwargs) -> subprocess.Complet
 
 
 def cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random id as Kafka writes them. Like Kafka's own Uuid.randomUuid(), it never starts with
+    '-': the storage tool would read such an id as an option (1 start in 64 failed that way)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 @dataclass
