@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from detectorkit import clients
 from detectorkit.job import DetectorJob, explain
 from detectorkit.samples import KINDS, samples
 from detectorkit.settings import Settings
@@ -203,7 +204,10 @@ def test_a_stop_that_times_out_closes_nothing_under_the_running_batch(spark, kaf
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "stoptimeout", partitions=2)
     produce(bs, topics.input, samples(100, seed=13, bad_every=0))
-    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    # An existing metrics topic: the final report is quick, so close() comes while the batch runs.
+    metrics_topic = f"metrics.{topics.group}"
+    clients.create_topics(clients.base(bs), {metrics_topic: 1})
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_topic=metrics_topic), spark)
     in_batch = threading.Event()
     closed_under_batch = []
     process = job._process

@@ -269,7 +269,8 @@ class DetectorJob:
             self._stopping = True
         if self.query is not None:
             self.query.stop()
-        self.close(timeout)
+        # Cancelled, the batch's callback returns soon: close() waits for it on its own bound.
+        self.close()
 
     def close(self, timeout: float = 120.0) -> None:
         if self._reporter is not None:
