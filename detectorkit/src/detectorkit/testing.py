@@ -121,6 +121,8 @@ def kafka_broker() -> Iterator[tuple[str, str]]:
         from .kafka_broker import KafkaBroker
 
         with KafkaBroker() as broker:
+            # As on a deployed cluster: without it every job waits out its last metrics report.
+            clients.create_topics(clients.base(broker.bootstrap_servers), {"metrics": 1})
             yield broker.bootstrap_servers, KAFKA
     elif kind == CONTAINER:
         from testcontainers.kafka import KafkaContainer
