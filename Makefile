@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup tools demo test test-runtime test-template test-tansu lint bench clean
+.PHONY: setup tools demo scale-demo test test-runtime test-template test-tansu lint bench clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -19,6 +19,10 @@ $(VENV)/.installed: detectorkit/pyproject.toml requirements-dev.txt
 
 demo: setup
 	bash scripts/demo.sh
+
+# The talk's demo: two instances of one service sharing 1,000,000 records on Apache Kafka.
+scale-demo: setup
+	bash scripts/scale-demo.sh
 
 # The dashboard test queries a real Prometheus: Debian's package, installed where we are root.
 tools:
@@ -48,4 +52,4 @@ bench: setup
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) .demo bench/.work bench/.venv-quix
+	rm -rf $(VENV) .demo .scale-demo bench/.work bench/.venv-quix

@@ -40,10 +40,10 @@ def test_ten_thousand_records_with_bad_ones_lose_nothing(spark, kafka_bootstrap_
     assert all(kinds[k] >= 100 for k in KINDS)  # every kind of bad record is really there
 
     job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=2_500), spark)
-    query = job.start()
-    wait_for(lambda: job.stats.records >= 10_000 or not query.isActive, what="10,000 records")
+    job.start()
+    wait_for(lambda: job.stats.records >= 10_000 or job.terminated(0), what="10,000 records")
     job.stop()
-    assert query.exception() is None
+    assert job.error() is None
     assert job.stats.records == 10_000
     assert job.stats.batches >= 4  # the cap of 2,500 records per batch held
 
@@ -73,12 +73,12 @@ def test_latest_skips_records_produced_before_the_first_start(spark, kafka_boots
     topics = create_test_topics(bs, "latest", partitions=2)
     before = produce(bs, topics.input, samples(300, seed=1, bad_every=0, high_share=0.5))
     job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="latest"), spark)
-    query = job.start()
+    job.start()
     # The job records where it starts as soon as it has chosen: then it is safe to produce.
     ends = {p: sum(1 for s in before if s.partition == p) for p in range(2)}
     wait_for(lambda: committed(bs, topics, range(2)) == ends, what="the starting offsets to be committed")
     after = produce(bs, topics.input, samples(200, seed=2, bad_every=0, high_share=0.5))
-    wait_for(lambda: job.stats.records >= 200 or not query.isActive, what="the new records")
+    wait_for(lambda: job.stats.records >= 200 or job.terminated(0), what="the new records")
     job.stop()
     assert job.stats.records == 200
     assert set(detections_by_source(bs, topics.output)) == expected_detections(after)
@@ -91,8 +91,8 @@ def test_earliest_processes_records_produced_before_the_first_start(spark, kafka
     topics = create_test_topics(bs, "earliest", partitions=4)
     before = produce(bs, topics.input, samples(300, seed=3, bad_every=0, high_share=0.5))
     job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark, deliver=deliver)
-    query = job.start()
-    wait_for(lambda: job.stats.records >= 300 or not query.isActive, what="the earlier records")
+    job.start()
+    wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the earlier records")
     job.stop()
     assert job.stats.records == 300
     assert set(detections_by_source(bs, topics.output)) == expected_detections(before)
@@ -103,12 +103,12 @@ def test_error_policy_stops_with_a_clear_message(spark, kafka_bootstrap_servers)
     topics = create_test_topics(bs, "error", partitions=2)
     produce(bs, topics.input, samples(10, bad_every=0))
     job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="error"), spark)
-    query = job.start()
+    job.start()
     deadline = time.monotonic() + 120
     while not job.terminated(0.2) and time.monotonic() < deadline:
         pass
     job.close()
-    assert not query.isActive
+    assert job.query is None  # nothing was read
     reason = job.error()
     assert reason.startswith("NoCommittedOffsetsError:")
     assert topics.group in reason and "STARTING_OFFSETS=latest or earliest" in reason
@@ -121,13 +121,13 @@ def test_committed_offsets_are_the_restart_point(spark, kafka_bootstrap_servers)
     topics = create_test_topics(bs, "resume", partitions=2)
     first = produce(bs, topics.input, samples(400, seed=5, bad_every=0, high_share=0.5))
     job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
-    query = job.start()
-    wait_for(lambda: job.stats.records >= 400 or not query.isActive, what="the first run")
+    job.start()
+    wait_for(lambda: job.stats.records >= 400 or job.terminated(0), what="the first run")
     job.stop()
     second = produce(bs, topics.input, samples(300, seed=6, bad_every=0, high_share=0.5))
     job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
-    query = job.start()
-    wait_for(lambda: job.stats.records >= 300 or not query.isActive, what="the second run")
+    job.start()
+    wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the second run")
     job.stop()
     assert job.stats.records == 300
     found = detections_by_source(bs, topics.output)
@@ -156,14 +156,14 @@ def test_partitions_added_to_the_topic_are_picked_up(spark, kafka_bootstrap_serv
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "grow", partitions=2)
     job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
-    query = job.start()
+    job.start()
     first = produce(bs, topics.input, samples(100, seed=8, bad_every=0, high_share=0.5))
-    wait_for(lambda: job.stats.records >= 100 or not query.isActive, what="records on the first partitions")
+    wait_for(lambda: job.stats.records >= 100 or job.terminated(0), what="records on the first partitions")
     admin = AdminClient({"bootstrap.servers": bs})
     admin.create_partitions([NewPartitions(topics.input, 4)])[topics.input].result()
     later = produce(bs, topics.input, samples(400, seed=9, bad_every=0, high_share=0.5))
     assert {s.partition for s in later} >= {2, 3}
-    wait_for(lambda: job.stats.records >= 500 or not query.isActive, what="records on the new partitions")
+    wait_for(lambda: job.stats.records >= 500 or job.terminated(0), what="records on the new partitions")
     job.stop()
     assert set(detections_by_source(bs, topics.output)) == expected_detections(first + later)
 
@@ -180,12 +180,12 @@ def test_unreachable_metrics_topic_never_stops_the_job(spark, kafka_bootstrap_se
     topics = create_test_topics(bs, "nometrics", partitions=2)
     job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_bootstrap_servers=closed,
                                           metrics_interval_seconds=0.5), spark)
-    query = job.start()
+    job.start()
     sent = produce(bs, topics.input, samples(200, seed=12, bad_every=0, high_share=0.5))
-    wait_for(lambda: job.stats.records >= 200 or not query.isActive, what="records processed without metrics")
+    wait_for(lambda: job.stats.records >= 200 or job.terminated(0), what="records processed without metrics")
     # Undelivered snapshots time out after 5 s: then the counter and the log say so.
     wait_for(lambda: job.metrics.report_errors._value.get() > 0, timeout=30, what="the report error counter")
-    assert query.isActive
+    assert not job.terminated(0)
     job.stop()
     assert set(detections_by_source(bs, topics.output)) == expected_detections(sent)
     logged = capfd.readouterr()
@@ -222,9 +222,9 @@ def test_a_stop_that_times_out_closes_nothing_under_the_running_batch(spark, kaf
 
     job._process = slow_batch
     query = job.start()
-    store = job._store
-    close = store.close
-    store.close = lambda: (closed_under_batch.append(in_batch.is_set()), close())
+    member = job._member
+    close = member.close
+    member.close = lambda: (closed_under_batch.append(in_batch.is_set()), close())
     # Spark's query.stop() returns before the batch callback has when spark.sql.streaming.stopTimeout
     # runs out; here it returns at once, and the real stop goes on beside it.
     real_stop = query.stop
@@ -262,8 +262,8 @@ def test_a_stopped_job_leaves_no_kafka_connection_in_the_workers(spark, kafka_bo
     sent = produce(bs, topics.input, samples(300, seed=14, bad_every=0, high_share=0.5))
     job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
     job.client_idle_seconds = 1.0
-    query = job.start()
-    wait_for(lambda: job.stats.records >= 300 or not query.isActive, what="the records")
+    job.start()
+    wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the records")
     assert worker_connections() - earlier  # its reading consumer (its group is new) is connected while it runs
     job.stop()
     assert set(detections_by_source(bs, topics.output)) == expected_detections(sent)

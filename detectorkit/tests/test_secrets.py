@@ -1,6 +1,7 @@
 """A Kafka password given to a job is nowhere to be read: not in logs, not in the repr of anything that
 carries settings, not in Spark's plans or progress, not in a failed query's error."""
 
+import dataclasses
 import json
 import uuid
 
@@ -24,7 +25,7 @@ def test_the_password_is_nowhere_to_be_read(spark, kafka_bootstrap_servers, capf
     produce(bs, topics.input, samples(50, bad_every=0))
     job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", kafka_options=OPTIONS), spark)
     query = job.start()
-    wait_for(lambda: job.stats.records >= 50 or not query.isActive, what="the job to process records")
+    wait_for(lambda: job.stats.records >= 50 or job.terminated(0), what="the job to process records")
     options = job.source_options()
     carriers = [job.settings, options, SourceOptions.from_options(options.to_options()), job._task, job]
     texts = {f"repr({type(c).__name__})": repr(c) for c in carriers} | {f"str({type(c).__name__})": str(c) for c in carriers}
@@ -35,14 +36,20 @@ def test_the_password_is_nowhere_to_be_read(spark, kafka_bootstrap_servers, capf
     job.stop()
     assert SourceOptions.from_options(options.to_options()).client_conf["sasl.password"].get_secret_value() == SECRET
 
-    # A failed query: the group has no offsets and STARTING_OFFSETS=error.
+    # A job that fails at start: the group has no offsets and STARTING_OFFSETS=error.
     no_offsets = type(topics)(topics.input, topics.output, topics.dlq, f"none-{uuid.uuid4().hex[:6]}")
     failing = DetectorJob(THRESHOLD, settings(bs, no_offsets, starting_offsets="error", kafka_options=OPTIONS), spark)
     failing.start()
-    wait_for(lambda: failing.terminated(0.2), what="the failing query to end")
+    wait_for(lambda: failing.terminated(0.2), what="the failing job to end")
     failing.close()
-    texts["error"] = str(failing.query.exception())
+    texts["job error"] = failing.error()
     assert failing.error().startswith("NoCommittedOffsetsError")
+    # A failed query, the same way: its error travels through Spark's planner and JVM.
+    bad = dataclasses.replace(job.source_options(), group=no_offsets.group, starting_offsets="error")
+    query = spark.readStream.format(NAME).options(**bad.to_options()).load().writeStream.format("noop").start()
+    wait_for(lambda: not query.isActive, what="the failing query to end")
+    texts["query error"] = str(query.exception())
+    assert "NoCommittedOffsetsError" in texts["query error"]
 
     captured = capfd.readouterr()
     texts["logs"] = captured.out + captured.err

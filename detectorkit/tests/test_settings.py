@@ -91,3 +91,18 @@ def test_log_level_and_choices_in_any_case():
     assert (got.log_level, got.starting_offsets, got.kafka_broker_kind) == ("DEBUG", "earliest", "kafka")
     with pytest.raises(SettingsError, match="LOG_LEVEL='verbose'"):
         load(environ={"LOG_LEVEL": "verbose"})
+
+
+def test_input_partitions_is_refused_with_what_to_do_instead():
+    """Set by hand next to instances that share the group, it would read partitions twice."""
+    with pytest.raises(SettingsError, match="INPUT_PARTITIONS is no longer read: the instances of a service share"):
+        load(environ={"INPUT_PARTITIONS": "0-3"})
+
+
+def test_only_a_chosen_instance_id_makes_a_static_member():
+    assert load(environ={}).static_instance_id() is None  # host-pid changes at every start
+    chosen = load(environ={"INSTANCE_ID": "orders-1"}).for_service("orders")
+    assert chosen.static_instance_id() == "orders-1"
+    assert load(environ={"GROUP_SESSION_TIMEOUT_SECONDS": "10"}).group_session_timeout_seconds == 10
+    with pytest.raises(SettingsError, match="GROUP_SESSION_TIMEOUT_SECONDS"):
+        load(environ={"GROUP_SESSION_TIMEOUT_SECONDS": "0"})

@@ -117,7 +117,7 @@ def _run(detector: Detector, settings: Settings, config, log) -> int:
     signal.signal(signal.SIGINT, on_signal)
     job = DetectorJob(detector, settings, spark, config)
     try:
-        query = job.start()
+        job.start()
         idle = settings.stop_after_idle_seconds
         idle_since = None
         while not stop.is_set():
@@ -126,14 +126,11 @@ def _run(detector: Detector, settings: Settings, config, log) -> int:
             if idle:
                 # Idle means caught up and waiting: Spark's own status says so once the sources
                 # are initialised, the first batches are done and no new record has arrived.
-                status = query.status
-                waiting = not status["isDataAvailable"] and not status["isTriggerActive"] and status["message"].startswith("Waiting")
-                idle_since = (idle_since or time.monotonic()) if waiting else None
+                idle_since = (idle_since or time.monotonic()) if job.caught_up() else None
                 if idle_since and time.monotonic() - idle_since > idle:
                     log.info("stopping: no new records", idle_seconds=idle)
                     stop.set()
-        if query.isActive:
-            job.stop()
+        job.stop()
         reason = job.error()
         if reason is not None:
             log.error("job failed", error=reason)
@@ -196,10 +193,15 @@ def _cmd_produce_sample(args) -> int:
         clients.create_topics(clients.base(args.bootstrap_servers), {args.topic: args.partitions})
     producer = clients.new_producer(conf)
     kinds: dict[str, int] = {}
-    for s in samples(args.count, seed=args.seed, bad_every=args.bad_every):
+    began = time.monotonic()
+    for i, s in enumerate(samples(args.count, seed=args.seed, bad_every=args.bad_every)):
         producer.produce(args.topic, key=s.key, value=s.value)
         producer.poll(0)
         kinds[s.kind] = kinds.get(s.kind, 0) + 1
+        if args.rate and i % 1000 == 999:
+            ahead = (i + 1) / args.rate - (time.monotonic() - began)
+            if ahead > 0:
+                time.sleep(ahead)
     if producer.flush(30):
         return _fail("not every sample record was delivered", EXIT_FAILED)
     print(json.dumps({"topic": args.topic, "produced": args.count, "kinds": kinds}))
@@ -238,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--bad-every", type=int, default=50, help="every N-th record is bad (0: none)")
     p.add_argument("--create", action="store_true", help="create the topic if missing")
+    p.add_argument("--rate", type=float, default=None, help="records per second at most (default: as fast as it goes)")
     p.add_argument("--partitions", type=int, default=8)
     p = sub.choices["tail"]
     p.add_argument("--max", type=int, default=None, help="stop after this many records")

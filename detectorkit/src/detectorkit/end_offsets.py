@@ -49,6 +49,16 @@ class ListOffsetsEnds:
         return clients.topic_partitions(self._admin, self.topic, self.timeout)
 
     def _list(self, partitions: Iterable[int], spec: OffsetSpec) -> dict[int, int]:
+        partitions = list(partitions)
+        try:
+            return self._list_once(partitions, spec)
+        except LookupError:
+            # The admin client's metadata may predate partitions added since (it refreshes every
+            # 5 min): look again, then believe the answer.
+            self.topic_partitions()
+            return self._list_once(partitions, spec)
+
+    def _list_once(self, partitions: list[int], spec: OffsetSpec) -> dict[int, int]:
         request = {TopicPartition(self.topic, p): spec for p in partitions}
         if not request:
             return {}

@@ -4,16 +4,20 @@ Each micro-batch runs in `foreachBatch`: the tasks detect and write (flushing th
 driver collects their summaries and commits the batch's end offsets to the consumer group before the
 batch returns. A graceful stop waits for the batch in flight, so its offsets are committed too.
 
-The consumer group is the only record of the job's position. Spark's checkpoint is fresh on every
-start (a temporary directory, or a per-instance one under CHECKPOINT_DIR that is emptied first): a
+Instances of a service share its input through the consumer group (`membership`): the query reads
+exactly the partitions this instance owns, from the group's committed offsets. When they change, the
+query is stopped after its batch in flight (written and committed) and started again on the new
+set; revoked partitions are released only then, so the next owner starts where this one stopped.
+
+The consumer group is the only record of the job's position. Spark's checkpoint is fresh for every
+query (a temporary directory, or a per-instance one under CHECKPOINT_DIR that is emptied first): a
 checkpoint kept from an earlier run would hold batches Spark thinks done whose offsets the group
-never got, or the other way round, and Spark's log would win. So a batch skipped while stopping,
-which Spark records as done, is read again by the next run. The positions of all partitions are
-committed again now and then, also where no records came, so the group's offsets never expire.
+never got, or the other way round, and Spark's log would win.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -32,9 +36,9 @@ from confluent_kafka import KafkaException
 from . import broker_kind, clients
 from .detector import Detector
 from .end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets
+from .membership import CommitRefused, GroupMember
 from .metrics import LATENCY_BUCKETS, JobMetrics
-from .offset_store import OffsetStore
-from .planning import DataLossError
+from .planning import DataLossError, resolve_start
 from .processing import SUMMARY_SCHEMA, TaskContext, process_partition, process_ranges
 from .reporter import MetricsReporter
 from .settings import Settings
@@ -77,21 +81,31 @@ class DetectorJob:
         # "ranges": the tasks read their planned ranges themselves; "records": the source's records
         # pass through the JVM into the tasks. Both are kept so the benchmark can compare them.
         self.deliver = deliver
+        # The query reading the partitions this instance owns; replaced when they change.
         self.query = None
-        # Held while a batch runs: a stop waits for it, and nothing is closed under it.
+        self._running: frozenset[int] | None = None  # what `query` reads; None: nothing runs
+        # A batch of a query whose token is no longer current is skipped: that query is stopping.
+        self._token = 0
+        # Held while a batch runs: a stop or a hand-over waits for it, and nothing is closed under it.
         self._lock = threading.Lock()
-        self._stopping = False
         self._checkpoint: str | None = None
         s = self.settings
         self._base = clients.base(s.kafka_bootstrap_servers, s.kafka_options)
         self.broker_kind = s.kafka_broker_kind
-        self._store: OffsetStore | None = None
+        self._member: GroupMember | None = None
         self._ends: ListOffsetsEnds | EndOffsetProbe | None = None
         self._reporter: MetricsReporter | None = None
         self.metrics = JobMetrics()
-        # Serialises the group commits of batches with the periodic refresh and the lag reading.
+        # Serialises the group commits of batches with the periodic refresh, the lag reading and
+        # the hand-over of partitions; `_committable` is what a batch may still commit.
         self._offsets_lock = threading.Lock()
+        self._committable: set[int] = set()
         self._committed_at = time.monotonic()
+        self._leaving = threading.Event()
+        self._ready = threading.Event()  # the first assignment is applied (or the job failed)
+        self._ended = threading.Event()
+        self._failure: str | None = None
+        self._serving: threading.Thread | None = None
         # How long a worker keeps an unused Kafka client (tests shorten it).
         self.client_idle_seconds = 60.0
 
@@ -105,7 +119,6 @@ class DetectorJob:
             max_records_per_batch=s.max_records_per_batch,
             fail_on_data_loss=s.fail_on_data_loss,
             timeout=s.connect_timeout_seconds,
-            partitions=s.partitions(),
             max_tasks=max(1, self.spark.sparkContext.defaultParallelism),
             deliver=self.deliver,
             broker_kind=self.broker_kind,
@@ -124,6 +137,8 @@ class DetectorJob:
         return path
 
     def start(self):
+        """Join the group and start reading what it assigns; returns once the first assignment
+        runs (the query, or None when the group gave this instance nothing) or the job failed."""
         s = self.settings
         timeout = s.connect_timeout_seconds
         self.broker_kind = broker_kind.resolve(self.broker_kind, self._base, timeout)
@@ -136,29 +151,154 @@ class DetectorJob:
             dlq_topic=s.dlq_topic,
             client_idle_seconds=self.client_idle_seconds,
         )
-        self._store = OffsetStore(clients.consumer(self._base, s.consumer_group), s.input_topic, timeout)
         # Lag needs the true end, as the source plans it (ListOffsets gets it wrong on Tansu).
         self._ends = open_end_offsets(self.broker_kind, self._base, s.consumer_group, s.input_topic, timeout)
         metrics_conf = clients.base(s.metrics_bootstrap_servers, s.kafka_options) if s.metrics_bootstrap_servers else self._base
         self._reporter = MetricsReporter(self.metrics, metrics_conf, s.metrics_topic, self.detector.name, s.instance_id,
                                          s.metrics_interval_seconds, before_report=self.maintain_offsets).start()
-        checkpoint = self._checkpoint = self._fresh_checkpoint()
-        self._source = self.source_options()
-        stream = self.spark.readStream.format(SOURCE_NAME).options(**self._source.to_options()).load()
-        writer = stream.writeStream.foreachBatch(self._on_batch).option("checkpointLocation", checkpoint).queryName(self.detector.name)
-        if s.trigger_interval_seconds > 0:
-            writer = writer.trigger(processingTime=f"{s.trigger_interval_seconds} seconds")
-        self.query = writer.start()
+        self._member = GroupMember(self._base, s.consumer_group, s.input_topic, self, static_id=s.static_instance_id(),
+                                   session_timeout=s.group_session_timeout_seconds, timeout=timeout).subscribe()
         log.info("job started", input_topic=s.input_topic, output_topic=s.output_topic, dlq_topic=s.dlq_topic,
-                 consumer_group=s.consumer_group, starting_offsets=s.starting_offsets, checkpoint=checkpoint,
-                 broker_kind=self.broker_kind)
+                 consumer_group=s.consumer_group, group_instance_id=s.static_instance_id(),
+                 starting_offsets=s.starting_offsets, broker_kind=self.broker_kind)
+        self._serving = threading.Thread(target=self._serve_group, name="consumer-group", daemon=True)
+        self._serving.start()
+        self._ready.wait(timeout + s.group_session_timeout_seconds)
         return self.query
 
-    def _on_batch(self, frame, batch_id: int) -> None:
+    # ---- the group: what this instance reads ------------------------------------------------------
+
+    def _serve_group(self) -> None:
+        member = self._member
+        try:
+            while not self._leaving.is_set():
+                member.poll(0.2)  # rebalance callbacks, and `release`, run in here
+                if member.fatal:
+                    self._fail(member.fatal)
+                    return
+                if member.joined and self._running != member.owned and not self._leaving.is_set():
+                    self._apply(member.owned)
+                if member.joined:
+                    self._ready.set()
+                if self.query is not None and not self.query.isActive and self._running is not None:
+                    exc = self.query.exception()
+                    self._fail(explain(exc) if exc is not None else "the query stopped by itself")
+                    return
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the job has failed and must say why
+            self._fail(explain(exc) if "pyspark" in type(exc).__module__ else f"{type(exc).__name__}: {exc}")
+
+    def _fail(self, reason: str) -> None:
+        log.error("job failed", error=reason)
+        self._failure = self._failure or reason
+        self._ended.set()
+        self._ready.set()
+
+    def _apply(self, owned: frozenset[int]) -> None:
+        """Read exactly `owned`, each from the group's committed offset."""
+        began = self._member.changed_at
+        before = self._running or frozenset()
+        self._stop_query()
+        if owned:
+            start = self._start_offsets(owned)
+            self._start_query(owned, start)
+        self._running = owned
+        seconds = time.monotonic() - began
+        self.metrics.set_assignment(owned, seconds)
+        log.info("partitions assigned", partitions=sorted(owned), gained=sorted(owned - before),
+                 handover_seconds=round(seconds, 3), member_id=self._member.member_id())
+
+    def release(self, partitions: set[int], lost: bool) -> None:
+        """The group takes `partitions` away (see membership.Owner). Revoked: the batch in flight
+        finishes and commits them first. Lost: another member may already read them, so nothing of
+        theirs is committed any more."""
+        began = time.monotonic()
+        if lost:
+            with self._offsets_lock:
+                self._committable -= partitions
+        if self._running and self._running & partitions:
+            self._stop_query()
+            self._running = None
+        with self._offsets_lock:
+            self._committable -= partitions
+            self.metrics.forget_partitions(partitions)
+        log.info("partitions released", partitions=sorted(partitions), lost=lost,
+                 handover_seconds=round(time.monotonic() - began, 3))
+
+    def _start_offsets(self, owned: frozenset[int]) -> dict[int, int]:
+        s = self.settings
+        committed = self._member.committed(owned)
+        policy = s.starting_offsets
+        if any(o is None for o in committed.values()) and policy != "earliest":
+            # STARTING_OFFSETS is for the service's first start. Once the group holds a position
+            # anywhere in the topic, a partition without one is new (added to the topic): all of
+            # its records arrived after the service started, so it is read from its first.
+            others = set(self._ends.topic_partitions()) - set(owned)
+            if any(o is not None for o in self._member.committed(others).values()):
+                policy = "earliest"
+        # Where "latest" starts must be the true end: a low answer here would replay old records.
+        latest = self._ends.end_offsets(owned, confirmed=True)
+        need_earliest = policy == "earliest" and any(o is None for o in committed.values())
+        earliest = self._ends.earliest(owned) if need_earliest else {}
+        start = resolve_start(committed, earliest, latest, policy, s.input_topic, s.consumer_group)
+        # Recorded at once, so a restart before any record arrives starts here too instead of at a
+        # later "latest" that would skip what came in between.
+        self._member.commit({p: o for p, o in start.items() if committed.get(p) is None})
+        return start
+
+    def _start_query(self, owned: frozenset[int], start: dict[int, int]) -> None:
+        s = self.settings
+        token = self._token
+        checkpoint = self._checkpoint = self._fresh_checkpoint()
+        self._source = dataclasses.replace(self.source_options(), partitions=sorted(owned), start_offsets=start)
+        stream = self.spark.readStream.format(SOURCE_NAME).options(**self._source.to_options()).load()
+        writer = (stream.writeStream.foreachBatch(partial(self._on_batch, token))
+                  .option("checkpointLocation", checkpoint).queryName(f"{self.detector.name}-{token}"))
+        if s.trigger_interval_seconds > 0:
+            writer = writer.trigger(processingTime=f"{s.trigger_interval_seconds} seconds")
+        with self._offsets_lock:
+            self._committable = set(owned)
+        self.query = writer.start()
+
+    def _stop_query(self, timeout: float = 120.0) -> None:
+        """Stop the query after its batch in flight. If that batch takes longer than `timeout`, the
+        query is stopped under it: its tasks are cancelled and its offsets not committed."""
+        if self.query is None:
+            return
+        if self._acquire_serving(timeout):
+            self._token += 1  # later batches of this query are skipped, and never committed
+            self._lock.release()
+        else:
+            log.warning("batch in flight did not finish in time; cancelling it", timeout=timeout)
+            self._token += 1
+            with self._offsets_lock:
+                self._committable = set()
+        self.query.stop()
+        # Cancelled, the batch's callback returns soon: wait for it before anything is closed.
+        if self._acquire_serving(max(timeout, 120.0)):
+            self._lock.release()
+        self.query = None
+        if self._checkpoint:
+            shutil.rmtree(self._checkpoint, ignore_errors=True)
+            self._checkpoint = None
+
+    def _acquire_serving(self, timeout: float) -> bool:
+        """The batch lock, serving the group's calls meanwhile: the batch in flight waits for its
+        commit to run on this thread when this is the group's thread (a hand-over)."""
+        deadline = time.monotonic() + timeout
+        while not self._lock.acquire(timeout=0.05):
+            if self._member is not None:
+                self._member.serve()
+            if time.monotonic() > deadline:
+                return False
+        return True
+
+    # ---- batches ----------------------------------------------------------------------------------
+
+    def _on_batch(self, token: int, frame, batch_id: int) -> None:
         with self._lock:
-            if self._stopping:
-                # Not committed, so the next run reads these records again; Spark will record the
-                # batch as done, which is harmless since no run ever reuses this checkpoint.
+            if token != self._token:
+                # Not committed, so the partitions' next reader reads these records again; Spark
+                # records the batch as done, which is harmless since no query reuses a checkpoint.
                 return
             started = time.monotonic()
             structlog.contextvars.bind_contextvars(batch=batch_id)
@@ -189,21 +329,34 @@ class DetectorJob:
         collected = time.monotonic()
         # Every task has flushed its producer: the output is written, so the position may move.
         with self._offsets_lock:
+            mine = {p: o for p, o in committed.items() if p in self._committable}
+        if mine != committed:
+            log.warning("not committing partitions this instance no longer owns", partitions=sorted(set(committed) - set(mine)))
+        # Not under the offsets lock: the commit runs on the group's thread, which may be handing
+        # partitions over and take that lock.
+        try:
             try:
-                self._store.commit(committed)
-                if committed:
+                self._member.commit(mine)
+            except CommitRefused as exc:
+                # A zombie: the group moved on while this instance was away. The output is written
+                # (the new owner writes it again), the group's offsets stay where the owner put them.
+                log.warning("offsets not committed: the group gave these partitions to another member",
+                            partitions=sorted(mine), error=exc.args[0].str())
+                mine = {}
+            with self._offsets_lock:
+                if mine:
                     self._committed_at = time.monotonic()
-                    self.metrics.set_offsets(committed, self._ends.end_offsets(committed))
-            except (LookupError, KafkaException) as exc:
-                if not clients.is_not_there(exc):
-                    raise
-                # Deleted after the batch was planned: a deletion like any other. When skipping,
-                # the source waits for the topic to come back.
-                problem = f"topic {self.settings.input_topic!r} was deleted while the job read it"
-                if self.settings.fail_on_data_loss:
-                    raise DataLossError(f"{problem}. Some records may never have been processed. "
-                                        "Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
-                log.warning("skipping lost records", problem=problem)
+                    self.metrics.set_offsets(mine, self._ends.end_offsets(mine))
+        except (LookupError, KafkaException) as exc:
+            if not clients.is_not_there(exc):
+                raise
+            # Deleted after the batch was planned: a deletion like any other. When skipping,
+            # the source waits for the topic to come back.
+            problem = f"topic {self.settings.input_topic!r} was deleted while the job read it"
+            if self.settings.fail_on_data_loss:
+                raise DataLossError(f"{problem}. Some records may never have been processed. "
+                                    "Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
+            log.warning("skipping lost records", problem=problem)
         commit_seconds = time.monotonic() - collected
         result = BatchResult(batch_id, records, detections, dead, committed, time.monotonic() - started)
         self.metrics.record_batch(records, detections, dead, result.seconds, latency_counts, latency_sum)
@@ -220,57 +373,67 @@ class DetectorJob:
         return result
 
     def maintain_offsets(self) -> None:
-        """Called before each metrics report: lag of every partition the job owns, also while no
-        batch runs; and, every COMMIT_REFRESH_SECONDS, the group's positions committed again.
+        """Called before each metrics report: lag of every partition the instance owns, also while
+        no batch runs; and, every COMMIT_REFRESH_SECONDS, the group's positions committed again.
 
         Kafka deletes a group's offsets once they are older than offsets.retention.minutes (7 days
-        by default) while no member holds them, and this group never has members: a partition
-        that got no record for that long would lose its position, and a restart on
-        STARTING_OFFSETS=latest would skip what arrived meanwhile."""
+        by default) and the group has had no member for that long; committing the same positions
+        again now and then costs nothing and keeps a quiet partition's position safe either way."""
+        member = self._member
         with self._offsets_lock:
-            if self._store is None or self._ends is None:
-                return
-            try:
-                partitions = self.settings.partitions() or self._ends.topic_partitions()
-                known = {p: o for p, o in self._store.committed(partitions).items() if o is not None}
-                if known and time.monotonic() - self._committed_at >= self.settings.commit_refresh_seconds:
-                    self._store.commit(known)  # the same positions: only their commit time moves
-                    self._committed_at = time.monotonic()
-                    log.info("positions committed again", partitions=len(known))
-                self.metrics.set_offsets(known, self._ends.end_offsets(known))
-            except (LookupError, KafkaException) as exc:
-                if not clients.is_not_there(exc):
-                    raise
-                # A deleted input topic: the source and the batches say so; there is no lag to tell.
+            partitions = sorted(self._committable)
+        if member is None or self._ends is None or not partitions:
+            return
+        try:
+            if time.monotonic() - self._committed_at >= self.settings.commit_refresh_seconds:
+                known = member.recommit(partitions)  # the same positions: only their commit time moves
+                self._committed_at = time.monotonic()
+                log.info("positions committed again", partitions=len(known))
+            else:
+                known = {p: o for p, o in member.committed(partitions).items() if o is not None}
+            with self._offsets_lock:
+                known = {p: o for p, o in known.items() if p in self._committable}
+                if known and self._ends is not None:
+                    self.metrics.set_offsets(known, self._ends.end_offsets(known))
+        except CommitRefused:
+            pass  # being handed over: the new owner commits them
+        except (LookupError, KafkaException) as exc:
+            if not clients.is_not_there(exc):
+                raise
+            # A deleted input topic: the source and the batches say so; there is no lag to tell.
+
+    def caught_up(self) -> bool:
+        """True while nothing waits to be read: no batch running and no new record seen (also
+        when the group gave this instance no partition)."""
+        query = self.query
+        if self._running is not None and not self._running:
+            return True
+        if query is None or self._running is None:
+            return False
+        status = query.status
+        return not status["isDataAvailable"] and not status["isTriggerActive"] and status["message"].startswith("Waiting")
 
     def terminated(self, timeout: float) -> bool:
-        """Wait up to `timeout` s; True once the query has ended, failed or not (see `error()`)."""
-        from pyspark.errors import StreamingQueryException
-
-        try:
-            return bool(self.query.awaitTermination(timeout))
-        except StreamingQueryException:
-            return True
+        """Wait up to `timeout` s; True once the job has ended, failed or not (see `error()`)."""
+        return self._ended.wait(timeout)
 
     def error(self) -> str | None:
-        """Why the query failed, in one line; None while it runs or after a clean stop."""
-        exc = self.query.exception() if self.query is not None else None
-        return None if exc is None else explain(exc)
+        """Why the job failed, in one line; None while it runs or after a clean stop."""
+        return self._failure
 
     def stop(self, timeout: float = 120.0) -> None:
-        """Finish the batch in flight (its offsets get committed), then stop the query. If the
-        batch takes longer than `timeout`, the query is stopped under it: its tasks are cancelled
-        and its offsets not committed, so the next run reads it again."""
-        if self._lock.acquire(timeout=timeout):
-            self._stopping = True
-            self._lock.release()
-        else:
-            log.warning("batch in flight did not finish in time; cancelling it", timeout=timeout)
-            self._stopping = True
-        if self.query is not None:
-            self.query.stop()
-        # Cancelled, the batch's callback returns soon: close() waits for it on its own bound.
+        """Finish the batch in flight (its offsets get committed), stop the query, then leave the
+        group, so the partitions' next owner starts exactly after what was committed. If the batch
+        takes longer than `timeout`, the query is stopped under it: its tasks are cancelled and
+        its offsets not committed, so the next owner reads it again."""
+        self._leaving.set()
+        if self._serving is not None and self._serving is not threading.current_thread():
+            # It may be handing partitions over: a batch's worth of waiting at most.
+            self._serving.join(timeout + 120.0)
+        self._stop_query(timeout)
+        self._running = None
         self.close()
+        self._ended.set()
 
     def close(self, timeout: float = 120.0) -> None:
         if self._reporter is not None:
@@ -279,17 +442,19 @@ class DetectorJob:
             except Exception:  # noqa: BLE001 - a failed report must not hide how the job ended
                 log.exception("final metrics report failed")
             self._reporter = None
+        self._leaving.set()
         # The batch callback runs in this process and may outlive query.stop(): its clients are
         # closed only once it has returned.
         if not self._lock.acquire(timeout=timeout):
             log.error("a batch is still running; its Kafka clients are left open", timeout=timeout)
             return
         try:
+            if self._member is not None:
+                self._member.close()  # revokes what is left: nothing runs, so nothing waits
             with self._offsets_lock:
-                for client in (self._store, self._ends):
-                    if client is not None:
-                        client.close()
-                self._store = self._ends = None
+                if self._ends is not None:
+                    self._ends.close()
+                self._member = self._ends = None
             if self._checkpoint:
                 shutil.rmtree(self._checkpoint, ignore_errors=True)
                 self._checkpoint = None

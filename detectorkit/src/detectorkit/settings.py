@@ -42,20 +42,6 @@ def check_topic_name(name: str) -> str:
     return name
 
 
-def parse_partitions(text: str) -> list[int]:
-    """'0-3,7' -> [0, 1, 2, 3, 7]; ValueError saying what is wrong."""
-    partitions: set[int] = set()
-    for part in text.replace(" ", "").split(","):
-        first, sep, last = part.partition("-")
-        if not first.isdigit() or (sep and not last.isdigit()):
-            raise ValueError(f"partitions are numbers and ranges like '0-3,7', not {text!r}")
-        low, high = int(first), int(last) if sep else int(first)
-        if high < low:
-            raise ValueError(f"range {part!r} goes backwards")
-        partitions.update(range(low, high + 1))
-    return sorted(partitions)
-
-
 def redact(conf: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a client configuration that is safe to log."""
     return {k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in conf.items()}
@@ -78,7 +64,9 @@ class Settings(BaseModel):
     dlq_topic: str | None = Field(None, description="Dead-letter topic. Default: <service>.dlq.")
     consumer_group: str | None = Field(None, description="Consumer group holding the job's offsets. Default: the service name.")
     instance_id: str = Field(
-        default_factory=default_instance_id, description="This instance's id, unique among the service's instances. Default: host-pid."
+        default_factory=default_instance_id, description="This instance's id, unique among the service's instances. Set: also its "
+        "group.instance.id (static membership: a restart within GROUP_SESSION_TIMEOUT_SECONDS keeps its partitions). Default: host-pid, "
+        "a dynamic member that hands its partitions over at once when it stops."
     )
     starting_offsets: Literal["latest", "earliest", "error"] = Field(
         "latest", description="Where to start when the group has no committed offset: latest, earliest or error."
@@ -95,8 +83,9 @@ class Settings(BaseModel):
     stop_after_idle_seconds: float = Field(0.0, ge=0, description="Stop gracefully after this long with no new records; 0 runs until stopped.")
     create_topics: bool = Field(False, description="Create missing input, output and dead-letter topics at start.")
     topic_partitions: int = Field(8, gt=0, description="Partitions of topics created by CREATE_TOPICS.")
-    input_partitions: str | None = Field(
-        None, description="Input partitions this instance reads, e.g. '0-3' or '0,2,4'; unset: all. Instances of one service split them."
+    group_session_timeout_seconds: float = Field(
+        45.0, ge=1, description="How long the consumer group waits for a silent instance before giving its partitions to the others; "
+        "with INSTANCE_ID set, also how long a restarted instance has to get its own partitions back."
     )
     metrics_topic: str = Field("metrics", description="Topic the job's metric snapshots are written to.")
     metrics_bootstrap_servers: str | None = Field(None, description="Kafka cluster of the metrics topic. Default: KAFKA_BOOTSTRAP_SERVERS.")
@@ -122,15 +111,9 @@ class Settings(BaseModel):
                     return choice
         return value
 
-    @field_validator("input_partitions")
-    @classmethod
-    def _partitions(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_partitions(value)
-        return value
-
-    def partitions(self) -> list[int] | None:
-        return None if self.input_partitions is None else parse_partitions(self.input_partitions)
+    def static_instance_id(self) -> str | None:
+        """group.instance.id: only an id someone chose is stable across restarts."""
+        return self.instance_id if "instance_id" in self.model_fields_set else None
 
     @field_validator("input_topic", "output_topic", "dlq_topic", "metrics_topic")
     @classmethod
@@ -194,6 +177,9 @@ def load(
     """Settings from flags, else the environment, else `defaults` (a service's own), else the
     documented defaults; or SettingsError with one clear line."""
     environ = os.environ if environ is None else environ
+    if "INPUT_PARTITIONS" in environ:
+        raise SettingsError("INPUT_PARTITIONS is no longer read: the instances of a service share the input partitions through "
+                            "their consumer group, also partitions added later; remove it and start as many instances as you need")
     overrides: dict[str, Any] = {}
     options = kafka_options_from_env(environ)
     if args is not None:

@@ -91,6 +91,9 @@ class SourceOptions:
     partition_refresh_seconds: float = 5.0
     # The partitions this instance owns; None: all of the topic's, including ones added later.
     partitions: list[int] | None = None
+    # Where to start each partition (the job resolves them as the group's member); None: the
+    # source reads the group's committed offsets itself (a standalone query).
+    start_offsets: dict[int, int] | None = None
     # Spark tasks per batch at most: the job passes its parallelism (cores).
     max_tasks: int = 2
     # "records": the records themselves (Spark's Kafka source columns); "ranges": see RANGES_SCHEMA.
@@ -119,6 +122,8 @@ class SourceOptions:
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SourceOptions:
         fields = json.loads(options["detectorkit.options"])
+        if fields.get("start_offsets") is not None:  # JSON made the partition numbers strings
+            fields["start_offsets"] = {int(p): o for p, o in fields["start_offsets"].items()}
         # Spark may hand the options back with lower-cased keys; librdkafka's keys are lower case.
         secrets = {k[len(_SECRET_OPTION):]: SecretStr(v) for k, v in options.items() if k.lower().startswith(_SECRET_OPTION)}
         return cls(**{**fields, "client_conf": {**fields["client_conf"], **secrets}})
@@ -200,13 +205,15 @@ class KafkaStreamReader(DataSourceStreamReader):
             if self.options.partitions is not None:
                 missing = sorted(set(self.options.partitions) - set(partitions))
                 if missing:
-                    raise LookupError(f"topic {self.options.topic!r} has no partition(s) {missing}; check INPUT_PARTITIONS")
+                    raise LookupError(f"topic {self.options.topic!r} has no partition(s) {missing} any more")
                 partitions = sorted(self.options.partitions)
             probe.forget(set(self._partitions) - set(partitions))
             self._partitions, self._partitions_at = partitions, now
         return self._partitions
 
     def initialOffset(self) -> dict:
+        if self.options.start_offsets is not None:
+            return to_spark(self.options.topic, self.options.start_offsets)
         probe, store = self._clients()
         partitions = self._topic_partitions(force=True)
         committed = store.committed(partitions)
