@@ -99,11 +99,72 @@ def test_gauges_expire_after_the_ttl():
     assert total(agg, lag2, now=131) == 7
 
 
-def test_lag_of_one_partition_reported_twice_is_its_maximum_not_a_sum():
+def gauge_snapshot(instance, gauges, timestamp=110.0):
+    families = [snap.Family(name, "gauge", "A gauge.", [(name, {"partition": "0"}, value)], aggregation)
+                for name, aggregation, value in gauges]
+    return instance.encode(), snap.Snapshot("svc", instance, 100.0, timestamp, families).to_json()
+
+
+def test_a_gauge_is_summed_or_maxed_as_the_job_declares_not_by_its_name():
     agg = Aggregator()
-    agg.apply(*snapshot("a", lag={"0": 5}))
-    agg.apply(*snapshot("b", lag={"0": 3}))
-    assert total(agg, ("detector_consumer_lag_records", (("partition", "0"),))) == 5
+    # A lag declared "sum" (each partition reported by its owner alone) and a gauge without
+    # "lag" or "offset" in its name declared "max".
+    for instance, value in (("a", 5), ("b", 3)):
+        agg.apply(*gauge_snapshot(instance, [("detector_consumer_lag_records", "sum", value), ("detector_widest_gap", "max", value)]))
+    assert total(agg, ("detector_consumer_lag_records", (("partition", "0"),))) == 8
+    assert total(agg, ("detector_widest_gap", (("partition", "0"),))) == 5
+
+
+def test_the_job_declares_its_committed_offset_a_maximum_and_its_lag_a_sum():
+    agg = Aggregator()
+    for instance, (offset, end) in (("a", (100, 140)), ("b", (90, 140))):
+        metrics = JobMetrics(process_tree=False)
+        metrics.set_offsets({0: offset}, {0: end})
+        agg.apply(instance.encode(), snap.from_registry(metrics.registry, "svc", instance, 100.0, 110.0, metrics.aggregations).to_json())
+    assert total(agg, ("detector_committed_offset", (("partition", "0"),))) == 100
+    assert total(agg, ("detector_consumer_lag_records", (("partition", "0"),))) == 40 + 50
+
+
+def test_instances_gone_past_the_horizon_are_retired_and_counters_never_go_down():
+    agg = Aggregator(ttl_seconds=30, retire_after_seconds=3600)
+    for i in range(1_000):  # churn: a thousand short-lived instances
+        agg.apply(*snapshot(f"i-{i}", read=10, timestamp=100.0 + i))
+    agg.apply(*snapshot("alive", read=5, timestamp=9_000))
+    assert total(agg, now=5_000) == 10_005
+    assert agg.retire(now=5_000) == [f"i-{i}" for i in range(1_000) if 5_000 - (100 + i) > 3600]
+    assert len(agg.instances) == 1 + sum(1 for i in range(1_000) if 5_000 - (100 + i) <= 3600)
+    assert total(agg, now=5_000) == 10_005
+    agg.retire(now=10_000)
+    assert len(agg.instances) == 1 and total(agg, now=10_000) == 10_005
+    # A late snapshot of a retired run changes nothing: its counts are in the retired total.
+    agg.apply(*snapshot("i-7", read=10, timestamp=107.0))
+    assert total(agg, now=10_000) == 10_005
+
+
+def test_replaying_snapshots_already_applied_changes_nothing():
+    agg = Aggregator()
+    first, second = snapshot("a", read=10, timestamp=110), snapshot("a", read=25, timestamp=120)
+    for record in (first, second, first, second, first):
+        agg.apply(*record)
+    assert total(agg) == 25
+
+
+def test_the_changelog_restores_the_same_table():
+    agg = Aggregator(ttl_seconds=30, retire_after_seconds=100)
+    agg.apply(*snapshot("a", read=10, started_at=1, timestamp=10))
+    agg.apply(*snapshot("a", read=4, started_at=20, timestamp=30))  # a restart
+    agg.apply(*snapshot("b", read=7, lag={"0": 3}, timestamp=300))
+    agg.apply(*gauge_snapshot("c", [("detector_widest_gap", "max", 9)], timestamp=301))
+    changelog = dict(agg.changes())
+    agg.retire(now=305)  # a leaves the table
+    changelog.update(agg.changes())
+    assert changelog["instance:a"] is None
+    restored = Aggregator(ttl_seconds=30, retire_after_seconds=100)
+    for key, value in changelog.items():
+        restored.restore(key, value)
+    assert restored.totals(now=305) == agg.totals(now=305)
+    assert total(restored, now=305) == 21
+    assert agg.changes() == {}  # nothing changed since
 
 
 def test_histograms_merge_bucket_by_bucket():

@@ -131,11 +131,13 @@ def topic_partitions(admin_or_consumer, topic: str, timeout: float) -> list[int]
     return sorted(entry.partitions)
 
 
-def create_topics(base_conf: Mapping[str, Any], topics: Mapping[str, int], timeout: float = 30.0) -> list[str]:
-    """Create the topics that do not exist yet; returns the ones created."""
+def create_topics(base_conf: Mapping[str, Any], topics: Mapping[str, int], timeout: float = 30.0,
+                  config: Mapping[str, str] | None = None) -> list[str]:
+    """Create the topics that do not exist yet, with topic `config`; returns the ones created."""
     admin = new_admin(base_conf)
     existing = admin.list_topics(timeout=timeout).topics
-    wanted = [NewTopic(name, num_partitions=n, replication_factor=-1) for name, n in topics.items() if name not in existing]
+    wanted = [NewTopic(name, num_partitions=n, replication_factor=-1, config=dict(config or {}))
+              for name, n in topics.items() if name not in existing]
     if not wanted:
         return []
     created = []

@@ -96,7 +96,14 @@ class ProcessTreeCollector(Collector):
 
 
 class JobMetrics:
-    """The registry of one job instance and the metrics in it."""
+    """The registry of one job instance and the metrics in it.
+
+    `aggregations` declares how the metrics-aggregator combines a gauge across instances: summed
+    (the default: each instance reports its own share, as lag per partition, since an instance
+    drops the partitions it hands over) or the maximum (a position that two instances may report
+    for a moment during a hand-over)."""
+
+    aggregations = {f"{PREFIX}_committed_offset": "max"}
 
     def __init__(self, process_tree: bool = True):
         self.registry = CollectorRegistry(auto_describe=True)
@@ -114,6 +121,10 @@ class JobMetrics:
         r.register(self.latency)
         self.lag = Gauge(f"{PREFIX}_consumer_lag_records", "High watermark minus committed offset, per input partition.", ["partition"], registry=r)
         self.committed = Gauge(f"{PREFIX}_committed_offset", "Last committed offset, per input partition.", ["partition"], registry=r)
+        self.assigned = Gauge(f"{PREFIX}_assigned_partitions", "Input partitions this instance owns in its consumer group.", registry=r)
+        self.rebalances = Counter(f"{PREFIX}_rebalances", "Changes of the partitions this instance owns.", registry=r)
+        self.handover = Histogram(f"{PREFIX}_handover_seconds", "From a rebalance's start to reading the new partitions.",
+                                  buckets=BATCH_BUCKETS, registry=r)
         self.report_errors = Counter(f"{PREFIX}_metrics_report_errors", "Metric snapshots that could not be written to Kafka.", registry=r)
         if process_tree:
             r.register(ProcessTreeCollector())
@@ -128,6 +139,20 @@ class JobMetrics:
         self.batch_duration.observe(seconds)
         if any(latency_counts):
             self.latency.add(latency_counts, latency_sum)
+
+    def set_assignment(self, owned, seconds: float) -> None:
+        self.assigned.set(len(owned))
+        self.rebalances.inc()
+        self.handover.observe(seconds)
+
+    def forget_partitions(self, partitions) -> None:
+        """Another instance reports these now: keep the sums across instances right."""
+        for partition in partitions:
+            for gauge in (self.lag, self.committed):
+                try:
+                    gauge.remove(str(partition))
+                except KeyError:
+                    pass
 
     def set_offsets(self, committed: Mapping[int, int], ends: Mapping[int, int]) -> None:
         for partition, offset in committed.items():

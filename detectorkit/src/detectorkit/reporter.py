@@ -51,7 +51,8 @@ class MetricsReporter:
     def report(self) -> None:
         if self.before_report is not None:
             self.before_report()
-        snap = snapshot.from_registry(self.metrics.registry, self.service, self.instance, self.started_at, time.time())
+        snap = snapshot.from_registry(self.metrics.registry, self.service, self.instance, self.started_at, time.time(),
+                                      self.metrics.aggregations)
         try:
             self._producer.produce(self.topic, key=self.instance.encode(), value=snap.to_json())
         except BufferError:

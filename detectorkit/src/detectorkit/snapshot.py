@@ -3,6 +3,7 @@
     key   = instance id
     value = {"version": 1, "service", "instance", "started_at" (epoch s of the instance's start),
              "timestamp" (epoch s), "families": [{"name", "type", "help",
+             "aggregation" (gauges: "sum" or "max" across instances, as the job declares; default "sum"),
              "samples": [[sample name, {labels}, value], ...]}, ...]}
 """
 
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 VERSION = 1
 TYPES = ("counter", "gauge", "histogram")
+AGGREGATIONS = ("sum", "max")
 
 
 class MalformedSnapshot(ValueError):
@@ -29,6 +31,7 @@ class Family:
     type: str
     help: str
     samples: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+    aggregation: str = "sum"
 
 
 @dataclass(frozen=True)
@@ -43,17 +46,20 @@ class Snapshot:
         return json.dumps({
             "version": VERSION, "service": self.service, "instance": self.instance,
             "started_at": self.started_at, "timestamp": self.timestamp,
-            "families": [{"name": f.name, "type": f.type, "help": f.help, "samples": [list(s) for s in f.samples]} for f in self.families],
+            "families": [{"name": f.name, "type": f.type, "help": f.help, "aggregation": f.aggregation,
+                          "samples": [list(s) for s in f.samples]} for f in self.families],
         }).encode()
 
 
-def from_registry(registry: CollectorRegistry, service: str, instance: str, started_at: float, timestamp: float) -> Snapshot:
+def from_registry(registry: CollectorRegistry, service: str, instance: str, started_at: float, timestamp: float,
+                  aggregations: dict[str, str] | None = None) -> Snapshot:
+    """`aggregations`: family name -> how its gauges combine across instances (default "sum")."""
     families = []
     for metric in registry.collect():
         if metric.type not in TYPES:
             continue
         samples = [(s.name, dict(s.labels), float(s.value)) for s in metric.samples if not s.name.endswith("_created")]
-        families.append(Family(metric.name, metric.type, metric.documentation, samples))
+        families.append(Family(metric.name, metric.type, metric.documentation, samples, (aggregations or {}).get(metric.name, "sum")))
     return Snapshot(service, instance, started_at, timestamp, families)
 
 
@@ -76,7 +82,10 @@ def parse(value: bytes | None) -> Snapshot:
                 if not isinstance(name, str) or not isinstance(labels, dict) or math.isnan(number):
                     raise MalformedSnapshot(f"bad sample in {f['name']!r}")
                 samples.append((name, {str(k): str(v) for k, v in labels.items()}, number))
-            families.append(Family(str(f["name"]), f["type"], str(f.get("help", "")), samples))
+            aggregation = f.get("aggregation", "sum")
+            if aggregation not in AGGREGATIONS:
+                raise MalformedSnapshot(f"unknown aggregation {aggregation!r} of {f['name']!r}")
+            families.append(Family(str(f["name"]), f["type"], str(f.get("help", "")), samples, aggregation))
         snapshot = Snapshot(str(data["service"]), str(data["instance"]), float(data["started_at"]), float(data["timestamp"]), families)
     except MalformedSnapshot:
         raise
