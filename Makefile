@@ -35,10 +35,10 @@ tools:
 test: setup tools lint test-runtime test-template test-tansu
 
 test-runtime: setup
-	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PY) -m pytest detectorkit/tests
+	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PY) -m pytest detectorkit/tests --durations=20
 
 test-template: setup
-	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PY) -m pytest tests
+	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PY) -m pytest tests --durations=10
 
 test-tansu: setup
 	DETECTORKIT_TEST_BROKER=tansu $(PY) -m pytest detectorkit/tests/test_restart.py -k graceful_stop

@@ -46,7 +46,7 @@ AGGREGATOR=$!
 
 echo "== producing $RECORDS records in the background"
 "$BIN/detectorkit" produce-sample --bootstrap-servers "$BOOTSTRAP" --topic records.normalized --count "$RECORDS" \
-    --bad-every 1000 --rate "${RATE:-40000}" >"$WORK/producer.log" 2>&1 &
+    --bad-every 1000 --rate "${RATE:-10000}" >"$WORK/producer.log" 2>&1 &
 FEED=$!
 
 progress() { "$BIN/python" -m detectorkit.scale_report progress "$BOOTSTRAP" "$SERVICE"; }
@@ -56,7 +56,7 @@ scripts/start-instance.sh "$RUN" instance-1 "$BIN/$SERVICE"
 sleep 10; progress
 echo "== instance 2 starts while records flow"
 scripts/start-instance.sh "$RUN" instance-2 "$BIN/$SERVICE"
-sleep 15; progress
+sleep 20; progress
 echo "== instance 2 stops"
 scripts/stop-instance.sh "$RUN" instance-2
 wait "$FEED"; FEED=

@@ -213,3 +213,15 @@ def test_exposition_of_a_real_job_registry_is_valid_prometheus_text():
     assert "detector_process_cpu_seconds_total" in text
     assert "# TYPE detector_end_to_end_latency_seconds histogram" in text
     assert json.loads(value)["instance"] == "i-1"
+
+
+def test_the_bind_address_and_port_are_settings():
+    import argparse
+
+    from detectorkit.aggregator_service import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, {"AGGREGATOR_HOST": "0.0.0.0", "AGGREGATOR_PORT": "9200"})
+    args = parser.parse_args([])
+    assert (args.host, args.port) == ("0.0.0.0", 9200)
+    assert parser.parse_args(["--host", "::"]).host == "::"
