@@ -123,7 +123,9 @@ class GroupMember:
         deadline = time.monotonic() + timeout
         while True:
             self.serve(wait=min(0.05, max(0.0, deadline - time.monotonic())))
-            self._consumer.poll(0)
+            message = self._consumer.poll(0)
+            if message is not None and message.error() is not None:  # consumer errors come as messages too
+                self._on_error(message.error())
             if time.monotonic() >= deadline:
                 return
 
@@ -200,10 +202,12 @@ class GroupMember:
             self.changed_at = started or time.monotonic()
 
     def _on_error(self, error: KafkaError) -> None:
-        if error.code() == KafkaError.FENCED_INSTANCE_ID or (error.fatal() and "fenced" in error.str().lower()):
+        # librdkafka reports the fencing as code _FATAL, with fatal() False (measured, 2.16).
+        fatal = error.fatal() or error.code() == KafkaError._FATAL
+        if error.code() == KafkaError.FENCED_INSTANCE_ID or (fatal and "fenced" in error.str().lower()):
             self.fatal = (f"another instance joined consumer group {self.group!r} with INSTANCE_ID={self.static_id!r}; "
                           "each instance of a service needs its own INSTANCE_ID")
-        elif error.fatal():
+        elif fatal:
             self.fatal = f"consumer group {self.group!r}: {error.str()}"
 
     # ---- offsets --------------------------------------------------------------------------------

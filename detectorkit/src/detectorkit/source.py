@@ -203,10 +203,9 @@ class KafkaStreamReader(DataSourceStreamReader):
                     log.warning("skipping lost records: %s: it was deleted while the job read it", exc)
                 partitions = []
             if self.options.partitions is not None:
-                missing = sorted(set(self.options.partitions) - set(partitions))
-                if missing:
-                    raise LookupError(f"topic {self.options.topic!r} has no partition(s) {missing} any more")
-                partitions = sorted(self.options.partitions)
+                # The owned ones that exist: a deleted topic (when skipping) has none until the
+                # group assigns the re-created topic's partitions.
+                partitions = sorted(set(self.options.partitions) & set(partitions))
             probe.forget(set(self._partitions) - set(partitions))
             self._partitions, self._partitions_at = partitions, now
         return self._partitions
