@@ -28,6 +28,20 @@ from . import broker_kind, clients
 _UNKNOWN = -1001
 
 
+def start_positions(ends: ListOffsetsEnds | EndOffsetProbe, committed: Mapping[int, int | None], policy: str,
+                    topic: str, group: str) -> dict[int, int]:
+    """Where each partition starts: its committed offset, else where `policy` says (see
+    planning.resolve_start), asking the broker only for the ends the policy needs."""
+    from .planning import resolve_start
+
+    partitions = list(committed)
+    # Where "latest" starts must be the true end: a low answer here would replay old records.
+    latest = ends.end_offsets(partitions, confirmed=True)
+    need_earliest = policy == "earliest" and any(o is None for o in committed.values())
+    earliest = ends.earliest(partitions) if need_earliest else {}
+    return resolve_start(committed, earliest, latest, policy, topic, group)
+
+
 def open_end_offsets(kind: str, base_conf: Mapping[str, Any], group: str, topic: str, timeout: float) -> ListOffsetsEnds | EndOffsetProbe:
     """The end-offset strategy for a broker kind (`broker_kind.KAFKA` or `TANSU`)."""
     isolation = broker_kind.isolation_level(kind)

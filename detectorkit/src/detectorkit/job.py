@@ -35,10 +35,10 @@ from confluent_kafka import KafkaException
 
 from . import broker_kind, clients
 from .detector import Detector
-from .end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets
+from .end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets, start_positions
 from .membership import CommitRefused, GroupMember
 from .metrics import LATENCY_BUCKETS, JobMetrics
-from .planning import DataLossError, resolve_start
+from .planning import DataLossError
 from .processing import SUMMARY_SCHEMA, TaskContext, process_partition, process_ranges
 from .reporter import MetricsReporter
 from .settings import Settings
@@ -235,11 +235,7 @@ class DetectorJob:
             others = set(self._ends.topic_partitions()) - set(owned)
             if any(o is not None for o in self._member.committed(others).values()):
                 policy = "earliest"
-        # Where "latest" starts must be the true end: a low answer here would replay old records.
-        latest = self._ends.end_offsets(owned, confirmed=True)
-        need_earliest = policy == "earliest" and any(o is None for o in committed.values())
-        earliest = self._ends.earliest(owned) if need_earliest else {}
-        start = resolve_start(committed, earliest, latest, policy, s.input_topic, s.consumer_group)
+        start = start_positions(self._ends, committed, policy, s.input_topic, s.consumer_group)
         # Recorded at once, so a restart before any record arrives starts here too instead of at a
         # later "latest" that would skip what came in between.
         self._member.commit({p: o for p, o in start.items() if committed.get(p) is None})

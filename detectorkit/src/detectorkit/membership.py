@@ -52,10 +52,6 @@ class CommitRefused(KafkaException):
     """The group refused a commit: this instance no longer owns the partitions (a zombie)."""
 
 
-class Fenced(RuntimeError):
-    """Another instance joined with this instance's group.instance.id."""
-
-
 class _Call:
     def __init__(self, fn):
         self.fn, self.done, self.result, self.error, self.attempts = fn, threading.Event(), None, None, 0
@@ -102,13 +98,9 @@ class GroupMember:
         if static_id:
             conf["group.instance.id"] = static_id
         self._consumer = clients.new_consumer(conf)
-        self._lock = threading.Lock()
         self.owned: frozenset[int] = frozenset()
-        # Bumped on every change of `owned`; `changed_at` is when the last change began.
-        self.epoch = 0
-        self.changed_at = time.monotonic()
+        self.changed_at = time.monotonic()  # when the last change of `owned` began
         self.fatal: str | None = None
-        self.rebalances = 0
         self._calls: queue.Queue[_Call] = queue.Queue()
         self._server: threading.Thread | None = None  # the thread that polls and runs the calls
         self.joined = False  # the first assignment arrived (it may be empty)
@@ -195,11 +187,8 @@ class GroupMember:
         consumer.incremental_unassign(partitions)
 
     def _change(self, owned: Iterable[int], started: float | None = None) -> None:
-        with self._lock:
-            self.owned = frozenset(owned)
-            self.epoch += 1
-            self.rebalances += 1
-            self.changed_at = started or time.monotonic()
+        self.owned = frozenset(owned)
+        self.changed_at = started or time.monotonic()
 
     def _on_error(self, error: KafkaError) -> None:
         # librdkafka reports the fencing as code _FATAL, with fatal() False (measured, 2.16).

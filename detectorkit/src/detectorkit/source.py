@@ -35,7 +35,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from . import broker_kind as kinds
 from . import clients
-from .end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets
+from .end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets, start_positions
 from .offset_store import OffsetStore
 from .planning import (
     DataLossError,
@@ -45,7 +45,6 @@ from .planning import (
     pack_ranges,
     plan_ranges,
     reconcile,
-    resolve_start,
     to_spark,
 )
 from .worker_clients import WorkerClients
@@ -216,11 +215,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         probe, store = self._clients()
         partitions = self._topic_partitions(force=True)
         committed = store.committed(partitions)
-        # Where "latest" starts must be the true end: a low answer here would replay old records.
-        latest = probe.end_offsets(partitions, confirmed=True)
-        need_earliest = self.options.starting_offsets == "earliest" and any(committed[p] is None for p in partitions)
-        earliest = probe.earliest(partitions) if need_earliest else {}
-        start = resolve_start(committed, earliest, latest, self.options.starting_offsets, self.options.topic, self.options.group)
+        start = start_positions(probe, committed, self.options.starting_offsets, self.options.topic, self.options.group)
         # Record where the job starts, so a restart before any record arrives starts there too
         # instead of at a later "latest" that would skip what came in between.
         store.commit({p: o for p, o in start.items() if committed[p] is None})
