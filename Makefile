@@ -8,6 +8,9 @@ PY := $(VENV)/bin/python
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
 TEST_BROKER ?= kafka
+# A hung test fails with every thread's stack after this long instead of eating CI's budget.
+TEST_TIMEOUT ?= 600
+PYTEST := $(PY) -m pytest --timeout=$(TEST_TIMEOUT) --timeout-method=thread
 
 setup: $(VENV)/.installed
 
@@ -35,13 +38,13 @@ tools:
 test: setup tools lint test-runtime test-template test-tansu
 
 test-runtime: setup
-	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PY) -m pytest detectorkit/tests --durations=20
+	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PYTEST) detectorkit/tests --durations=20
 
 test-template: setup
-	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PY) -m pytest tests --durations=10
+	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PYTEST) tests --durations=10
 
 test-tansu: setup
-	DETECTORKIT_TEST_BROKER=tansu $(PY) -m pytest detectorkit/tests/test_restart.py -k graceful_stop
+	DETECTORKIT_TEST_BROKER=tansu $(PYTEST) detectorkit/tests/test_restart.py -k graceful_stop
 	bash scripts/demo.sh
 
 lint: setup

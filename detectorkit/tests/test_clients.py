@@ -3,7 +3,7 @@
 from types import SimpleNamespace
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from detectorkit import clients
 
@@ -45,3 +45,28 @@ def test_a_topic_that_is_not_there_is_missing(listing):
 
 def test_partitions_of_a_topic_that_is_there():
     assert clients.topic_partitions(Listing(t=entry(partitions=(2, 0, 1))), "t", 1) == [0, 1, 2]
+
+
+def answers(*outcomes):
+    """A call that fails with each KafkaError code given, then returns "ok"."""
+    pending = list(outcomes)
+
+    def call():
+        if pending:
+            raise KafkaException(KafkaError(pending.pop(0)))
+        return "ok"
+
+    return call
+
+
+def test_a_leader_moving_after_a_broker_restart_is_waited_out():
+    # Measured on Kafka 4.2: ListOffsets answers FENCED_LEADER_EPOCH for a moment after a broker
+    # restart, and librdkafka does not call it retriable.
+    assert clients.retrying(answers(KafkaError.FENCED_LEADER_EPOCH, KafkaError.NOT_LEADER_FOR_PARTITION), timeout=5) == "ok"
+
+
+def test_a_lasting_or_final_error_is_not_retried():
+    with pytest.raises(KafkaException):
+        clients.retrying(answers(KafkaError.TOPIC_AUTHORIZATION_FAILED), timeout=5)
+    with pytest.raises(KafkaException):
+        clients.retrying(answers(*[KafkaError.FENCED_LEADER_EPOCH] * 100), timeout=0.3)

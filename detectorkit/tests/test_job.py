@@ -93,7 +93,15 @@ def test_earliest_processes_records_produced_before_the_first_start(spark, kafka
     job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark, deliver=deliver)
     job.start()
     wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the earlier records")
+    # Caught up holds steadily while nothing arrives (STOP_AFTER_IDLE_SECONDS needs it to), even
+    # though Spark polls the source every few milliseconds.
+    wait_for(job.caught_up, timeout=30, what="the job to report caught up")
+    samples_of_caught_up = []
+    for _ in range(20):
+        samples_of_caught_up.append(job.caught_up())
+        time.sleep(0.05)  # sampling a status over a second: the sleep is the sampling period
     job.stop()
+    assert all(samples_of_caught_up), samples_of_caught_up
     assert job.stats.records == 300
     assert set(detections_by_source(bs, topics.output)) == expected_detections(before)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -105,6 +106,36 @@ def is_not_there(exc: BaseException) -> bool:
     if isinstance(exc, LookupError):
         return True
     return isinstance(exc, KafkaException) and bool(exc.args) and isinstance(exc.args[0], KafkaError) and exc.args[0].code() in NOT_THERE
+
+
+T = TypeVar("T")
+
+# librdkafka does not flag these as retriable, but they pass: a group coordinator or a partition
+# leader that is moving or still loading, as on a fresh cluster or right after a broker restart
+# (measured: FENCED_LEADER_EPOCH from ListOffsets for ~1 s after one).
+TRANSIENT = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                       KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.FENCED_LEADER_EPOCH,
+                       KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.NOT_LEADER_FOR_PARTITION,
+                       KafkaError.LEADER_NOT_AVAILABLE, KafkaError.OFFSET_NOT_AVAILABLE})
+
+
+def is_transient(exc: KafkaException) -> bool:
+    error = exc.args[0]
+    return error.retriable() or error.code() in TRANSIENT
+
+
+def retrying(call: Callable[[], T], timeout: float) -> T:
+    """`call`, again while the broker answers with a retriable or transient error, until `timeout`."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            if not is_transient(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
 
 
 def topic_partitions(admin_or_consumer, topic: str, timeout: float) -> list[int]:

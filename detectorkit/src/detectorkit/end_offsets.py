@@ -15,11 +15,12 @@ stream, and sends no request of its own (on real Kafka as on Tansu).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from . import broker_kind, clients
@@ -64,13 +65,24 @@ class ListOffsetsEnds:
 
     def _list(self, partitions: Iterable[int], spec: OffsetSpec) -> dict[int, int]:
         partitions = list(partitions)
-        try:
-            return self._list_once(partitions, spec)
-        except LookupError:
-            # The admin client's metadata may predate partitions added since (it refreshes every
-            # 5 min): look again, then believe the answer.
+        deadline = time.monotonic() + self.timeout
+        for attempt in itertools.count():
+            try:
+                return self._list_once(partitions, spec)
+            except LookupError:
+                if attempt:
+                    raise  # looked again already: believe the answer
+            except KafkaException as exc:
+                # _NOENT: no leader known yet (measured right after a broker restart).
+                if not (clients.is_transient(exc) or exc.args[0].code() == KafkaError._NOENT) or time.monotonic() > deadline:
+                    raise
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+            # The admin client answers from the leaders (and leader epochs) it last saw, every
+            # 5 min, and ListOffsets never refreshes them: after a broker restart it gets
+            # FENCED_LEADER_EPOCH until the next refresh (measured), and partitions added since
+            # look missing. A fresh look at the metadata cures both.
             self.topic_partitions()
-            return self._list_once(partitions, spec)
+        raise AssertionError("unreachable")
 
     def _list_once(self, partitions: list[int], spec: OffsetSpec) -> dict[int, int]:
         request = {TopicPartition(self.topic, p): spec for p in partitions}

@@ -406,8 +406,11 @@ class DetectorJob:
             return True
         if query is None or self._running is None:
             return False
-        status = query.status
-        return not status["isDataAvailable"] and not status["isTriggerActive"] and status["message"].startswith("Waiting")
+        # Spark asks the source for new records every few milliseconds, so isTriggerActive is true
+        # most of the time even when idle; isDataAvailable only turns true when a trigger finds
+        # records and stays false between empty triggers. Before the first trigger it is false
+        # too: lastProgress tells that one apart.
+        return not query.status["isDataAvailable"] and query.lastProgress is not None
 
     def terminated(self, timeout: float) -> bool:
         """Wait up to `timeout` s; True once the job has ended, failed or not (see `error()`)."""

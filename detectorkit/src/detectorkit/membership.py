@@ -38,7 +38,7 @@ import structlog
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from . import clients
-from .offset_store import retrying
+from .clients import retrying
 
 log = structlog.get_logger("detectorkit.membership")
 

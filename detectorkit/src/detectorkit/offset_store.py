@@ -7,34 +7,13 @@ no group membership and no rebalance ever happens.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from . import clients
-
-T = TypeVar("T")
-
-# librdkafka does not always flag these as retriable, but they are: the coordinator comes back.
-_COORDINATOR_MOVING = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE}
-
-
-def retrying(call: Callable[[], T], timeout: float) -> T:
-    """`call`, again while the broker answers with a retriable error (a group coordinator that
-    is moving or still loading, as on a fresh cluster), until `timeout`."""
-    deadline = time.monotonic() + timeout
-    delay = 0.05
-    while True:
-        try:
-            return call()
-        except KafkaException as exc:
-            error = exc.args[0]
-            if not (error.retriable() or error.code() in _COORDINATOR_MOVING) or time.monotonic() + delay > deadline:
-                raise
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
+from .clients import retrying
 
 
 class OffsetStore:
