@@ -445,8 +445,16 @@ class DetectorJob:
         # The batch callback runs in this process and may outlive query.stop(): its clients are
         # closed only once it has returned.
         if not self._lock.acquire(timeout=timeout):
-            log.error("a batch is still running; its Kafka clients are left open", timeout=timeout)
+            # Never left to the garbage collector: librdkafka spins forever destroying an unclosed
+            # group member with a rebalance pending (measured).
+            log.error("a batch is still running; its Kafka clients are closed when it returns", timeout=timeout)
+            threading.Thread(target=self._close_clients, kwargs={"wait": True}, name="close-after-batch", daemon=True).start()
             return
+        self._close_clients(wait=False)
+
+    def _close_clients(self, wait: bool) -> None:
+        if wait:
+            self._lock.acquire()
         try:
             if self._member is not None:
                 self._member.close()  # revokes what is left: nothing runs, so nothing waits

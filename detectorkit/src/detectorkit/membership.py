@@ -249,7 +249,8 @@ class GroupMember:
 
     def close(self) -> None:
         """Leave the group (a dynamic member; a static one is only forgotten after the session
-        timeout). Release callbacks may run in here."""
+        timeout). Release callbacks may run in here. Always call it: a member left to the garbage
+        collector with a rebalance pending makes librdkafka spin forever in its destroy."""
         try:
             self._consumer.close()
         except (KafkaException, RuntimeError) as exc:
