@@ -44,7 +44,7 @@ test-template: setup
 	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PYTEST) tests --durations=10
 
 test-tansu: setup
-	DETECTORKIT_TEST_BROKER=tansu $(PYTEST) detectorkit/tests/test_restart.py -k graceful_stop
+	DETECTORKIT_TEST_BROKER=tansu $(PYTEST) detectorkit/tests/runtime/test_restart.py -k graceful_stop
 	bash scripts/demo.sh
 
 lint: setup

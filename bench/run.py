@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import psutil
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from detectorkit import clients
-from detectorkit.broker import EmbeddedBroker
+from detectorkit.devtools.embedded_broker import EmbeddedBroker
+from detectorkit.kafka import clients
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -37,8 +37,8 @@ echo "== first 8 dead letters on '$SERVICE.dlq' (reason in headers.error_type)"
 echo "== totals"
 "$BIN/python" - "$BOOTSTRAP" "$SERVICE" <<'PY'
 import collections, sys
-from detectorkit import clients
-from detectorkit.topic_reader import read_topic
+from detectorkit.kafka import clients
+from detectorkit.kafka.topic_reader import read_topic
 base = clients.base(sys.argv[1])
 inputs = sum(1 for _ in read_topic(base, "records.normalized"))
 out = sum(1 for _ in read_topic(base, "detections"))

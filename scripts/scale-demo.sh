@@ -49,7 +49,7 @@ echo "== producing $RECORDS records in the background"
     --bad-every 1000 --rate "${RATE:-10000}" >"$WORK/producer.log" 2>&1 &
 FEED=$!
 
-progress() { "$BIN/python" -m detectorkit.scale_report progress "$BOOTSTRAP" "$SERVICE"; }
+progress() { "$BIN/python" -m detectorkit.devtools.scale_report progress "$BOOTSTRAP" "$SERVICE"; }
 
 echo "== instance 1 starts"
 scripts/start-instance.sh "$RUN" instance-1 "$BIN/$SERVICE"
@@ -61,7 +61,7 @@ echo "== instance 2 stops"
 scripts/stop-instance.sh "$RUN" instance-2
 wait "$FEED"; FEED=
 echo "== all $RECORDS records produced; instance 1 finishes"
-"$BIN/python" -m detectorkit.scale_report wait "$BOOTSTRAP" "$SERVICE" "$RECORDS"
+"$BIN/python" -m detectorkit.devtools.scale_report wait "$BOOTSTRAP" "$SERVICE" "$RECORDS"
 scripts/stop-instance.sh "$RUN" instance-1
 echo "== result"
-"$BIN/python" -m detectorkit.scale_report result "$BOOTSTRAP" "$SERVICE" "$RECORDS" "$WORK/aggregator.log" "$RUN"/*.log
+"$BIN/python" -m detectorkit.devtools.scale_report result "$BOOTSTRAP" "$SERVICE" "$RECORDS" "$WORK/aggregator.log" "$RUN"/*.log

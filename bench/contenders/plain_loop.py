@@ -12,7 +12,7 @@ import sys
 import pandas as pd
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from detectorkit import clients
+from detectorkit.kafka import clients
 
 
 def main(bootstrap, input_topic, output_topic, group, detector_path):

@@ -12,7 +12,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), os.envi
 @pytest.fixture(scope="session")
 def spark():
     """One SparkSession for the whole run: starting one costs about 5 s."""
-    from detectorkit.spark import session
+    from detectorkit.runtime.spark import session
 
     spark = session("local[2]", "detectorkit-tests")
     yield spark

@@ -7,8 +7,8 @@ import sys
 import tempfile
 import time
 
-from detectorkit import clients
-from detectorkit.offset_store import OffsetStore
+from detectorkit.kafka import clients
+from detectorkit.kafka.offset_store import OffsetStore
 
 HERE = pathlib.Path(__file__).parent
 COMMAND = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:THRESHOLD"]

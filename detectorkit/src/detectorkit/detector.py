@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 from pydantic import TypeAdapter, ValidationError
 
-from .settings import SettingsError
+from detectorkit.settings import SettingsError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from . import clients
-from .samples import Sample
-from .topic_reader import read_topic
+from detectorkit.kafka import clients
+from detectorkit.kafka.topic_reader import read_topic
+from detectorkit.samples import Sample
 
 EXTERNAL, KAFKA, CONTAINER, TANSU = "external", "kafka", "container", "tansu"
 
@@ -91,7 +91,7 @@ def _docker_answers() -> bool:
 
 
 def _kafka_can_start() -> bool:
-    from .kafka_broker import KAFKA_VERSION, cache_dir
+    from detectorkit.devtools.kafka_broker import KAFKA_VERSION, cache_dir
 
     cached = (cache_dir() / f"kafka-{KAFKA_VERSION}" / ".complete").exists()
     return shutil.which("java") is not None and (cached or shutil.which("mvn") is not None)
@@ -118,7 +118,7 @@ def kafka_broker() -> Iterator[tuple[str, str]]:
     if kind == EXTERNAL:
         yield os.environ["KAFKA_BOOTSTRAP_SERVERS"], EXTERNAL
     elif kind == KAFKA:
-        from .kafka_broker import KafkaBroker
+        from detectorkit.devtools.kafka_broker import KafkaBroker
 
         with KafkaBroker() as broker:
             # As on a deployed cluster: without it every job waits out its last metrics report.
@@ -130,7 +130,7 @@ def kafka_broker() -> Iterator[tuple[str, str]]:
         with KafkaContainer() as kafka:
             yield kafka.get_bootstrap_server(), CONTAINER
     else:
-        from .broker import EmbeddedBroker
+        from detectorkit.devtools.embedded_broker import EmbeddedBroker
 
         with EmbeddedBroker() as broker:
             yield broker.bootstrap_servers, TANSU

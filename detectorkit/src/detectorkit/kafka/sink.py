@@ -1,0 +1,70 @@
+"""The Kafka sink: one idempotent producer per worker process, flushed at the end of every task.
+
+Any delivery error fails the task, and with it the batch, so the batch's offsets are never
+committed and its records are read again on restart (at-least-once). A producer unused for a while
+is closed (see `worker_clients`); after a failure it is dropped, since it may be left fenced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from confluent_kafka import KafkaException
+
+from detectorkit.kafka import clients
+from detectorkit.kafka.worker_clients import WorkerClients
+
+
+class DeliveryError(RuntimeError):
+    """Records could not be written to Kafka."""
+
+
+class Sink:
+    def __init__(self, producer_conf: Mapping[str, Any]):
+        self._errors: list[str] = []
+        self.producer = clients.new_producer({
+            **producer_conf,
+            # Only failures call back into Python: a callback per record would cost more than the write.
+            "delivery.report.only.error": True,
+            "on_delivery": self._on_delivery,
+        })
+
+    def _on_delivery(self, error, message) -> None:
+        if error is not None:
+            self._errors.append(f"{message.topic()}: {error.str()}")
+
+    def send(self, topic: str, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]] | None = None) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, value=value, key=key, headers=headers)
+                return
+            except BufferError:
+                self.producer.poll(0.05)  # local queue full: let deliveries drain
+
+    def flush(self, timeout: float) -> None:
+        """Wait for every record sent so far; DeliveryError if any could not be written."""
+        try:
+            remaining = self.producer.flush(timeout)
+        except KafkaException as exc:
+            raise DeliveryError(f"flushing the producer failed: {exc}") from exc
+        errors, self._errors = self._errors, []
+        if remaining:
+            errors.append(f"{remaining} record(s) not delivered within {timeout:.0f} s")
+        if errors:
+            raise DeliveryError(f"{len(errors)} delivery error(s), first: {errors[0]}")
+
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.producer.close(timeout)
+
+
+_sinks = WorkerClients(close=Sink.close)
+
+
+@contextmanager
+def for_worker(producer_conf: Mapping[str, Any], idle_seconds: float | None = None) -> Iterator[Sink]:
+    """This worker process's sink for `producer_conf`, held for one task."""
+    with _sinks.use(clients.conf_key(producer_conf), lambda: Sink(producer_conf), idle_seconds) as sink:
+        yield sink

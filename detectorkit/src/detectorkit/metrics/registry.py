@@ -1,0 +1,160 @@
+"""A job's metrics, Dropwizard-style, as prometheus-client metrics in a registry of the job's own.
+
+Counting happens where the work happens: the executors count records, detections, dead letters
+and end-to-end latencies per task and send them to the driver in the batch's own results (the
+summaries `foreachBatch` collects); the driver adds them here. Batch time, offsets and lag are
+measured on the driver; CPU and memory cover the whole process tree (driver, JVM, Python workers).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+PREFIX = "detector"
+
+# From a record's Kafka timestamp to its detection being acknowledged by the broker.
+LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+def bucket_counts(values_seconds: Iterable[float], bounds: Sequence[float] = LATENCY_BUCKETS) -> list[int]:
+    """Non-cumulative counts per bucket, the last one for +Inf; cheap enough for the executors."""
+    from bisect import bisect_left
+
+    counts = [0] * (len(bounds) + 1)
+    for value in values_seconds:
+        counts[bisect_left(bounds, value)] += 1
+    return counts
+
+
+class MergedHistogram(Collector):
+    """A histogram fed with bucket counts computed elsewhere (prometheus-client's Histogram only
+    takes single observations, and the executors observe, not the driver)."""
+
+    def __init__(self, name: str, documentation: str, bounds: Sequence[float]):
+        self.name, self.documentation, self.bounds = name, documentation, tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def add(self, counts: Sequence[int], total: float) -> None:
+        if len(counts) != len(self.counts):
+            raise ValueError(f"{self.name}: expected {len(self.counts)} bucket counts, got {len(counts)}")
+        for i, n in enumerate(counts):
+            self.counts[i] += n
+        self.sum += total
+
+    def collect(self):
+        cumulative, buckets = 0, []
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            cumulative += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=self.sum)
+
+
+class ProcessTreeCollector(Collector):
+    """CPU and memory of this process and all its descendants: the JVM and the Python workers
+    of a PySpark job are children of the driver, and a job's cost is all of them together."""
+
+    def __init__(self, pid: int | None = None):
+        import psutil
+
+        self._psutil = psutil
+        self._root = psutil.Process(pid or os.getpid())
+        self._cpu_high = 0.0
+
+    def _tree(self):
+        try:
+            return [self._root, *self._root.children(recursive=True)]
+        except self._psutil.Error:
+            return [self._root]
+
+    def collect(self):
+        cpu = rss = 0.0
+        count = 0
+        for proc in self._tree():
+            try:
+                times = proc.cpu_times()
+                # children_* hold the CPU of exited children (short-lived workers), once reaped.
+                cpu += times.user + times.system + times.children_user + times.children_system
+                rss += proc.memory_info().rss
+                count += 1
+            except self._psutil.Error:
+                continue
+        # A counter never goes down, even when a child exits before its parent reaps it.
+        self._cpu_high = max(self._cpu_high, cpu)
+        yield CounterMetricFamily(f"{PREFIX}_process_cpu_seconds", "CPU time of the job's processes (driver, JVM, Python workers).",
+                                  value=self._cpu_high)
+        yield GaugeMetricFamily(f"{PREFIX}_process_resident_memory_bytes", "Resident memory of the job's processes.", value=rss)
+        yield GaugeMetricFamily(f"{PREFIX}_processes", "Number of the job's processes.", value=count)
+
+
+class JobMetrics:
+    """The registry of one job instance and the metrics in it.
+
+    `aggregations` declares how the metrics-aggregator combines a gauge across instances: summed
+    (the default: each instance reports its own share, as lag per partition, since an instance
+    drops the partitions it hands over) or the maximum (a position that two instances may report
+    for a moment during a hand-over)."""
+
+    aggregations = {f"{PREFIX}_committed_offset": "max"}
+
+    def __init__(self, process_tree: bool = True, dead_letter_reasons: Iterable[str] = ()):
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.records_read = Counter(f"{PREFIX}_records_read", "Input records processed.", registry=r)
+        self.detections = Counter(f"{PREFIX}_detections_written", "Detections written to the output topic.", registry=r)
+        self.dead_letters = Counter(f"{PREFIX}_dead_letters", "Records written to the dead-letter topic, by reason.", ["reason"], registry=r)
+        for reason in dead_letter_reasons:  # present from the start, so dashboards show a zero, not "no data"
+            self.dead_letters.labels(reason=reason)
+        self.batches = Counter(f"{PREFIX}_batches", "Micro-batches completed.", registry=r)
+        self.batch_duration = Histogram(f"{PREFIX}_batch_duration_seconds", "Time to process and commit one micro-batch.",
+                                        buckets=BATCH_BUCKETS, registry=r)
+        self.latency = MergedHistogram(f"{PREFIX}_end_to_end_latency_seconds",
+                                       "From an input record's Kafka timestamp to its detection written.", LATENCY_BUCKETS)
+        r.register(self.latency)
+        self.lag = Gauge(f"{PREFIX}_consumer_lag_records", "High watermark minus committed offset, per input partition.", ["partition"], registry=r)
+        self.committed = Gauge(f"{PREFIX}_committed_offset", "Last committed offset, per input partition.", ["partition"], registry=r)
+        self.assigned = Gauge(f"{PREFIX}_assigned_partitions", "Input partitions this instance owns in its consumer group.", registry=r)
+        self.rebalances = Counter(f"{PREFIX}_rebalances", "Changes of the partitions this instance owns.", registry=r)
+        self.handover = Histogram(f"{PREFIX}_handover_seconds", "From a rebalance's start to reading the new partitions.",
+                                  buckets=BATCH_BUCKETS, registry=r)
+        self.report_errors = Counter(f"{PREFIX}_metrics_report_errors", "Metric snapshots that could not be written to Kafka.", registry=r)
+        if process_tree:
+            r.register(ProcessTreeCollector())
+
+    def record_batch(self, records: int, detections: int, dead_letters: Mapping[str, int], seconds: float,
+                     latency_counts: Sequence[int], latency_sum: float) -> None:
+        self.records_read.inc(records)
+        self.detections.inc(detections)
+        for reason, n in dead_letters.items():
+            self.dead_letters.labels(reason=reason).inc(n)
+        self.batches.inc()
+        self.batch_duration.observe(seconds)
+        if any(latency_counts):
+            self.latency.add(latency_counts, latency_sum)
+
+    def set_assignment(self, owned, seconds: float) -> None:
+        self.assigned.set(len(owned))
+        self.rebalances.inc()
+        self.handover.observe(seconds)
+
+    def forget_partitions(self, partitions) -> None:
+        """Another instance reports these now: keep the sums across instances right."""
+        for partition in partitions:
+            for gauge in (self.lag, self.committed):
+                try:
+                    gauge.remove(str(partition))
+                except KeyError:
+                    pass
+
+    def set_offsets(self, committed: Mapping[int, int], ends: Mapping[int, int]) -> None:
+        for partition, offset in committed.items():
+            self.committed.labels(partition=str(partition)).set(offset)
+            end = ends.get(partition)
+            if end is not None:
+                self.lag.labels(partition=str(partition)).set(max(0, end - offset))

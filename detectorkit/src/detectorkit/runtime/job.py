@@ -1,0 +1,487 @@
+"""A detector job: Kafka source -> detector in mapInArrow -> Kafka sink, offsets committed to Kafka.
+
+Each micro-batch runs in `foreachBatch`: the tasks detect and write (flushing their producers), the
+driver collects their summaries and commits the batch's end offsets to the consumer group before the
+batch returns. A graceful stop waits for the batch in flight, so its offsets are committed too.
+
+Instances of a service share its input through the consumer group (`membership`): the query reads
+exactly the partitions this instance owns, from the group's committed offsets. When they change, the
+query is stopped after its batch in flight (written and committed) and started again on the new
+set; revoked partitions are released only then, so the next owner starts where this one stopped.
+
+The consumer group is the only record of the job's position. Spark's checkpoint is fresh for every
+query (a temporary directory, or a per-instance one under CHECKPOINT_DIR that is emptied first): a
+checkpoint kept from an earlier run would hold batches Spark thinks done whose offsets the group
+never got, or the other way round, and Spark's log would win.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import structlog
+from confluent_kafka import KafkaException
+
+from detectorkit.detector import Detector
+from detectorkit.kafka import broker_kind, clients
+from detectorkit.kafka.end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets, start_positions
+from detectorkit.kafka.membership import CommitRefused, GroupMember
+from detectorkit.kafka.planning import DataLossError
+from detectorkit.kafka.source import NAME as SOURCE_NAME
+from detectorkit.kafka.source import SourceOptions
+from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
+from detectorkit.metrics.reporter import MetricsReporter
+from detectorkit.runtime.processing import SUMMARY_SCHEMA, TaskContext, process_partition, process_ranges
+from detectorkit.runtime.records import REASONS
+from detectorkit.settings import Settings
+
+log = structlog.get_logger("detectorkit.job")
+
+
+@dataclass
+class BatchResult:
+    batch_id: int
+    records: int
+    detections: int
+    dead_letters: Counter
+    committed: dict[int, int]
+    seconds: float
+
+
+@dataclass
+class JobStats:
+    batches: int = 0
+    records: int = 0
+    detections: int = 0
+    dead_letters: Counter = field(default_factory=Counter)
+    last: BatchResult | None = None
+
+
+class DetectorJob:
+    """Start with `start()`, stop gracefully with `stop()`; `stats` tells what was processed."""
+
+    def __init__(self, detector: Detector, settings: Settings, spark, config: Any = None, deliver: str = "ranges"):
+        if not settings.kafka_bootstrap_servers:
+            raise ValueError("settings.kafka_bootstrap_servers must be set (the command line starts the embedded broker)")
+        self.detector = detector
+        self.settings = settings.for_service(detector.name)
+        self.spark = spark
+        self.config = detector.load_config() if config is None else config
+        self.stats = JobStats()
+        # "ranges": the tasks read their planned ranges themselves; "records": the source's records
+        # pass through the JVM into the tasks. Both are kept so the benchmark can compare them.
+        self.deliver = deliver
+        # The query reading the partitions this instance owns; replaced when they change.
+        self.query = None
+        self._running: frozenset[int] | None = None  # what `query` reads; None: nothing runs
+        # A batch of a query whose token is no longer current is skipped: that query is stopping.
+        self._token = 0
+        # Held while a batch runs: a stop or a hand-over waits for it, and nothing is closed under it.
+        self._lock = threading.Lock()
+        self._checkpoint: str | None = None
+        s = self.settings
+        self._base = clients.base(s.kafka_bootstrap_servers, s.kafka_options)
+        self.broker_kind = s.kafka_broker_kind
+        self._member: GroupMember | None = None
+        self._ends: ListOffsetsEnds | EndOffsetProbe | None = None
+        self._reporter: MetricsReporter | None = None
+        self.metrics = JobMetrics(dead_letter_reasons=REASONS)
+        # Serialises the group commits of batches with the periodic refresh, the lag reading and
+        # the hand-over of partitions; `_committable` is what a batch may still commit.
+        self._offsets_lock = threading.Lock()
+        self._committable: set[int] = set()
+        self._committed_at = time.monotonic()
+        self._leaving = threading.Event()
+        self._ready = threading.Event()  # the first assignment is applied (or the job failed)
+        self._ended = threading.Event()
+        self._failure: str | None = None
+        self._serving: threading.Thread | None = None
+        # How long a worker keeps an unused Kafka client (tests shorten it).
+        self.client_idle_seconds = 60.0
+
+    def source_options(self) -> SourceOptions:
+        s = self.settings
+        return SourceOptions(
+            topic=s.input_topic,
+            client_conf=self._base,
+            group=s.consumer_group,
+            starting_offsets=s.starting_offsets,
+            max_records_per_batch=s.max_records_per_batch,
+            fail_on_data_loss=s.fail_on_data_loss,
+            timeout=s.connect_timeout_seconds,
+            max_tasks=max(1, self.spark.sparkContext.defaultParallelism),
+            deliver=self.deliver,
+            broker_kind=self.broker_kind,
+            client_idle_seconds=self.client_idle_seconds,
+        )
+
+    def _fresh_checkpoint(self) -> str:
+        """A checkpoint directory that holds nothing: the group's offsets are the only position."""
+        s = self.settings
+        if s.checkpoint_dir is None:
+            return tempfile.mkdtemp(prefix=f"{self.detector.name}-checkpoint-")
+        # Per instance, so instances sharing CHECKPOINT_DIR never empty each other's.
+        path = os.path.join(s.checkpoint_dir, re.sub(r"[^\w.-]", "_", s.instance_id))
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path)
+        return path
+
+    def start(self):
+        """Join the group and start reading what it assigns; returns once the first assignment
+        runs (the query, or None when the group gave this instance nothing) or the job failed."""
+        s = self.settings
+        timeout = s.connect_timeout_seconds
+        self.broker_kind = broker_kind.resolve(self.broker_kind, self._base, timeout)
+        self._task = TaskContext(
+            service=self.detector.name,
+            detector=self.detector,
+            config=self.config,
+            producer_conf=clients.producer(self._base),
+            output_topic=s.output_topic,
+            dlq_topic=s.dlq_topic,
+            client_idle_seconds=self.client_idle_seconds,
+        )
+        # Lag needs the true end, as the source plans it (ListOffsets gets it wrong on Tansu).
+        self._ends = open_end_offsets(self.broker_kind, self._base, s.consumer_group, s.input_topic, timeout)
+        metrics_conf = clients.base(s.metrics_bootstrap_servers, s.kafka_options) if s.metrics_bootstrap_servers else self._base
+        self._reporter = MetricsReporter(self.metrics, metrics_conf, s.metrics_topic, self.detector.name, s.instance_id,
+                                         s.metrics_interval_seconds, before_report=self.maintain_offsets).start()
+        self._member = GroupMember(self._base, s.consumer_group, s.input_topic, self, static_id=s.static_instance_id(),
+                                   session_timeout=s.group_session_timeout_seconds, timeout=timeout).subscribe()
+        log.info("job started", input_topic=s.input_topic, output_topic=s.output_topic, dlq_topic=s.dlq_topic,
+                 consumer_group=s.consumer_group, group_instance_id=s.static_instance_id(),
+                 starting_offsets=s.starting_offsets, broker_kind=self.broker_kind)
+        self._serving = threading.Thread(target=self._serve_group, name="consumer-group", daemon=True)
+        self._serving.start()
+        self._ready.wait(timeout + s.group_session_timeout_seconds)
+        return self.query
+
+    # ---- the group: what this instance reads ------------------------------------------------------
+
+    def _serve_group(self) -> None:
+        member = self._member
+        try:
+            while not self._leaving.is_set():
+                member.poll(0.2)  # rebalance callbacks, and `release`, run in here
+                if member.fatal:
+                    self._fail(member.fatal)
+                    return
+                if member.joined and self._running != member.owned and not self._leaving.is_set():
+                    self._apply(member.owned)
+                if member.joined:
+                    self._ready.set()
+                if self.query is not None and not self.query.isActive and self._running is not None:
+                    exc = self.query.exception()
+                    self._fail(explain(exc) if exc is not None else "the query stopped by itself")
+                    return
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the job has failed and must say why
+            self._fail(explain(exc) if "pyspark" in type(exc).__module__ else f"{type(exc).__name__}: {exc}")
+
+    def _fail(self, reason: str) -> None:
+        log.error("job failed", error=reason)
+        self._failure = self._failure or reason
+        self._ended.set()
+        self._ready.set()
+
+    def _apply(self, owned: frozenset[int]) -> None:
+        """Read exactly `owned`, each from the group's committed offset."""
+        began = self._member.changed_at
+        before = self._running or frozenset()
+        self._stop_query()
+        if owned:
+            start = self._start_offsets(owned)
+            self._start_query(owned, start)
+        self._running = owned
+        seconds = time.monotonic() - began
+        self.metrics.set_assignment(owned, seconds)
+        log.info("partitions assigned", partitions=sorted(owned), gained=sorted(owned - before),
+                 handover_seconds=round(seconds, 3), member_id=self._member.member_id())
+
+    def release(self, partitions: set[int], lost: bool) -> None:
+        """The group takes `partitions` away (see membership.Owner). Revoked: the batch in flight
+        finishes and commits them first. Lost: another member may already read them, so nothing of
+        theirs is committed any more."""
+        began = time.monotonic()
+        if lost:
+            with self._offsets_lock:
+                self._committable -= partitions
+        if self._running and self._running & partitions:
+            self._stop_query()
+            self._running = None
+        with self._offsets_lock:
+            self._committable -= partitions
+            self.metrics.forget_partitions(partitions)
+        log.info("partitions released", partitions=sorted(partitions), lost=lost,
+                 handover_seconds=round(time.monotonic() - began, 3))
+
+    def _start_offsets(self, owned: frozenset[int]) -> dict[int, int]:
+        s = self.settings
+        committed = self._member.committed(owned)
+        policy = s.starting_offsets
+        if any(o is None for o in committed.values()) and policy != "earliest":
+            # STARTING_OFFSETS is for the service's first start. Once the group holds a position
+            # anywhere in the topic, a partition without one is new (added to the topic): all of
+            # its records arrived after the service started, so it is read from its first.
+            others = set(self._ends.topic_partitions()) - set(owned)
+            if any(o is not None for o in self._member.committed(others).values()):
+                policy = "earliest"
+        start = start_positions(self._ends, committed, policy, s.input_topic, s.consumer_group)
+        # Recorded at once, so a restart before any record arrives starts here too instead of at a
+        # later "latest" that would skip what came in between.
+        self._member.commit({p: o for p, o in start.items() if committed.get(p) is None})
+        return start
+
+    def _start_query(self, owned: frozenset[int], start: dict[int, int]) -> None:
+        s = self.settings
+        token = self._token
+        checkpoint = self._checkpoint = self._fresh_checkpoint()
+        self._source = dataclasses.replace(self.source_options(), partitions=sorted(owned), start_offsets=start)
+        stream = self.spark.readStream.format(SOURCE_NAME).options(**self._source.to_options()).load()
+        writer = (stream.writeStream.foreachBatch(partial(self._on_batch, token))
+                  .option("checkpointLocation", checkpoint).queryName(f"{self.detector.name}-{token}"))
+        if s.trigger_interval_seconds > 0:
+            writer = writer.trigger(processingTime=f"{s.trigger_interval_seconds} seconds")
+        with self._offsets_lock:
+            self._committable = set(owned)
+        self.query = writer.start()
+
+    def _stop_query(self, timeout: float = 120.0) -> None:
+        """Stop the query after its batch in flight. If that batch takes longer than `timeout`, the
+        query is stopped under it: its tasks are cancelled and its offsets not committed."""
+        if self.query is None:
+            return
+        if self._acquire_serving(timeout):
+            self._token += 1  # later batches of this query are skipped, and never committed
+            self._lock.release()
+        else:
+            log.warning("batch in flight did not finish in time; cancelling it", timeout=timeout)
+            self._token += 1
+            with self._offsets_lock:
+                self._committable = set()
+        self.query.stop()
+        # Cancelled, the batch's callback returns soon: wait for it before anything is closed.
+        if self._acquire_serving(max(timeout, 120.0)):
+            self._lock.release()
+        self.query = None
+        if self._checkpoint:
+            shutil.rmtree(self._checkpoint, ignore_errors=True)
+            self._checkpoint = None
+
+    def _acquire_serving(self, timeout: float) -> bool:
+        """The batch lock, serving the group's calls meanwhile: the batch in flight waits for its
+        commit to run on this thread when this is the group's thread (a hand-over)."""
+        deadline = time.monotonic() + timeout
+        while not self._lock.acquire(timeout=0.05):
+            if self._member is not None:
+                self._member.serve()
+            if time.monotonic() > deadline:
+                return False
+        return True
+
+    # ---- batches ----------------------------------------------------------------------------------
+
+    def _on_batch(self, token: int, frame, batch_id: int) -> None:
+        with self._lock:
+            if token != self._token:
+                # Not committed, so the partitions' next reader reads these records again; Spark
+                # records the batch as done, which is harmless since no query reuses a checkpoint.
+                return
+            started = time.monotonic()
+            structlog.contextvars.bind_contextvars(batch=batch_id)
+            try:
+                self._process(frame, batch_id, started)
+            finally:
+                structlog.contextvars.unbind_contextvars("batch")
+
+    def _process(self, frame, batch_id: int, started: float) -> BatchResult:
+        # The source hands over the planned ranges; the tasks read, detect and write in one worker.
+        if self.deliver == "ranges":
+            work = partial(process_ranges, self._task, self._source)
+        else:
+            work = partial(process_partition, self._task)
+        rows = frame.mapInArrow(work, SUMMARY_SCHEMA).collect()
+        committed: dict[int, int] = {}
+        records = detections = 0
+        dead = Counter()
+        latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        latency_sum = 0.0
+        for row in rows:
+            committed[row.partition] = max(committed.get(row.partition, -1), row.next_offset)
+            records += row.records
+            detections += row.detections
+            dead.update(json.loads(row.dead_letters))
+            latency_counts = [a + b for a, b in zip(latency_counts, json.loads(row.latency_counts), strict=True)]
+            latency_sum += row.latency_sum
+        collected = time.monotonic()
+        # Every task has flushed its producer: the output is written, so the position may move.
+        with self._offsets_lock:
+            mine = {p: o for p, o in committed.items() if p in self._committable}
+        if mine != committed:
+            log.warning("not committing partitions this instance no longer owns", partitions=sorted(set(committed) - set(mine)))
+        # Not under the offsets lock: the commit runs on the group's thread, which may be handing
+        # partitions over and take that lock.
+        try:
+            try:
+                self._member.commit(mine)
+            except CommitRefused as exc:
+                # A zombie: the group moved on while this instance was away. The output is written
+                # (the new owner writes it again), the group's offsets stay where the owner put them.
+                log.warning("offsets not committed: the group gave these partitions to another member",
+                            partitions=sorted(mine), error=exc.args[0].str())
+                mine = {}
+            with self._offsets_lock:
+                if mine:
+                    self._committed_at = time.monotonic()
+                    self.metrics.set_offsets(mine, self._ends.end_offsets(mine))
+        except (LookupError, KafkaException) as exc:
+            if not clients.is_not_there(exc):
+                raise
+            # Deleted after the batch was planned: a deletion like any other. When skipping,
+            # the source waits for the topic to come back.
+            problem = f"topic {self.settings.input_topic!r} was deleted while the job read it"
+            if self.settings.fail_on_data_loss:
+                raise DataLossError(f"{problem}. Some records may never have been processed. "
+                                    "Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
+            log.warning("skipping lost records", problem=problem)
+        commit_seconds = time.monotonic() - collected
+        result = BatchResult(batch_id, records, detections, dead, committed, time.monotonic() - started)
+        self.metrics.record_batch(records, detections, dead, result.seconds, latency_counts, latency_sum)
+        st = self.stats
+        st.batches += 1
+        st.records += records
+        st.detections += detections
+        st.dead_letters.update(dead)
+        st.last = result
+        if records:
+            log.info("batch done", records=records, detections=detections, dead_letters=dict(dead),
+                     committed={str(k): v for k, v in committed.items()}, seconds=round(result.seconds, 3),
+                     tasks_seconds=round(collected - started, 3), commit_seconds=round(commit_seconds, 3))
+        return result
+
+    def maintain_offsets(self) -> None:
+        """Called before each metrics report: lag of every partition the instance owns, also while
+        no batch runs; and, every COMMIT_REFRESH_SECONDS, the group's positions committed again.
+
+        Kafka deletes a group's offsets once they are older than offsets.retention.minutes (7 days
+        by default) and the group has had no member for that long; committing the same positions
+        again now and then costs nothing and keeps a quiet partition's position safe either way."""
+        member = self._member
+        with self._offsets_lock:
+            partitions = sorted(self._committable)
+        if member is None or self._ends is None or not partitions:
+            return
+        try:
+            if time.monotonic() - self._committed_at >= self.settings.commit_refresh_seconds:
+                known = member.recommit(partitions)  # the same positions: only their commit time moves
+                self._committed_at = time.monotonic()
+                log.info("positions committed again", partitions=len(known))
+            else:
+                known = {p: o for p, o in member.committed(partitions).items() if o is not None}
+            with self._offsets_lock:
+                known = {p: o for p, o in known.items() if p in self._committable}
+                if known and self._ends is not None:
+                    self.metrics.set_offsets(known, self._ends.end_offsets(known))
+        except CommitRefused:
+            pass  # being handed over: the new owner commits them
+        except (LookupError, KafkaException) as exc:
+            if not clients.is_not_there(exc):
+                raise
+            # A deleted input topic: the source and the batches say so; there is no lag to tell.
+
+    def caught_up(self) -> bool:
+        """True while nothing waits to be read: no batch running and no new record seen (also
+        when the group gave this instance no partition)."""
+        query = self.query
+        if self._running is not None and not self._running:
+            return True
+        if query is None or self._running is None:
+            return False
+        # Spark asks the source for new records every few milliseconds, so isTriggerActive is true
+        # most of the time even when idle; isDataAvailable only turns true when a trigger finds
+        # records and stays false between empty triggers. Before the first trigger it is false
+        # too: lastProgress tells that one apart.
+        return not query.status["isDataAvailable"] and query.lastProgress is not None
+
+    def terminated(self, timeout: float) -> bool:
+        """Wait up to `timeout` s; True once the job has ended, failed or not (see `error()`)."""
+        return self._ended.wait(timeout)
+
+    def error(self) -> str | None:
+        """Why the job failed, in one line; None while it runs or after a clean stop."""
+        return self._failure
+
+    def stop(self, timeout: float = 120.0) -> None:
+        """Finish the batch in flight (its offsets get committed), stop the query, then leave the
+        group, so the partitions' next owner starts exactly after what was committed. If the batch
+        takes longer than `timeout`, the query is stopped under it: its tasks are cancelled and
+        its offsets not committed, so the next owner reads it again."""
+        self._leaving.set()
+        if self._serving is not None and self._serving is not threading.current_thread():
+            # It may be handing partitions over: a batch's worth of waiting at most.
+            self._serving.join(timeout + 120.0)
+        self._stop_query(timeout)
+        self._running = None
+        self.close()
+        self._ended.set()
+
+    def close(self, timeout: float = 120.0) -> None:
+        if self._reporter is not None:
+            try:
+                self._reporter.stop()  # the last snapshot, with the last batch in it
+            except Exception:  # noqa: BLE001 - a failed report must not hide how the job ended
+                log.exception("final metrics report failed")
+            self._reporter = None
+        self._leaving.set()
+        # The batch callback runs in this process and may outlive query.stop(): its clients are
+        # closed only once it has returned.
+        if not self._lock.acquire(timeout=timeout):
+            # Never left to the garbage collector: librdkafka spins forever destroying an unclosed
+            # group member with a rebalance pending (measured).
+            log.error("a batch is still running; its Kafka clients are closed when it returns", timeout=timeout)
+            threading.Thread(target=self._close_clients, kwargs={"wait": True}, name="close-after-batch", daemon=True).start()
+            return
+        self._close_clients(wait=False)
+
+    def _close_clients(self, wait: bool) -> None:
+        if wait:
+            self._lock.acquire()
+        try:
+            if self._member is not None:
+                self._member.close()  # revokes what is left: nothing runs, so nothing waits
+            with self._offsets_lock:
+                if self._ends is not None:
+                    self._ends.close()
+                self._member = self._ends = None
+            if self._checkpoint:
+                shutil.rmtree(self._checkpoint, ignore_errors=True)
+                self._checkpoint = None
+        finally:
+            self._lock.release()
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
+_OUR_ERRORS = ("DataLossError", "NoCommittedOffsetsError", "DeliveryError", "TimeoutError", "KafkaException", "LookupError")
+
+
+def explain(exc: BaseException) -> str:
+    """The one line of a failed query's error that says what went wrong, not Spark's stack."""
+    text = str(exc)
+    found = _ERROR_LINE.findall(text)
+    for name, message in found:
+        if name in _OUR_ERRORS:
+            return f"{name}: {message.strip()}"
+    python = [f"{n}: {m.strip()}" for n, m in found if n not in ("PythonException", "StreamingQueryException", "Py4JJavaError")]
+    if python:
+        return python[-1]
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__

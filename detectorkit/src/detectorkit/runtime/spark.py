@@ -1,0 +1,43 @@
+"""A SparkSession tuned for small streaming jobs, with the Kafka source registered."""
+
+from __future__ import annotations
+
+import os
+import sys
+from importlib import resources
+
+from pyspark.sql import SparkSession
+
+from detectorkit.kafka.source import KafkaSource
+
+
+def session(master: str = "local[2]", app_name: str = "detectorkit") -> SparkSession:
+    # Workers must run this interpreter (the service's venv), not whatever `python3` is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Everything runs on this machine in local mode; this also spares a warning at every start.
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    log4j = resources.files("detectorkit.runtime").joinpath("log4j2.properties")
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.extraJavaOptions", java_opts)
+        .config("spark.executor.extraJavaOptions", java_opts)
+        # No shuffle in the job; keep any that a user adds small on a laptop.
+        .config("spark.sql.shuffle.partitions", "2")
+        # Starting a Python worker per task doubles the latency.
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # Streaming queries cannot use adaptive execution; saying so spares a warning per query.
+        .config("spark.sql.adaptive.enabled", "false")
+        # An empty micro-batch per idle trigger would only cost time.
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(KafkaSource)
+    return spark

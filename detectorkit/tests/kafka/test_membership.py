@@ -1,0 +1,113 @@
+"""The group member on its own, without Spark: commits from other threads during a hand-over, and
+two instances given the same INSTANCE_ID."""
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from detectorkit.kafka import clients
+from detectorkit.kafka.membership import GroupMember
+from detectorkit.testing import KAFKA
+
+from ..jobs import wait_for
+
+
+@pytest.fixture
+def real_kafka(kafka_broker_kind):
+    if kafka_broker_kind not in (KAFKA, "external"):
+        pytest.skip("group rebalances are proven on Apache Kafka")
+
+
+class Members:
+    """The members a test made, each closed at its end: one left to the garbage collector is
+    destroyed unclosed, and librdkafka then spins in rd_kafka_destroy with the GIL's owner
+    waiting (seen: the test process hung at a random later allocation)."""
+
+    def __init__(self):
+        self.made = []
+
+    def add(self, member):
+        member.stop = threading.Event()
+        self.made.append(member)
+        return member
+
+    def close(self):
+        for member in self.made:
+            member.stop.set()
+            if hasattr(member, "thread"):
+                member.thread.join(5)
+            member.close()
+
+
+def polling(member):
+    """Poll the member on a thread of its own, as a job's group thread does, until its stop."""
+
+    def run():
+        while not member.stop.is_set():
+            member.poll(0.1)
+
+    member.thread = threading.Thread(target=run, daemon=True)
+    member.thread.start()
+
+
+def test_a_batch_commits_from_its_own_thread_while_its_partitions_are_being_revoked(kafka_bootstrap_servers, real_kafka):
+    """The revoke callback waits for the batch in flight, which commits from another thread: the
+    commit must run on the polling thread (directly, librdkafka waits for the rebalance to end,
+    which waits for the callback: 40 s, then ILLEGAL_GENERATION)."""
+    bs = kafka_bootstrap_servers
+    base = clients.base(bs)
+    topic, group = f"member.{uuid.uuid4().hex[:8]}", f"member.{uuid.uuid4().hex[:8]}"
+    clients.create_topics(base, {topic: 4})
+    took = []
+
+    class BatchInFlight:
+        member = None
+
+        def release(self, partitions, lost):
+            started = time.monotonic()
+            done = threading.Event()
+
+            def batch():
+                self.member.commit({p: 42 for p in partitions})
+                done.set()
+
+            threading.Thread(target=batch, daemon=True).start()
+            while not done.wait(0.05) and time.monotonic() - started < 30:  # as the job does: serving its calls
+                self.member.serve()
+            took.append(time.monotonic() - started)
+
+    owner = BatchInFlight()
+    members = Members()
+    one = owner.member = members.add(GroupMember(base, group, topic, owner, session_timeout=6, timeout=20).subscribe())
+    polling(one)
+    try:
+        wait_for(lambda: len(one.owned) == 4, timeout=60, what="the first member to own everything")
+        two = members.add(GroupMember(base, group, topic, type("Idle", (), {"release": lambda *a: None})(), session_timeout=6).subscribe())
+        polling(two)
+        wait_for(lambda: len(two.owned) == 2 and len(one.owned) == 2, timeout=60, what="the partitions to split")
+        assert len(took) == 1 and took[0] < 5, took
+        assert {p: o for p, o in one.committed(range(4)).items() if o is not None} == {p: 42 for p in two.owned}
+    finally:
+        members.close()
+
+
+def test_an_instance_id_taken_by_another_instance_stops_the_older_one_with_a_message(kafka_bootstrap_servers, real_kafka):
+    bs = kafka_bootstrap_servers
+    base = clients.base(bs)
+    topic, group = f"member.{uuid.uuid4().hex[:8]}", f"member.{uuid.uuid4().hex[:8]}"
+    clients.create_topics(base, {topic: 2})
+    idle = type("Idle", (), {"release": lambda *a: None})()
+    members = Members()
+    older = members.add(GroupMember(base, group, topic, idle, static_id="orders-1", session_timeout=6).subscribe())
+    polling(older)
+    try:
+        wait_for(lambda: len(older.owned) == 2, timeout=60, what="the first instance to join")
+        newer = members.add(GroupMember(base, group, topic, idle, static_id="orders-1", session_timeout=6).subscribe())
+        polling(newer)
+        wait_for(lambda: older.fatal is not None, timeout=60, what="the older instance to be fenced")
+        assert older.fatal == (f"another instance joined consumer group {group!r} with INSTANCE_ID='orders-1'; "
+                               "each instance of a service needs its own INSTANCE_ID")
+    finally:
+        members.close()

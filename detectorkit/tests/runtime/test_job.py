@@ -1,0 +1,280 @@
+"""The detector job end to end on a broker, in this process with the shared SparkSession."""
+
+import collections
+import json
+import time
+
+import pytest
+
+from detectorkit.kafka import clients
+from detectorkit.runtime.job import DetectorJob, explain
+from detectorkit.samples import KINDS, samples
+from detectorkit.settings import Settings
+from detectorkit.testing import create_test_topics, produce, read_all
+
+from ..detectors import THRESHOLD, Config
+from ..jobs import committed, wait_for
+
+
+def settings(bootstrap, topics, **extra):
+    return Settings(
+        kafka_bootstrap_servers=bootstrap, input_topic=topics.input, output_topic=topics.output,
+        dlq_topic=topics.dlq, consumer_group=topics.group, **extra,
+    )
+
+
+def detections_by_source(bootstrap, topic):
+    values = [json.loads(m["value"]) for m in read_all(bootstrap, topic)]
+    return collections.Counter((v["source"]["partition"], v["source"]["offset"]) for v in values)
+
+
+def expected_detections(sent, threshold=Config().threshold):
+    return {(s.partition, s.offset) for s in sent if s.sample.kind == "valid" and s.sample.amount > threshold}
+
+
+def test_ten_thousand_records_with_bad_ones_lose_nothing(spark, kafka_bootstrap_servers):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "e2e", partitions=4)
+    sent = produce(bs, topics.input, samples(10_000, seed=11, bad_every=20))
+    kinds = collections.Counter(s.sample.kind for s in sent)
+    assert all(kinds[k] >= 100 for k in KINDS)  # every kind of bad record is really there
+
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=2_500), spark)
+    job.start()
+    wait_for(lambda: job.stats.records >= 10_000 or job.terminated(0), what="10,000 records")
+    job.stop()
+    assert job.error() is None
+    assert job.stats.records == 10_000
+    assert job.stats.batches >= 4  # the cap of 2,500 records per batch held
+
+    found = detections_by_source(bs, topics.output)
+    assert set(found) == expected_detections(sent)
+    assert set(found.values()) == {1}  # exactly once
+
+    dead = read_all(bs, topics.dlq)
+    by_source = {(int(m["headers"]["source_partition"]), int(m["headers"]["source_offset"])): m for m in dead}
+    assert len(by_source) == len(dead)
+    bad = {(s.partition, s.offset): s for s in sent if s.sample.kind != "valid"}
+    assert set(by_source) == set(bad)
+    for where, message in by_source.items():
+        assert message["headers"]["error_type"] == bad[where].sample.kind
+        assert message["value"] == bad[where].sample.value.decode()
+        assert message["key"] == bad[where].sample.key.decode()
+        assert message["headers"]["error_message"]
+        assert message["headers"]["service"] == THRESHOLD.name
+
+    valid = sum(1 for s in sent if s.sample.kind == "valid")
+    assert valid + len(dead) == len(sent)  # input = output-eligible + dead letters
+    assert committed(bs, topics, range(4)) == {p: sum(1 for s in sent if s.partition == p) for p in range(4)}
+
+
+def test_latest_skips_records_produced_before_the_first_start(spark, kafka_bootstrap_servers):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "latest", partitions=2)
+    before = produce(bs, topics.input, samples(300, seed=1, bad_every=0, high_share=0.5))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="latest"), spark)
+    job.start()
+    # The job records where it starts as soon as it has chosen: then it is safe to produce.
+    ends = {p: sum(1 for s in before if s.partition == p) for p in range(2)}
+    wait_for(lambda: committed(bs, topics, range(2)) == ends, what="the starting offsets to be committed")
+    after = produce(bs, topics.input, samples(200, seed=2, bad_every=0, high_share=0.5))
+    wait_for(lambda: job.stats.records >= 200 or job.terminated(0), what="the new records")
+    job.stop()
+    assert job.stats.records == 200
+    assert set(detections_by_source(bs, topics.output)) == expected_detections(after)
+
+
+@pytest.mark.parametrize("deliver", ["ranges", "records"])
+def test_earliest_processes_records_produced_before_the_first_start(spark, kafka_bootstrap_servers, deliver):
+    """Also runs with the source delivering the records themselves through Spark, as any query would."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "earliest", partitions=4)
+    before = produce(bs, topics.input, samples(300, seed=3, bad_every=0, high_share=0.5))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark, deliver=deliver)
+    job.start()
+    wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the earlier records")
+    # Caught up holds steadily while nothing arrives (STOP_AFTER_IDLE_SECONDS needs it to), even
+    # though Spark polls the source every few milliseconds.
+    wait_for(job.caught_up, timeout=30, what="the job to report caught up")
+    samples_of_caught_up = []
+    for _ in range(20):
+        samples_of_caught_up.append(job.caught_up())
+        time.sleep(0.05)  # sampling a status over a second: the sleep is the sampling period
+    job.stop()
+    assert all(samples_of_caught_up), samples_of_caught_up
+    assert job.stats.records == 300
+    assert set(detections_by_source(bs, topics.output)) == expected_detections(before)
+
+
+def test_error_policy_stops_with_a_clear_message(spark, kafka_bootstrap_servers):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "error", partitions=2)
+    produce(bs, topics.input, samples(10, bad_every=0))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="error"), spark)
+    job.start()
+    deadline = time.monotonic() + 120
+    while not job.terminated(0.2) and time.monotonic() < deadline:
+        pass
+    job.close()
+    assert job.query is None  # nothing was read
+    reason = job.error()
+    assert reason.startswith("NoCommittedOffsetsError:")
+    assert topics.group in reason and "STARTING_OFFSETS=latest or earliest" in reason
+    assert "\n" not in reason
+
+
+def test_committed_offsets_are_the_restart_point(spark, kafka_bootstrap_servers):
+    """Two runs, each with a new, empty checkpoint directory: the second resumes from Kafka."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "resume", partitions=2)
+    first = produce(bs, topics.input, samples(400, seed=5, bad_every=0, high_share=0.5))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job.start()
+    wait_for(lambda: job.stats.records >= 400 or job.terminated(0), what="the first run")
+    job.stop()
+    second = produce(bs, topics.input, samples(300, seed=6, bad_every=0, high_share=0.5))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job.start()
+    wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the second run")
+    job.stop()
+    assert job.stats.records == 300
+    found = detections_by_source(bs, topics.output)
+    assert set(found) == expected_detections(first + second) and set(found.values()) == {1}
+
+
+@pytest.mark.parametrize("bad", ["not_an_int"])
+def test_explain_picks_our_error_out_of_a_spark_stack(bad):
+    text = (
+        "[STREAM_FAILED] Query terminated with exception: Traceback (most recent call last):\n"
+        '  File "x.py", line 3, in read\n'
+        "detectorkit.kafka.planning.DataLossError: partition t-0 no longer exists. Set FAIL_ON_DATA_LOSS=false to skip ahead.\n"
+        "\tat org.apache.spark.Foo(Foo.scala:1)\n"
+    )
+    assert explain(RuntimeError(text)) == "DataLossError: partition t-0 no longer exists. Set FAIL_ON_DATA_LOSS=false to skip ahead."
+    assert explain(RuntimeError(f"ValueError: invalid literal for int() with base 10: '{bad}'")).startswith("ValueError:")
+
+
+def test_partitions_added_to_the_topic_are_picked_up(spark, kafka_bootstrap_servers, kafka_broker_kind):
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    from detectorkit.testing import TANSU
+
+    if kafka_broker_kind == TANSU:
+        pytest.skip("the embedded broker (Tansu) has no CreatePartitions; the planning is unit-tested")
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "grow", partitions=2)
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job.start()
+    first = produce(bs, topics.input, samples(100, seed=8, bad_every=0, high_share=0.5))
+    wait_for(lambda: job.stats.records >= 100 or job.terminated(0), what="records on the first partitions")
+    admin = AdminClient({"bootstrap.servers": bs})
+    admin.create_partitions([NewPartitions(topics.input, 4)])[topics.input].result()
+    later = produce(bs, topics.input, samples(400, seed=9, bad_every=0, high_share=0.5))
+    assert {s.partition for s in later} >= {2, 3}
+    wait_for(lambda: job.stats.records >= 500 or job.terminated(0), what="records on the new partitions")
+    job.stop()
+    assert set(detections_by_source(bs, topics.output)) == expected_detections(first + later)
+
+
+def test_unreachable_metrics_topic_never_stops_the_job(spark, kafka_bootstrap_servers, capfd):
+    import socket
+
+    from detectorkit.metrics.snapshot import parse
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "nometrics", partitions=2)
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_bootstrap_servers=closed,
+                                          metrics_interval_seconds=0.5), spark)
+    job.start()
+    sent = produce(bs, topics.input, samples(200, seed=12, bad_every=0, high_share=0.5))
+    wait_for(lambda: job.stats.records >= 200 or job.terminated(0), what="records processed without metrics")
+    # Undelivered snapshots time out after 5 s: then the counter and the log say so.
+    wait_for(lambda: job.metrics.report_errors._value.get() > 0, timeout=30, what="the report error counter")
+    assert not job.terminated(0)
+    job.stop()
+    assert set(detections_by_source(bs, topics.output)) == expected_detections(sent)
+    logged = capfd.readouterr()
+    assert "metrics snapshot not delivered; the job goes on" in logged.out + logged.err
+    # What would have been reported is a well-formed snapshot with the job's counts.
+    from detectorkit.metrics.snapshot import from_registry
+
+    snap = parse(from_registry(job.metrics.registry, "svc", "i", 1.0, 2.0).to_json())
+    read = [s for f in snap.families for s in f.samples if s[0] == "detector_records_read_total"]
+    assert read == [("detector_records_read_total", {}, 200.0)]
+
+
+def test_a_stop_that_times_out_closes_nothing_under_the_running_batch(spark, kafka_bootstrap_servers):
+    import threading
+
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "stoptimeout", partitions=2)
+    produce(bs, topics.input, samples(100, seed=13, bad_every=0))
+    # An existing metrics topic: the final report is quick, so close() comes while the batch runs.
+    metrics_topic = f"metrics.{topics.group}"
+    clients.create_topics(clients.base(bs), {metrics_topic: 1})
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_topic=metrics_topic), spark)
+    in_batch = threading.Event()
+    closed_under_batch = []
+    process = job._process
+
+    def slow_batch(frame, batch_id, started):
+        in_batch.set()
+        try:
+            time.sleep(3)  # a batch slower than the stop's patience
+            return process(frame, batch_id, started)
+        finally:
+            in_batch.clear()
+
+    job._process = slow_batch
+    query = job.start()
+    member = job._member
+    close = member.close
+    member.close = lambda: (closed_under_batch.append(in_batch.is_set()), close())
+    # Spark's query.stop() returns before the batch callback has when spark.sql.streaming.stopTimeout
+    # runs out; here it returns at once, and the real stop goes on beside it.
+    real_stop = query.stop
+    stopping = threading.Thread(target=real_stop)
+    query.stop = stopping.start
+    wait_for(in_batch.is_set, what="a batch in flight")
+    job.stop(timeout=0.5)
+    stopping.join()
+    assert not query.isActive
+    assert closed_under_batch == [False]
+
+
+def test_a_stopped_job_leaves_no_kafka_connection_in_the_workers(spark, kafka_bootstrap_servers):
+    import os
+
+    import psutil
+
+    bs = kafka_bootstrap_servers
+    port = int(bs.rsplit(":", 1)[1])
+    me = psutil.Process(os.getpid())
+
+    def worker_connections():
+        found = set()
+        for proc in me.children(recursive=True):
+            try:
+                found |= {(proc.pid, c.laddr) for c in proc.net_connections(kind="tcp") if c.raddr and c.raddr.port == port}
+            except psutil.Error:
+                continue
+        return found
+
+    # Clients cached by earlier tests' jobs may still be within their own idle time: only the
+    # connections this job opens are its own.
+    earlier = worker_connections()
+    topics = create_test_topics(bs, "idleclients", partitions=2)
+    sent = produce(bs, topics.input, samples(300, seed=14, bad_every=0, high_share=0.5))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job.client_idle_seconds = 1.0
+    job.start()
+    wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the records")
+    assert worker_connections() - earlier  # its reading consumer (its group is new) is connected while it runs
+    job.stop()
+    assert set(detections_by_source(bs, topics.output)) == expected_detections(sent)
+    # Workers outlive the query; their clients must not. (Spark kills a worker idle for a minute:
+    # within 30 s only the clients' own idle close can empty them.)
+    wait_for(lambda: not worker_connections() - earlier, timeout=30, what="the workers' Kafka clients to close")

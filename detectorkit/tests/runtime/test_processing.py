@@ -1,0 +1,157 @@
+"""The task's work (parse, detect, dead-letter, summarise) without Spark or Kafka."""
+
+import json
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from detectorkit.detector import Detector
+from detectorkit.kafka.source import ARROW_SCHEMA
+from detectorkit.runtime import records as rec
+from detectorkit.runtime.processing import PartitionSummary, TaskContext, process_batch, run_detector
+
+from ..detectors import THRESHOLD, Config
+
+
+class FakeSink:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, topic, key, value, headers=None):
+        self.sent.append((topic, key, value, dict(headers or [])))
+
+
+def ctx(detector=THRESHOLD, config=Config()):
+    return TaskContext("svc", detector, config, {}, "out", "svc.dlq")
+
+
+def arrow(values, partition=3, first_offset=100):
+    n = len(values)
+    return pa.RecordBatch.from_arrays([
+        pa.array([f"k{i}".encode() for i in range(n)], pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.array(["in"] * n),
+        pa.array([partition] * n, pa.int32()),
+        pa.array(range(first_offset, first_offset + n), pa.int64()),
+        pc.multiply(pa.array([1_700_000_000_000 + i for i in range(n)], pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC")),
+    ], schema=ARROW_SCHEMA)
+
+
+def test_parse_sorts_records_from_the_bad_ones():
+    values = [b'{"amount": 1}', b"{not json", b"[1, 2]", b'{"id": 1}', b'{"amount": null}', None, b"\xff\xfe", b'"text"']
+    frame, rejected = rec.parse(values, ("amount",))
+    assert list(frame.index) == [0]
+    assert [(r.position, r.reason) for r in rejected] == [
+        (1, rec.MALFORMED_JSON), (2, rec.NOT_AN_OBJECT), (3, rec.MISSING_FIELD), (4, rec.MISSING_FIELD),
+        (5, rec.NOT_AN_OBJECT), (6, rec.MALFORMED_JSON), (7, rec.NOT_AN_OBJECT),
+    ]
+    assert "amount" in rejected[2].message
+
+
+def test_detections_keep_the_position_of_their_record():
+    frame = pd.DataFrame({"amount": [5.0, 2000.0, 3000.0]}, index=[4, 7, 9])
+    found, failed = run_detector(ctx(), frame)
+    assert [p for p, _ in found] == [7, 9] and failed == []
+    assert found[0][1] == {"amount": 2000.0}
+
+
+def test_a_raising_batch_is_split_until_only_the_bad_records_are_left():
+    frame = pd.DataFrame({"amount": [5.0, "n/a", 3000.0, "x"]}, index=[0, 1, 2, 3])
+    found, failed = run_detector(ctx(), frame)
+    assert [p for p, _ in found] == [2]
+    assert [(r.position, r.reason) for r in failed] == [(1, rec.DETECTOR_ERROR), (3, rec.DETECTOR_ERROR)]
+    assert "TypeError" in failed[0].message
+
+
+def test_splitting_calls_the_detector_far_fewer_times_than_records():
+    calls = []
+
+    def counting(records, config):
+        calls.append(len(records))
+        return THRESHOLD.detect(records, config)
+
+    amounts = [float(i) for i in range(1024)]
+    amounts[700] = "n/a"
+    found, failed = run_detector(ctx(Detector(name="c", detect=counting), Config(threshold=1000.0)), pd.DataFrame({"amount": amounts}))
+    assert [r.position for r in failed] == [700]
+    assert [p for p, _ in found] == list(range(1001, 1024))
+    assert len(calls) <= 2 * 10 + 1
+
+
+def test_a_detector_returning_the_wrong_type_loses_nothing():
+    broken = Detector(name="broken", detect=lambda records, config: records.to_dict())
+    found, failed = run_detector(ctx(broken, None), pd.DataFrame({"amount": [1, 2]}))
+    assert found == [] and len(failed) == 2
+    assert "must return a pandas DataFrame" in failed[0].message
+
+
+def test_a_detector_inventing_an_index_is_caught():
+    def made_up(records, config):
+        return pd.DataFrame({"x": [1]}, index=[999])
+
+    found, failed = run_detector(ctx(Detector(name="made-up", detect=made_up), None), pd.DataFrame({"amount": [1, 2]}, index=[0, 1]))
+    # Record by record, each output row belongs to the one record given: nothing is lost.
+    assert [p for p, _ in found] == [0, 1] and failed == []
+
+
+def test_process_batch_writes_detections_and_dead_letters_and_counts():
+    sink, summaries = FakeSink(), {}
+    values = [b'{"amount": 5}', b'{"amount": 1500, "id": "a"}', b"oops", b'{"amount": "n/a"}', b'{"id": 3}']
+    process_batch(ctx(), arrow(values), sink, summaries)
+
+    out = [(k, json.loads(v)) for t, k, v, _ in sink.sent if t == "out"]
+    assert out == [(b"k1", {
+        "service": "svc", "detection": {"amount": 1500},
+        "source": {"topic": "in", "partition": 3, "offset": 101, "timestamp_ms": 1_700_000_000_001},
+    })]
+    dead = [(k, v, h) for t, k, v, h in sink.sent if t == "svc.dlq"]
+    assert [(k, v) for k, v, _ in dead] == [(b"k2", b"oops"), (b"k4", b'{"id": 3}'), (b"k3", b'{"amount": "n/a"}')]
+    headers = {h["error_type"]: h for _, _, h in dead}
+    assert set(headers) == {b"malformed_json", b"missing_field", b"detector_error"}
+    assert headers[b"malformed_json"][ "source_offset"] == b"102"
+    assert headers[b"missing_field"]["source_partition"] == b"3"
+    assert headers[b"detector_error"]["service"] == b"svc"
+    assert headers[b"detector_error"]["source_topic"] == b"in"
+    assert b"TypeError" in headers[b"detector_error"]["error_message"]
+
+    s = summaries[3]
+    assert (s.records, s.detections, s.next_offset) == (5, 1, 105)
+    assert s.dead_letters == {"malformed_json": 1, "missing_field": 1, "detector_error": 1}
+
+
+def test_summaries_accumulate_over_batches():
+    sink, summaries = FakeSink(), {3: PartitionSummary()}
+    process_batch(ctx(), arrow([b'{"amount": 2000}'] * 3, first_offset=0), sink, summaries)
+    process_batch(ctx(), arrow([b'{"amount": 1}'] * 2, first_offset=3), sink, summaries)
+    assert (summaries[3].records, summaries[3].detections, summaries[3].next_offset) == (5, 3, 5)
+
+
+@pytest.mark.parametrize("value", [b"", b"null", b"1e999999", b'{"amount": NaN}'])
+def test_odd_values_never_crash_the_batch(value):
+    sink, summaries = FakeSink(), {}
+    process_batch(ctx(), arrow([value]), sink, summaries)
+    assert summaries[3].records == 1
+    assert len(sink.sent) <= 1
+
+
+def test_fast_and_record_by_record_parsing_agree():
+    values = [b'{"amount": 1500.5, "id": "a", "n": 3, "ok": true}', b'{"amount": 2, "id": "b", "n": null, "ok": false}',
+              b'{"id": "c"}', b'{"amount": null, "id": "d"}']
+    fast, fast_rejected = rec.parse_arrow(pa.array(values, pa.binary()), ("amount",))
+    slow, slow_rejected = rec.parse(values, ("amount",))
+    assert fast_rejected == slow_rejected
+    pd.testing.assert_frame_equal(fast[sorted(fast.columns)], slow[sorted(slow.columns)], check_dtype=False)
+    assert list(fast.index) == [0, 1]
+
+
+@pytest.mark.parametrize("odd", [b"null", b"[1]", b'"s"', b"", b'{"ts": "2020-01-01T00:00:00Z", "amount": 1}',
+                                 b'{"amount": 1, "tags": [1, 2]}', b'{"amount": 1,\n "x": 2}', b'{"amount": 1, "o": {"a": 1}}'])
+def test_batches_arrow_cannot_take_as_is_fall_back_to_record_by_record(odd):
+    values = [b'{"amount": 5}', odd, b'{"amount": 2000}']
+    assert rec._parse_all_at_once(values, ("amount",)) is None
+    fast, fast_rejected = rec.parse_arrow(pa.array(values, pa.binary()), ("amount",))
+    slow, slow_rejected = rec.parse(values, ("amount",))
+    assert fast_rejected == slow_rejected
+    pd.testing.assert_frame_equal(fast, slow)

@@ -1,0 +1,176 @@
+"""The job as a process: graceful stops, kill -9, restarts with fresh checkpoints, bad starts."""
+
+import collections
+import json
+import signal
+import socket
+import time
+
+import pytest
+
+from detectorkit.samples import samples
+from detectorkit.testing import create_test_topics, produce, read_all
+
+from ..jobs import Job, committed, job_env, run, wait_for
+
+RECORDS = 20_000
+PARTITIONS = 4
+
+
+def detections(bs, topics):
+    values = [json.loads(m["value"]) for m in read_all(bs, topics.output)]
+    return collections.Counter((v["source"]["partition"], v["source"]["offset"]) for v in values)
+
+
+def expected(sent):
+    return {(s.partition, s.offset) for s in sent if s.sample.kind == "valid" and s.sample.amount > 1000}
+
+
+def start_mid_stream(bs, name, **settings):
+    topics = create_test_topics(bs, name, partitions=PARTITIONS)
+    sent = produce(bs, topics.input, samples(RECORDS, seed=21, bad_every=100, high_share=0.2))
+    # Small batches, so the stop lands mid-stream with many batches to go.
+    env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=1_000, **settings)
+    job = Job(env)
+    wait_for(lambda: 0 < sum(o or 0 for o in committed(bs, topics, range(PARTITIONS)).values()) or job.process.poll() is not None,
+             timeout=180, what="a first committed batch")
+    assert job.process.poll() is None, job.output()
+    return topics, sent, env, job
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_graceful_stop_and_restart_lose_and_duplicate_nothing(kafka_bootstrap_servers, signum):
+    bs = kafka_bootstrap_servers
+    topics, sent, env, job = start_mid_stream(bs, f"graceful{int(signum)}")
+    if signum == signal.SIGINT:
+        job.signal_group(signum)  # Ctrl-C in a terminal reaches the whole process group
+    else:
+        job.process.send_signal(signum)  # as a container runtime does
+    assert job.wait(120) == 0, job.output()
+    assert '"stop requested"' in job.output()
+    positions = committed(bs, topics, range(PARTITIONS))
+    at_stop = sum(positions.values())
+    assert 0 < at_stop < RECORDS, "the stop must land mid-stream for this test to mean anything"
+    # Everything written before the stop is committed: the output holds no record past the commit.
+    assert len(detections(bs, topics)) == len({x for x in expected(sent) if x[1] < positions[x[0]]})
+
+    if signum == signal.SIGINT:
+        return  # the same stop as SIGTERM from here on; the restart is checked once, below
+
+    code, output = run({**env, "STOP_AFTER_IDLE_SECONDS": "3"})  # a new temporary checkpoint directory
+    assert code == 0, output
+    found = detections(bs, topics)
+    assert set(found) == expected(sent)
+    assert set(found.values()) == {1}
+    assert sum(committed(bs, topics, range(PARTITIONS)).values()) == RECORDS
+
+
+def test_kill_9_and_restart_lose_nothing_and_replay_only_the_uncommitted_batch(kafka_bootstrap_servers):
+    bs = kafka_bootstrap_servers
+    # Slow batches: the two tasks that run first have written their detections a good second before
+    # the other two finish and the batch commits.
+    topics, sent, env, job = start_mid_stream(bs, "kill9", detector_delay_seconds=1)
+
+    def batch_in_flight_has_written():
+        ends = committed(bs, topics, range(PARTITIONS))
+        return any(offset >= ends[p] for p, offset in detections(bs, topics))
+
+    # Kill while a batch has written detections but not committed: the case that duplicates.
+    wait_for(batch_in_flight_has_written, timeout=120, what="a batch in flight with output")
+    job.signal_group(signal.SIGKILL)
+    job.wait(60)
+    at_kill = committed(bs, topics, range(PARTITIONS))
+    assert 0 < sum(at_kill.values()) < RECORDS
+    # Detections written by the batch in flight but never committed will be written again.
+    written = detections(bs, topics)
+    uncommitted = {x for x in written if x[1] >= at_kill[x[0]]}
+
+    code, output = run({**env, "STOP_AFTER_IDLE_SECONDS": "3", "DETECTOR_DELAY_SECONDS": "0"})
+    assert code == 0, output
+    found = detections(bs, topics)
+    assert set(found) == expected(sent)  # nothing lost
+    duplicated = {x for x, n in found.items() if n > 1}
+    assert uncommitted, "the kill must land while a batch is half written for this test to mean anything"
+    assert duplicated == uncommitted
+    assert max(found.values()) <= 2
+    print(f"kill -9: {len(duplicated)} duplicate detection(s), all from the batch in flight "
+          f"({RECORDS - sum(at_kill.values())} records not yet committed at the kill)")
+
+
+def closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_broker_exits_non_zero_within_the_timeout():
+    topics = type("T", (), {"input": "in", "output": "out", "dlq": "dlq", "group": "g"})
+    env = job_env(f"127.0.0.1:{closed_port()}", topics, connect_timeout_seconds=3)
+    started = time.monotonic()
+    code, output = run(env, timeout=120)
+    elapsed = time.monotonic() - started
+    assert code == 2
+    assert "cannot reach Kafka at 127.0.0.1" in output and "within 3 s" in output
+    assert elapsed < 3 + 20  # the timeout plus interpreter start, not Spark's
+
+
+def test_invalid_setting_stops_at_start_with_one_line():
+    topics = type("T", (), {"input": "in", "output": "out", "dlq": "dlq", "group": "g"})
+    code, output = run(job_env("127.0.0.1:1", topics, starting_offsets="newest"), timeout=60)
+    assert code == 2
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert errors == [line for line in errors if "STARTING_OFFSETS='newest'" in line] and len(errors) == 1
+    assert "Traceback" not in output
+
+
+def test_missing_input_topic_is_a_clear_error(kafka_bootstrap_servers):
+    topics = type("T", (), {"input": "no-such-topic-here", "output": "out", "dlq": "dlq", "group": "g"})
+    code, output = run(job_env(kafka_bootstrap_servers, topics, connect_timeout_seconds=5), timeout=60)
+    assert code == 2
+    assert "topic 'no-such-topic-here' does not exist" in output and "CREATE_TOPICS=true" in output
+
+
+def test_restarts_on_a_kept_checkpoint_dir_lose_and_duplicate_nothing(kafka_bootstrap_servers, tmp_path):
+    """A user keeps CHECKPOINT_DIR across deploys and stops the job three times while records flow.
+    The group's committed offsets must be the position every time, never Spark's commit log."""
+    import threading
+
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "keptcheckpoint", partitions=PARTITIONS)
+    env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=500, checkpoint_dir=str(tmp_path / "checkpoints"),
+                  instance_id="kept-1")
+    sent = []
+    done = threading.Event()
+
+    def upstream():
+        seed = 100
+        while not done.is_set():
+            sent.extend(produce(bs, topics.input, samples(200, seed=seed, bad_every=50, high_share=0.3)))
+            seed += 1
+            done.wait(0.05)  # a steady trickle, not a wait for a condition
+
+    feeder = threading.Thread(target=upstream, daemon=True)
+    feeder.start()
+    try:
+        for restart in range(3):
+            job = Job(env)
+            before = sum(o or 0 for o in committed(bs, topics, range(PARTITIONS)).values())
+
+            def progressed(job=job, before=before):
+                return sum(o or 0 for o in committed(bs, topics, range(PARTITIONS)).values()) > before + 1_000 or job.process.poll() is not None
+
+            wait_for(progressed, timeout=180, what=f"progress before stop {restart + 1}")
+            job.process.send_signal(signal.SIGTERM)
+            assert job.wait(120) == 0, job.output()
+            assert (tmp_path / "checkpoints").is_dir()
+    finally:
+        done.set()
+        feeder.join()
+    code, output = run({**env, "STOP_AFTER_IDLE_SECONDS": "3"})
+    assert code == 0, output
+    found = detections(bs, topics)
+    assert set(found) == expected(sent)
+    duplicated = sum(n - 1 for n in found.values())
+    assert duplicated == 0, f"{duplicated} detection(s) written twice across the restarts"
+    assert sum(committed(bs, topics, range(PARTITIONS)).values()) == len(sent)
+    assert not any((tmp_path / "checkpoints").iterdir())  # a graceful stop leaves no checkpoint behind

@@ -1,0 +1,58 @@
+"""A Kafka password given to a job is nowhere to be read: not in logs, not in the repr of anything that
+carries settings, not in Spark's plans or progress, not in a failed query's error."""
+
+import dataclasses
+import json
+import uuid
+
+from detectorkit.kafka.source import NAME, SourceOptions
+from detectorkit.runtime.job import DetectorJob
+from detectorkit.samples import samples
+from detectorkit.testing import create_test_topics, produce
+
+from ..detectors import THRESHOLD
+from ..jobs import wait_for
+from .test_job import settings
+
+SECRET = f"s3cret-{uuid.uuid4().hex}"
+# Ignored by librdkafka on a PLAINTEXT listener, so the job runs; carried everywhere all the same.
+OPTIONS = {"sasl.username": "svc", "sasl.password": SECRET, "ssl.key.password": SECRET}
+
+
+def test_the_password_is_nowhere_to_be_read(spark, kafka_bootstrap_servers, capfd):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "secrets", partitions=2)
+    produce(bs, topics.input, samples(50, bad_every=0))
+    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", kafka_options=OPTIONS), spark)
+    query = job.start()
+    wait_for(lambda: job.stats.records >= 50 or job.terminated(0), what="the job to process records")
+    options = job.source_options()
+    carriers = [job.settings, options, SourceOptions.from_options(options.to_options()), job._task, job]
+    texts = {f"repr({type(c).__name__})": repr(c) for c in carriers} | {f"str({type(c).__name__})": str(c) for c in carriers}
+    texts["progress"] = json.dumps(query.recentProgress, default=str)  # progress objects and UUIDs, as text
+    stream = spark.readStream.format(NAME).options(**options.to_options()).load()
+    texts["explain"] = stream._jdf.queryExecution().toString()
+    stream.explain(extended=True)
+    job.stop()
+    assert SourceOptions.from_options(options.to_options()).client_conf["sasl.password"].get_secret_value() == SECRET
+
+    # A job that fails at start: the group has no offsets and STARTING_OFFSETS=error.
+    no_offsets = type(topics)(topics.input, topics.output, topics.dlq, f"none-{uuid.uuid4().hex[:6]}")
+    failing = DetectorJob(THRESHOLD, settings(bs, no_offsets, starting_offsets="error", kafka_options=OPTIONS), spark)
+    failing.start()
+    wait_for(lambda: failing.terminated(0.2), what="the failing job to end")
+    failing.close()
+    texts["job error"] = failing.error()
+    assert failing.error().startswith("NoCommittedOffsetsError")
+    # A failed query, the same way: its error travels through Spark's planner and JVM.
+    bad = dataclasses.replace(job.source_options(), group=no_offsets.group, starting_offsets="error")
+    query = spark.readStream.format(NAME).options(**bad.to_options()).load().writeStream.format("noop").start()
+    wait_for(lambda: not query.isActive, what="the failing query to end")
+    texts["query error"] = str(query.exception())
+    assert "NoCommittedOffsetsError" in texts["query error"]
+
+    captured = capfd.readouterr()
+    texts["logs"] = captured.out + captured.err
+    leaks = [where for where, text in texts.items() if SECRET in text]
+    assert not leaks, f"the secret is printed in: {', '.join(leaks)}"
+    assert "svc" in texts["repr(SourceOptions)"]  # the rest of the configuration is still there to read
