@@ -59,9 +59,19 @@ def check_email(email: str) -> str | None:
     return f"author_email {email!r} is not an e-mail address: type something like 'data-science@example.com'"
 
 
+KINDS = ("threshold", "burst")
+
+
+def check_detector_kind(kind: str) -> str | None:
+    if kind in KINDS:
+        return None
+    return f"detector_kind {kind!r} is not one the template knows: type one of {', '.join(KINDS)}"
+
+
 def problems(answers: dict[str, str]) -> list[str]:
     found = [
         check_service_name(answers["service_name"]),
+        check_detector_kind(answers.get("detector_kind", "threshold")),
         check_package_name(answers["package_name"]),
         check_email(answers["author_email"]),
     ]
@@ -80,6 +90,7 @@ def rendered_answers() -> dict[str, str]:
     return {
         "service_name": {{ cookiecutter.service_name | tojson }},
         "package_name": {{ cookiecutter.package_name | tojson }},
+        "detector_kind": {{ cookiecutter.detector_kind | tojson }},
         "input_topic": {{ cookiecutter.input_topic | tojson }},
         "output_topic": {{ cookiecutter.output_topic | tojson }},
         "dlq_topic": {{ cookiecutter.dlq_topic | tojson }},

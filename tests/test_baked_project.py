@@ -32,8 +32,8 @@ def installed(cookies):
         subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", name], check=False)
 
 
-@pytest.mark.parametrize("extra", [{}, {"service_name": "geo-mismatch", "package_name": "geo", "input_topic": "orders"}],
-                         ids=["default", "custom"])
+@pytest.mark.parametrize("extra", [{}, {"service_name": "order-bursts", "package_name": "bursts", "input_topic": "orders",
+                                       "detector_kind": "burst"}], ids=["threshold", "burst"])
 def test_baked_project_test_suite_passes(installed, extra, kafka_bootstrap_servers):
     project = installed(**extra)
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap_servers}

@@ -100,3 +100,8 @@ def test_main_prints_each_problem_and_fails(monkeypatch, capsys):
 def test_main_passes_good_answers(monkeypatch):
     monkeypatch.setattr(hook, "rendered_answers", lambda: dict(GOOD))
     assert hook.main() == 0
+
+
+def test_an_unknown_detector_kind_says_which_to_type():
+    assert hook.check_detector_kind("burst") is None
+    assert "type one of threshold, burst" in hook.check_detector_kind("spike")
