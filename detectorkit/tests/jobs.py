@@ -15,7 +15,7 @@ COMMAND = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.dete
 
 
 def job_env(bootstrap_servers, topics, **settings):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DETECTOR_", "SPARK_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DETECTOR_", "NOTIFIER_", "SPARK_"))}
     env.update({
         "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p),
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers,
@@ -31,10 +31,10 @@ def job_env(bootstrap_servers, topics, **settings):
 class Job:
     """A job process with its output in files (a pipe nobody reads would block it)."""
 
-    def __init__(self, env):
+    def __init__(self, env, command=COMMAND):
         self.log = tempfile.NamedTemporaryFile(prefix="job-", suffix=".log", delete=False)
         # Its own session, so a kill reaches the JVM and the Python workers too, as in a container.
-        self.process = subprocess.Popen(COMMAND, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait(self, timeout=300):
         return self.process.wait(timeout=timeout)
@@ -46,8 +46,8 @@ class Job:
         os.killpg(self.process.pid, signum)
 
 
-def run(env, timeout=300):
-    job = Job(env)
+def run(env, timeout=300, command=COMMAND):
+    job = Job(env, command)
     code = job.wait(timeout)
     return code, job.output()
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from detectorkit.kafka import clients
-from detectorkit.runtime.job import DetectorJob, explain
+from detectorkit.runtime.job import StreamJob, explain
 from detectorkit.samples import KINDS, samples
 from detectorkit.settings import Settings
 from detectorkit.testing import create_test_topics, produce, read_all
@@ -39,7 +39,7 @@ def test_ten_thousand_records_with_bad_ones_lose_nothing(spark, kafka_bootstrap_
     kinds = collections.Counter(s.sample.kind for s in sent)
     assert all(kinds[k] >= 100 for k in KINDS)  # every kind of bad record is really there
 
-    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=2_500), spark)
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=2_500), spark)
     job.start()
     wait_for(lambda: job.stats.records >= 10_000 or job.terminated(0), what="10,000 records")
     job.stop()
@@ -72,7 +72,7 @@ def test_latest_skips_records_produced_before_the_first_start(spark, kafka_boots
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "latest", partitions=2)
     before = produce(bs, topics.input, samples(300, seed=1, bad_every=0, high_share=0.5))
-    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="latest"), spark)
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="latest"), spark)
     job.start()
     # The job records where it starts as soon as it has chosen: then it is safe to produce.
     ends = {p: sum(1 for s in before if s.partition == p) for p in range(2)}
@@ -90,7 +90,7 @@ def test_earliest_processes_records_produced_before_the_first_start(spark, kafka
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "earliest", partitions=4)
     before = produce(bs, topics.input, samples(300, seed=3, bad_every=0, high_share=0.5))
-    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark, deliver=deliver)
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark, deliver=deliver)
     job.start()
     wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the earlier records")
     # Caught up holds steadily while nothing arrives (STOP_AFTER_IDLE_SECONDS needs it to), even
@@ -110,7 +110,7 @@ def test_error_policy_stops_with_a_clear_message(spark, kafka_bootstrap_servers)
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "error", partitions=2)
     produce(bs, topics.input, samples(10, bad_every=0))
-    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="error"), spark)
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="error"), spark)
     job.start()
     deadline = time.monotonic() + 120
     while not job.terminated(0.2) and time.monotonic() < deadline:
@@ -128,12 +128,12 @@ def test_committed_offsets_are_the_restart_point(spark, kafka_bootstrap_servers)
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "resume", partitions=2)
     first = produce(bs, topics.input, samples(400, seed=5, bad_every=0, high_share=0.5))
-    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
     job.start()
     wait_for(lambda: job.stats.records >= 400 or job.terminated(0), what="the first run")
     job.stop()
     second = produce(bs, topics.input, samples(300, seed=6, bad_every=0, high_share=0.5))
-    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
     job.start()
     wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the second run")
     job.stop()
@@ -163,7 +163,7 @@ def test_partitions_added_to_the_topic_are_picked_up(spark, kafka_bootstrap_serv
         pytest.skip("the embedded broker (Tansu) has no CreatePartitions; the planning is unit-tested")
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "grow", partitions=2)
-    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
     job.start()
     first = produce(bs, topics.input, samples(100, seed=8, bad_every=0, high_share=0.5))
     wait_for(lambda: job.stats.records >= 100 or job.terminated(0), what="records on the first partitions")
@@ -186,7 +186,7 @@ def test_unreachable_metrics_topic_never_stops_the_job(spark, kafka_bootstrap_se
         closed = f"127.0.0.1:{s.getsockname()[1]}"
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "nometrics", partitions=2)
-    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_bootstrap_servers=closed,
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_bootstrap_servers=closed,
                                           metrics_interval_seconds=0.5), spark)
     job.start()
     sent = produce(bs, topics.input, samples(200, seed=12, bad_every=0, high_share=0.5))
@@ -215,7 +215,7 @@ def test_a_stop_that_times_out_closes_nothing_under_the_running_batch(spark, kaf
     # An existing metrics topic: the final report is quick, so close() comes while the batch runs.
     metrics_topic = f"metrics.{topics.group}"
     clients.create_topics(clients.base(bs), {metrics_topic: 1})
-    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_topic=metrics_topic), spark)
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_topic=metrics_topic), spark)
     in_batch = threading.Event()
     closed_under_batch = []
     process = job._process
@@ -268,7 +268,7 @@ def test_a_stopped_job_leaves_no_kafka_connection_in_the_workers(spark, kafka_bo
     earlier = worker_connections()
     topics = create_test_topics(bs, "idleclients", partitions=2)
     sent = produce(bs, topics.input, samples(300, seed=14, bad_every=0, high_share=0.5))
-    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
     job.client_idle_seconds = 1.0
     job.start()
     wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the records")

@@ -6,7 +6,7 @@ import json
 import uuid
 
 from detectorkit.kafka.source import NAME, SourceOptions
-from detectorkit.runtime.job import DetectorJob
+from detectorkit.runtime.job import StreamJob
 from detectorkit.samples import samples
 from detectorkit.testing import create_test_topics, produce
 
@@ -23,7 +23,7 @@ def test_the_password_is_nowhere_to_be_read(spark, kafka_bootstrap_servers, capf
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "secrets", partitions=2)
     produce(bs, topics.input, samples(50, bad_every=0))
-    job = DetectorJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", kafka_options=OPTIONS), spark)
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", kafka_options=OPTIONS), spark)
     query = job.start()
     wait_for(lambda: job.stats.records >= 50 or job.terminated(0), what="the job to process records")
     options = job.source_options()
@@ -38,7 +38,7 @@ def test_the_password_is_nowhere_to_be_read(spark, kafka_bootstrap_servers, capf
 
     # A job that fails at start: the group has no offsets and STARTING_OFFSETS=error.
     no_offsets = type(topics)(topics.input, topics.output, topics.dlq, f"none-{uuid.uuid4().hex[:6]}")
-    failing = DetectorJob(THRESHOLD, settings(bs, no_offsets, starting_offsets="error", kafka_options=OPTIONS), spark)
+    failing = StreamJob(THRESHOLD, settings(bs, no_offsets, starting_offsets="error", kafka_options=OPTIONS), spark)
     failing.start()
     wait_for(lambda: failing.terminated(0.2), what="the failing job to end")
     failing.close()

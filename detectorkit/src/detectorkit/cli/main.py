@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -54,26 +56,53 @@ def _cmd_run(args, rest: list[str]) -> int:
 
 
 def _cmd_produce_sample(args) -> int:
-    from detectorkit.samples import samples
+    from detectorkit.samples import raw_samples, samples
 
-    conf = clients.producer(clients.base(args.bootstrap_servers))
+    if args.command == "produce-raw":
+        made = raw_samples(args.count, seed=args.seed, anomaly_share=args.anomaly_share, malformed_share=args.malformed_share)
+    else:
+        made = samples(args.count, seed=args.seed, bad_every=args.bad_every)
+    base = clients.base(args.bootstrap_servers)
     if args.create:
-        clients.create_topics(clients.base(args.bootstrap_servers), {args.topic: args.partitions})
-    producer = clients.new_producer(conf)
+        clients.create_topics(base, {args.topic: args.partitions})
+    producer = clients.new_producer(clients.producer(base))
     kinds: dict[str, int] = {}
+    anomalies = 0
     began = time.monotonic()
-    for i, s in enumerate(samples(args.count, seed=args.seed, bad_every=args.bad_every)):
-        producer.produce(args.topic, key=s.key, value=s.value)
-        producer.poll(0)
-        kinds[s.kind] = kinds.get(s.kind, 0) + 1
-        if args.rate and i % 1000 == 999:
-            ahead = (i + 1) / args.rate - (time.monotonic() - began)
-            if ahead > 0:
-                time.sleep(ahead)
+    with _progress(args.count, args.topic, args.progress) as advance:
+        for i, s in enumerate(made):
+            producer.produce(args.topic, key=s.key, value=s.value)
+            producer.poll(0)
+            kinds[s.kind] = kinds.get(s.kind, 0) + 1
+            anomalies += bool(getattr(s, "anomaly", False))
+            if i % 1000 == 999 or i == args.count - 1:
+                advance(i + 1)
+                if args.rate:
+                    ahead = (i + 1) / args.rate - (time.monotonic() - began)
+                    if ahead > 0:
+                        time.sleep(ahead)
     if producer.flush(30):
         return _fail("not every sample record was delivered", EXIT_FAILED)
-    print(json.dumps({"topic": args.topic, "produced": args.count, "kinds": kinds}))
+    summary = {"topic": args.topic, "produced": args.count, "kinds": kinds}
+    if args.command == "produce-raw":
+        summary.update(anomalies=anomalies, seed=args.seed)
+    print(json.dumps(summary))
     return 0
+
+
+@contextlib.contextmanager
+def _progress(total: int, topic: str, show: bool):
+    """A progress bar on stderr (rich), or nothing when it is off or stderr is no terminal."""
+    if not show:
+        yield lambda done: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn(f"producing to {topic}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=Console(stderr=True)) as progress:
+        task = progress.add_task("produce", total=total)
+        yield lambda done: progress.update(task, completed=done)
 
 
 def _cmd_tail(args) -> int:
@@ -96,20 +125,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--topics", nargs="*", default=[], help="topics to create once it runs")
     p.add_argument("--partitions", type=int, default=8, help="partitions of each created topic")
 
+    sub.add_parser("notify", help="run the downstream notifier: detections in, one notification per customer and window out "
+                   "[job flags; NOTIFIER_* settings]", add_help=False)
+    sub.add_parser("normalise", help="run the upstream normaliser: raw records in, normalised records keyed by customer out [job flags]",
+                   add_help=False)
     p = sub.add_parser("run", help="run a detector: detectorkit run --detector my_pkg.detector:DETECTOR [job flags]")
     p.add_argument("--detector", required=True, help="module.path:ATTRIBUTE of a detectorkit.Detector")
 
-    for name, helptext in (("produce-sample", "write sample records (some bad) to a topic"), ("tail", "print a topic's records as JSON lines")):
+    for name, helptext in (("produce-sample", "write sample records (some bad) to a topic"),
+                           ("produce-raw", "write raw customer records for the normaliser (some anomalous, some malformed)"),
+                           ("tail", "print a topic's records as JSON lines")):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--bootstrap-servers", required=True)
-        p.add_argument("--topic", required=True)
-    p = sub.choices["produce-sample"]
-    p.add_argument("--count", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--bad-every", type=int, default=50, help="every N-th record is bad (0: none)")
-    p.add_argument("--create", action="store_true", help="create the topic if missing")
-    p.add_argument("--rate", type=float, default=None, help="records per second at most (default: as fast as it goes)")
-    p.add_argument("--partitions", type=int, default=8)
+        p.add_argument("--topic", required=name != "produce-raw", default="records.raw")
+    for name in ("produce-sample", "produce-raw"):
+        p = sub.choices[name]
+        p.add_argument("--count", type=int, default=1000)
+        p.add_argument("--seed", type=int, default=7, help="the same seed gives the same records")
+        p.add_argument("--create", action="store_true", help="create the topic if missing")
+        p.add_argument("--rate", type=float, default=None, help="records per second at most (default: as fast as it goes)")
+        p.add_argument("--partitions", type=int, default=8)
+        p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
+                       help="a progress bar on stderr (default: when stderr is a terminal)")
+    sub.choices["produce-sample"].add_argument("--bad-every", type=int, default=50, help="every N-th record is bad (0: none)")
+    p = sub.choices["produce-raw"]
+    p.add_argument("--anomaly-share", type=float, default=0.02, help="share of valid records with an amount above 1000")
+    p.add_argument("--malformed-share", type=float, default=0.02, help="share of records the normaliser must refuse")
     p = sub.choices["tail"]
     p.add_argument("--max", type=int, default=None, help="stop after this many records")
     p.add_argument("--timeout", type=float, default=10.0, help="give up reaching the end after this many seconds")
@@ -126,9 +167,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return aggregate(rest)
     if args.command == "run":
         return _cmd_run(args, rest)
+    if args.command == "notify":
+        from detectorkit.roles.notifier import Notifier
+
+        return run_detector(Notifier(), rest)
+    if args.command == "normalise":
+        from detectorkit.roles.normaliser import NORMALISER
+
+        return run_detector(NORMALISER, rest)
     if args.command == "kafka-tool":
         return _cmd_kafka_tool(args.tool, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    return {"broker": _cmd_broker, "produce-sample": _cmd_produce_sample, "tail": _cmd_tail}[args.command](args)
+    return {"broker": _cmd_broker, "produce-sample": _cmd_produce_sample, "produce-raw": _cmd_produce_sample,
+            "tail": _cmd_tail}[args.command](args)
 

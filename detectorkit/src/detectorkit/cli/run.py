@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detectorkit import logs
 from detectorkit import settings as settings_mod
@@ -17,6 +17,9 @@ from detectorkit.detector import Detector
 from detectorkit.devtools.embedded_broker import BrokerError, EmbeddedBroker
 from detectorkit.kafka import clients
 from detectorkit.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from detectorkit.runtime.stage import Stage
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -66,18 +69,22 @@ def check_kafka(settings: Settings) -> str | None:
     return None
 
 
-def run_detector(detector: Detector, argv: Sequence[str] | None = None, defaults: Mapping[str, Any] | None = None) -> int:
-    """Run `detector` as a streaming job until SIGTERM/SIGINT (or idle, if configured). Exit code:
-    0 after a graceful stop, 1 when the job failed, 2 when it could not start."""
-    parser = argparse.ArgumentParser(prog=detector.name, description=f"Run the {detector.name} detector.")
+def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, defaults: Mapping[str, Any] | None = None) -> int:
+    """Run `detector` (or any stage of the diamond, e.g. the normaliser) as a streaming job until
+    SIGTERM/SIGINT (or idle, if configured). Exit code: 0 after a graceful stop, 1 when the job
+    failed, 2 when it could not start."""
+    from detectorkit.runtime.stage import as_stage  # pandas and pyarrow: not for every command
+
+    stage = as_stage(detector)
+    parser = argparse.ArgumentParser(prog=stage.name, description=f"Run the {stage.name} job.")
     settings_mod.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        settings = settings_mod.load(args, defaults=defaults).for_service(detector.name)
-        config = detector.load_config()
+        settings = settings_mod.load(args, defaults=defaults).for_service(stage.name)
+        config = stage.load_config()
     except SettingsError as exc:
         return _fail(str(exc))
-    log = logs.setup(settings.log_level, service=detector.name, instance=settings.instance_id)
+    log = logs.setup(settings.log_level, service=stage.name, instance=settings.instance_id)
     log.info("settings", **settings.safe_dict(), detector_config=repr(config))
 
     broker = None
@@ -93,14 +100,14 @@ def run_detector(detector: Detector, argv: Sequence[str] | None = None, defaults
         if problem:
             log.error("cannot start", error=problem)
             return _fail(problem)
-        return _run(detector, settings, config, log)
+        return _run(stage, settings, config, log)
     finally:
         if broker is not None:
             broker.stop()
 
 
-def _run(detector: Detector, settings: Settings, config, log) -> int:
-    from detectorkit.runtime.job import DetectorJob
+def _run(stage: Stage, settings: Settings, config, log) -> int:
+    from detectorkit.runtime.job import StreamJob
     from detectorkit.runtime.spark import session
 
     stop = threading.Event()
@@ -111,11 +118,11 @@ def _run(detector: Detector, settings: Settings, config, log) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    spark = session(settings.spark_master, detector.name)
+    spark = session(settings.spark_master, stage.name)
     # SparkContext replaces the SIGINT handler with one that cancels every job at once; a Ctrl-C
     # must finish the batch in flight instead.
     signal.signal(signal.SIGINT, on_signal)
-    job = DetectorJob(detector, settings, spark, config)
+    job = StreamJob(stage, settings, spark, config)
     try:
         job.start()
         idle = settings.stop_after_idle_seconds

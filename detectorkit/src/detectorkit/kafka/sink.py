@@ -35,10 +35,12 @@ class Sink:
         if error is not None:
             self._errors.append(f"{message.topic()}: {error.str()}")
 
-    def send(self, topic: str, key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]] | None = None) -> None:
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]] | None = None,
+             partition: int | None = None) -> None:
+        where = {} if partition is None else {"partition": partition}
         while True:
             try:
-                self.producer.produce(topic, value=value, key=key, headers=headers)
+                self.producer.produce(topic, value=value, key=key, headers=headers, **where)
                 return
             except BufferError:
                 self.producer.poll(0.05)  # local queue full: let deliveries drain

@@ -42,8 +42,8 @@ from detectorkit.kafka.source import NAME as SOURCE_NAME
 from detectorkit.kafka.source import SourceOptions
 from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
 from detectorkit.metrics.reporter import MetricsReporter
-from detectorkit.runtime.processing import SUMMARY_SCHEMA, TaskContext, process_partition, process_ranges
-from detectorkit.runtime.records import REASONS
+from detectorkit.runtime.processing import SUMMARY_SCHEMA, TaskContext, process_in_driver, process_partition, process_ranges
+from detectorkit.runtime.stage import Stage, as_stage
 from detectorkit.settings import Settings
 
 log = structlog.get_logger("detectorkit.job")
@@ -68,16 +68,16 @@ class JobStats:
     last: BatchResult | None = None
 
 
-class DetectorJob:
+class StreamJob:
     """Start with `start()`, stop gracefully with `stop()`; `stats` tells what was processed."""
 
-    def __init__(self, detector: Detector, settings: Settings, spark, config: Any = None, deliver: str = "ranges"):
+    def __init__(self, stage: Detector | Stage, settings: Settings, spark, config: Any = None, deliver: str = "ranges"):
         if not settings.kafka_bootstrap_servers:
             raise ValueError("settings.kafka_bootstrap_servers must be set (the command line starts the embedded broker)")
-        self.detector = detector
-        self.settings = settings.for_service(detector.name)
+        self.stage = as_stage(stage)
+        self.settings = settings.for_service(self.stage.name)
         self.spark = spark
-        self.config = detector.load_config() if config is None else config
+        self.config = self.stage.load_config() if config is None else config
         self.stats = JobStats()
         # "ranges": the tasks read their planned ranges themselves; "records": the source's records
         # pass through the JVM into the tasks. Both are kept so the benchmark can compare them.
@@ -96,7 +96,7 @@ class DetectorJob:
         self._member: GroupMember | None = None
         self._ends: ListOffsetsEnds | EndOffsetProbe | None = None
         self._reporter: MetricsReporter | None = None
-        self.metrics = JobMetrics(dead_letter_reasons=REASONS)
+        self.metrics = JobMetrics(dead_letter_reasons=self.stage.reasons)
         # Serialises the group commits of batches with the periodic refresh, the lag reading and
         # the hand-over of partitions; `_committable` is what a batch may still commit.
         self._offsets_lock = threading.Lock()
@@ -130,7 +130,7 @@ class DetectorJob:
         """A checkpoint directory that holds nothing: the group's offsets are the only position."""
         s = self.settings
         if s.checkpoint_dir is None:
-            return tempfile.mkdtemp(prefix=f"{self.detector.name}-checkpoint-")
+            return tempfile.mkdtemp(prefix=f"{self.stage.name}-checkpoint-")
         # Per instance, so instances sharing CHECKPOINT_DIR never empty each other's.
         path = os.path.join(s.checkpoint_dir, re.sub(r"[^\w.-]", "_", s.instance_id))
         shutil.rmtree(path, ignore_errors=True)
@@ -144,18 +144,20 @@ class DetectorJob:
         timeout = s.connect_timeout_seconds
         self.broker_kind = broker_kind.resolve(self.broker_kind, self._base, timeout)
         self._task = TaskContext(
-            service=self.detector.name,
-            detector=self.detector,
+            service=self.stage.name,
+            stage=self.stage,
             config=self.config,
             producer_conf=clients.producer(self._base),
             output_topic=s.output_topic,
             dlq_topic=s.dlq_topic,
             client_idle_seconds=self.client_idle_seconds,
         )
+        if hasattr(self.stage, "prepare_job"):
+            self.stage.prepare_job(self.config, s, self._base, self.broker_kind)
         # Lag needs the true end, as the source plans it (ListOffsets gets it wrong on Tansu).
         self._ends = open_end_offsets(self.broker_kind, self._base, s.consumer_group, s.input_topic, timeout)
         metrics_conf = clients.base(s.metrics_bootstrap_servers, s.kafka_options) if s.metrics_bootstrap_servers else self._base
-        self._reporter = MetricsReporter(self.metrics, metrics_conf, s.metrics_topic, self.detector.name, s.instance_id,
+        self._reporter = MetricsReporter(self.metrics, metrics_conf, s.metrics_topic, self.stage.name, s.instance_id,
                                          s.metrics_interval_seconds, before_report=self.maintain_offsets).start()
         self._member = GroupMember(self._base, s.consumer_group, s.input_topic, self, static_id=s.static_instance_id(),
                                    session_timeout=s.group_session_timeout_seconds, timeout=timeout).subscribe()
@@ -200,6 +202,8 @@ class DetectorJob:
         before = self._running or frozenset()
         self._stop_query()
         if owned:
+            if hasattr(self.stage, "partitions_assigned"):
+                self.stage.partitions_assigned(owned - before)  # a stateful stage reads its state first
             start = self._start_offsets(owned)
             self._start_query(owned, start)
         self._running = owned
@@ -222,6 +226,8 @@ class DetectorJob:
         with self._offsets_lock:
             self._committable -= partitions
             self.metrics.forget_partitions(partitions)
+        if hasattr(self.stage, "partitions_released"):
+            self.stage.partitions_released(partitions)
         log.info("partitions released", partitions=sorted(partitions), lost=lost,
                  handover_seconds=round(time.monotonic() - began, 3))
 
@@ -249,7 +255,7 @@ class DetectorJob:
         self._source = dataclasses.replace(self.source_options(), partitions=sorted(owned), start_offsets=start)
         stream = self.spark.readStream.format(SOURCE_NAME).options(**self._source.to_options()).load()
         writer = (stream.writeStream.foreachBatch(partial(self._on_batch, token))
-                  .option("checkpointLocation", checkpoint).queryName(f"{self.detector.name}-{token}"))
+                  .option("checkpointLocation", checkpoint).queryName(f"{self.stage.name}-{token}"))
         if s.trigger_interval_seconds > 0:
             writer = writer.trigger(processingTime=f"{s.trigger_interval_seconds} seconds")
         with self._offsets_lock:
@@ -306,11 +312,12 @@ class DetectorJob:
 
     def _process(self, frame, batch_id: int, started: float) -> BatchResult:
         # The source hands over the planned ranges; the tasks read, detect and write in one worker.
-        if self.deliver == "ranges":
-            work = partial(process_ranges, self._task, self._source)
+        if getattr(self.stage, "runs_in_driver", False):
+            rows = process_in_driver(self._task, self._source, frame)
+        elif self.deliver == "ranges":
+            rows = frame.mapInArrow(partial(process_ranges, self._task, self._source), SUMMARY_SCHEMA).collect()
         else:
-            work = partial(process_partition, self._task)
-        rows = frame.mapInArrow(work, SUMMARY_SCHEMA).collect()
+            rows = frame.mapInArrow(partial(process_partition, self._task), SUMMARY_SCHEMA).collect()
         committed: dict[int, int] = {}
         records = detections = 0
         dead = Counter()

@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import json
 import time
-import traceback
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from detectorkit.detector import Detector
 from detectorkit.kafka import sink as sinks
 from detectorkit.kafka.source import SourceOptions, ranges_from_row, read_planned
 from detectorkit.metrics.registry import bucket_counts
-from detectorkit.runtime import records as rec
+from detectorkit.runtime.stage import Source, Stage
 
 SUMMARY_SCHEMA = (
     "partition int, next_offset long, records long, detections long, dead_letters string, latency_counts string, latency_sum double"
@@ -45,7 +43,7 @@ class TaskContext:
     """Everything a task needs; pickled to the workers once per batch."""
 
     service: str
-    detector: Detector
+    stage: Stage
     config: Any
     producer_conf: dict[str, Any]
     output_topic: str
@@ -65,38 +63,6 @@ class PartitionSummary:
     detected_at: list[int] = field(default_factory=list)
 
 
-def run_detector(ctx: TaskContext, frame: pd.DataFrame) -> tuple[list[tuple[int, dict]], list[rec.Rejected]]:
-    """Detections as (record position, fields); records on which the detector raises are rejected.
-
-    The detector runs on the whole batch; if it raises, the batch is split in halves and each half
-    retried, down to single records, so only the records that make it fail go to the dead-letter
-    topic. Splitting finds k bad records among n in about k*log2(n) calls instead of n.
-    """
-    if frame.empty:
-        return [], []
-    try:
-        return _detections(ctx.detector.detect(frame, ctx.config), frame.index, single=len(frame) == 1), []
-    except Exception as exc:  # noqa: BLE001 - any failure of user code is a dead letter, not a crash
-        if len(frame) == 1:
-            message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            return [], [rec.Rejected(int(frame.index[0]), rec.DETECTOR_ERROR, message[:2000])]
-    middle = len(frame) // 2
-    found_a, failed_a = run_detector(ctx, frame.iloc[:middle])
-    found_b, failed_b = run_detector(ctx, frame.iloc[middle:])
-    return found_a + found_b, failed_a + failed_b
-
-
-def _detections(out: Any, index: pd.Index, single: bool = False) -> list[tuple[int, dict]]:
-    if not isinstance(out, pd.DataFrame):
-        raise TypeError(f"detect() must return a pandas DataFrame, not {type(out).__name__}")
-    if out.empty:
-        return []
-    if not single and not out.index.isin(index).all():
-        raise ValueError("detect() returned rows whose index is not the index of an input record")
-    positions = [int(index[0])] * len(out) if single else [int(i) for i in out.index]
-    return list(zip(positions, out.to_dict(orient="records"), strict=True))
-
-
 def _headers(ctx: TaskContext, reason: str, message: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
     return [
         ("error_type", reason.encode()),
@@ -111,32 +77,32 @@ def _headers(ctx: TaskContext, reason: str, message: str, topic: str, partition:
 def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, summaries: dict[int, PartitionSummary]) -> None:
     if batch.num_rows == 0:
         return
-    frame, rejected = rec.parse_arrow(batch.column("value"), ctx.detector.required_fields)
-    found, failed = run_detector(ctx, frame)
     partitions = batch.column("partition").to_numpy()
     offsets = batch.column("offset").to_numpy()
     topic = batch.column("topic")[0].as_py()
     # Only the rows that are written out are turned into Python objects.
     keys, values = batch.column("key"), batch.column("value")
     stamps = pc.divide(batch.column("timestamp").cast(pa.int64()), 1000)  # ms, as Kafka has them
-    for position, fields in found:
-        p = int(partitions[position])
-        stamp = stamps[position].as_py()
-        value = {
-            "service": ctx.service,
-            "detection": fields,
-            "source": {"topic": topic, "partition": p, "offset": int(offsets[position]), "timestamp_ms": stamp},
-        }
-        sink.send(ctx.output_topic, keys[position].as_py(), json.dumps(value, default=str).encode())
-        summaries.setdefault(p, PartitionSummary()).detected_at.append(stamp)
-    for r in rejected + failed:
+
+    def source(position: int) -> Source:
+        key = keys[position].as_py()
+        return Source(topic, int(partitions[position]), int(offsets[position]), stamps[position].as_py(),
+                      None if key is None else key.decode(errors="replace"))
+
+    found, rejected = ctx.stage.run(values, ctx.config, source, ctx.service)
+    for out in found:
+        p = int(partitions[out.position])
+        key = keys[out.position].as_py() if out.key is None else out.key.encode()
+        sink.send(ctx.output_topic, key, json.dumps(out.value, default=str).encode())
+        summaries.setdefault(p, PartitionSummary()).detected_at.append(stamps[out.position].as_py())
+    for r in rejected:
         i = r.position
         p = int(partitions[i])
         headers = _headers(ctx, r.reason, r.message, topic, p, int(offsets[i]))
         sink.send(ctx.dlq_topic, keys[i].as_py(), values[i].as_py() or b"", headers)
         summaries.setdefault(p, PartitionSummary()).dead_letters[r.reason] += 1
 
-    detections_in = Counter(int(partitions[p]) for p, _ in found)
+    detections_in = Counter(int(partitions[out.position]) for out in found) if ctx.stage.counts_as_detection else Counter()
     for p in np.unique(partitions).tolist():
         mask = partitions == p
         s = summaries.setdefault(p, PartitionSummary())
@@ -197,3 +163,18 @@ def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch], ends: dict[int
             ],
             schema=_SUMMARY_ARROW,
         )
+
+
+def process_in_driver(ctx: TaskContext, source: SourceOptions, frame) -> list[SimpleNamespace]:
+    """A batch of a stage that keeps state (`runs_in_driver`): the driver reads the planned ranges
+    itself and runs the stage as a task would; then the stage's `after_flush` (deliveries, its
+    state's changelog) runs once the outputs are flushed and before anything is committed. The
+    summary rows are those the tasks would have given."""
+    ranges = [r for row in frame.collect() for r in ranges_from_row(row.ranges)]
+    ends = {r.partition: r.end for r in ranges}
+    summaries = list(_process(ctx, read_planned(source, ranges) if ranges else iter(()), ends))
+    rows = [SimpleNamespace(**row) for batch in summaries for row in batch.to_pylist()]
+    dead = ctx.stage.after_flush(ctx) if hasattr(ctx.stage, "after_flush") else {}
+    for row in rows[:1]:  # dead letters of the delivery count with the batch, on any one row
+        row.dead_letters = json.dumps(dict(Counter(json.loads(row.dead_letters)) + Counter(dead)))
+    return rows

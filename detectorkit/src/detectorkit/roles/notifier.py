@@ -1,0 +1,322 @@
+"""The downstream notifier: detections in (every detector writes to one topic), one notification
+per customer and time window out, delivered by a log line or an HTTP webhook.
+
+The pipeline is at-least-once, so a detection may arrive twice: the same detector's detection of
+the same source record (topic, partition, offset) is the same detection. Windows are event time
+(the source record's Kafka timestamp), so a replay puts a detection in the window it had the first
+time. The state is, per input partition, the windows already notified and the detections seen in
+each; a window leaves the state once it ended more than the horizon before the newest detection
+of its partition, so the state stays bounded. A detection older than that is notified again:
+a duplicate is better than a lost notification.
+
+The state is kept in a compacted changelog topic with the input's partition count (partition p's
+state in partition p), written after the notifications are flushed and before the input offsets
+are committed: a crash in between sends a notification twice, never loses one. An instance given a
+partition reads its state from the changelog first.
+
+It runs in the driver (detections are few): one place holds each partition's state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import pyarrow as pa
+import structlog
+
+from detectorkit.runtime.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Rejected
+from detectorkit.runtime.stage import Output, Source
+from detectorkit.settings import SettingsError
+
+log = structlog.get_logger("detectorkit.notifier")
+
+DELIVERY_FAILED = "delivery_failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class NotifierConfig:
+    """Read from NOTIFIER_<FIELD> variables."""
+
+    window_seconds: float = 3600.0
+    horizon_seconds: float = 7 * 24 * 3600.0
+    delivery: str = "log"  # "log" or "webhook"
+    webhook_url: str = ""
+    webhook_attempts: int = 3
+    webhook_timeout_seconds: float = 5.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> NotifierConfig:
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            name = f"NOTIFIER_{f.name.upper()}"
+            if name in environ:
+                try:
+                    values[f.name] = type(f.default)(environ[name])
+                except ValueError:
+                    raise SettingsError(f"invalid notifier setting {name}={environ[name]!r}: not a {type(f.default).__name__}") from None
+        config = cls(**values)
+        if config.delivery not in ("log", "webhook"):
+            raise SettingsError(f"invalid notifier setting NOTIFIER_DELIVERY={config.delivery!r}: use log or webhook")
+        if config.delivery == "webhook" and not config.webhook_url.startswith(("http://", "https://")):
+            raise SettingsError("NOTIFIER_DELIVERY=webhook needs NOTIFIER_WEBHOOK_URL=http(s)://...")
+        if config.window_seconds <= 0 or config.horizon_seconds < config.window_seconds or config.webhook_attempts < 1:
+            raise SettingsError("notifier settings need NOTIFIER_WINDOW_SECONDS > 0, NOTIFIER_HORIZON_SECONDS >= it, "
+                                "NOTIFIER_WEBHOOK_ATTEMPTS >= 1")
+        return config
+
+
+def detection_id(detection: Mapping[str, Any]) -> str:
+    s = detection["source"]
+    return f"{detection['service']}|{s['topic']}|{s['partition']}|{s['offset']}"
+
+
+@dataclasses.dataclass
+class PartitionState:
+    """The windows notified for one input partition: (customer, window index) -> detection ids."""
+
+    windows: dict[tuple[str, int], set[str]] = dataclasses.field(default_factory=dict)
+    newest_ms: int = 0
+
+
+class NotificationState:
+    def __init__(self, window_ms: int, horizon_ms: int):
+        self.window_ms = window_ms
+        self.horizon_ms = horizon_ms
+        self.partitions: dict[int, PartitionState] = {}
+        # Changelog records not yet written: (partition, key, value or None to delete).
+        self.changes: list[tuple[int, str, bytes | None]] = []
+
+    def offer(self, partition: int, customer: str, event_ms: int, ids: Iterable[str]) -> str:
+        """"notify" for a window not notified yet, "duplicate" when every id was seen already in
+        it, "merged" when the window was notified and this brings a new detection to it."""
+        state = self.partitions.setdefault(partition, PartitionState())
+        state.newest_ms = max(state.newest_ms, event_ms)
+        window = event_ms // self.window_ms
+        key = (customer, window)
+        ids = set(ids)
+        seen = state.windows.get(key)
+        outcome = "notify" if seen is None else ("duplicate" if ids <= seen else "merged")
+        if outcome != "duplicate":
+            state.windows[key] = (seen or set()) | ids
+            self.changes.append((partition, _key(key), json.dumps(sorted(state.windows[key])).encode()))
+        return outcome
+
+    def evict(self) -> int:
+        """Drop windows that ended more than the horizon before their partition's newest detection."""
+        dropped = 0
+        for partition, state in self.partitions.items():
+            oldest = (state.newest_ms - self.horizon_ms) // self.window_ms
+            for key in [k for k in state.windows if k[1] < oldest]:
+                del state.windows[key]
+                self.changes.append((partition, _key(key), None))
+                dropped += 1
+        return dropped
+
+    def restore(self, partition: int, records: Iterable[tuple[str, bytes | None]]) -> None:
+        """Partition `partition`'s state from its changelog records, oldest first."""
+        state = self.partitions[partition] = PartitionState()
+        for key, value in records:
+            customer, _, window = key.rpartition("|")
+            if value is None:
+                state.windows.pop((customer, int(window)), None)
+            else:
+                state.windows[(customer, int(window))] = set(json.loads(value))
+                state.newest_ms = max(state.newest_ms, int(window) * self.window_ms)
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        for p in partitions:
+            self.partitions.pop(p, None)
+
+    def take_changes(self) -> list[tuple[int, str, bytes | None]]:
+        changes, self.changes = self.changes, []
+        return changes
+
+    def size(self) -> int:
+        return sum(len(s.windows) for s in self.partitions.values())
+
+
+def _key(key: tuple[str, int]) -> str:
+    return f"{key[0]}|{key[1]}"
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# ---- delivery -------------------------------------------------------------------------------------
+
+class Delivery(Protocol):
+    def deliver(self, notification: dict[str, Any]) -> None:
+        """Deliver one notification; raise with the reason when it cannot be delivered."""
+
+
+class LogDelivery:
+    def deliver(self, notification: dict[str, Any]) -> None:
+        log.info("notification", customer=notification["customer"], window_start=notification["window_start"],
+                 detections=len(notification["detections"]))
+
+
+class WebhookDelivery:
+    """POST the notification as JSON; retried with backoff on errors and 5xx answers."""
+
+    def __init__(self, url: str, attempts: int = 3, timeout: float = 5.0, backoff: float = 0.5,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.url, self.attempts, self.timeout, self.backoff, self.sleep = url, attempts, timeout, backoff, sleep
+
+    def deliver(self, notification: dict[str, Any]) -> None:
+        body = json.dumps(notification).encode()
+        problem = ""
+        for attempt in range(self.attempts):
+            if attempt:
+                self.sleep(self.backoff * 2 ** (attempt - 1))
+            request = urllib.request.Request(self.url, data=body, method="POST", headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    if response.status < 300:
+                        return
+                    problem = f"HTTP {response.status}"
+            except urllib.error.HTTPError as exc:
+                problem = f"HTTP {exc.code}"
+                if exc.code < 500 and exc.code != 429:
+                    break  # the receiver refuses it: retrying will not help
+            except OSError as exc:
+                problem = str(exc)
+        raise RuntimeError(f"webhook {self.url} failed {attempt + 1} time(s): {problem}")
+
+
+def delivery_for(config: NotifierConfig) -> Delivery:
+    if config.delivery == "webhook":
+        return WebhookDelivery(config.webhook_url, config.webhook_attempts, config.webhook_timeout_seconds)
+    return LogDelivery()
+
+
+# ---- the stage ------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Notifier:
+    """The downstream role as a stage the runtime runs in the driver (`runs_in_driver`)."""
+
+    name: str = "notifier"
+    reasons: tuple[str, ...] = (MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, DELIVERY_FAILED)
+    counts_as_detection: bool = False
+    runs_in_driver: bool = True
+    state: NotificationState | None = None
+    delivery: Delivery | None = None
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Notifications written in this batch, delivered once they are flushed.
+    pending: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    state_topic: str = ""
+    _read_state: Callable[[int], Iterable[tuple[str, bytes | None]]] | None = None
+
+    def load_config(self) -> NotifierConfig:
+        return NotifierConfig.from_env()
+
+    def prepare(self, config: NotifierConfig) -> None:
+        self.state = NotificationState(int(config.window_seconds * 1000), int(config.horizon_seconds * 1000))
+        self.delivery = self.delivery or delivery_for(config)
+
+    def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[Rejected]]:
+        if self.state is None:
+            self.prepare(config)
+        groups: dict[tuple[int, str, int], list[tuple[int, dict]]] = {}
+        rejected = []
+        for position, value in enumerate(values.to_pylist()):
+            try:
+                detection = json.loads(value) if value is not None else None
+            except ValueError as exc:
+                rejected.append(Rejected(position, MALFORMED_JSON, f"value is not JSON: {exc}"))
+                continue
+            if not isinstance(detection, dict):
+                rejected.append(Rejected(position, NOT_AN_OBJECT, "a detection is a JSON object"))
+                continue
+            where = source(position)
+            try:
+                event_ms = int(detection["source"]["timestamp_ms"])
+                detection_id(detection)
+            except (KeyError, TypeError, ValueError):
+                rejected.append(Rejected(position, MISSING_FIELD, "a detection needs service and source.topic, "
+                                                                   "partition, offset and timestamp_ms"))
+                continue
+            if not where.key:
+                rejected.append(Rejected(position, MISSING_FIELD, "a detection is keyed by its customer; this one has no key"))
+                continue
+            customer = where.key
+            window = event_ms // self.state.window_ms
+            groups.setdefault((where.partition, customer, window), []).append((position, detection))
+        outputs = []
+        for (partition, customer, window), found in groups.items():
+            event_ms = max(int(d["source"]["timestamp_ms"]) for _, d in found)
+            outcome = self.state.offer(partition, customer, event_ms, (detection_id(d) for _, d in found))
+            self.counts[outcome] = self.counts.get(outcome, 0) + 1
+            if outcome != "notify":
+                continue
+            unique = {detection_id(d): d for _, d in found}
+            notification = {
+                "customer": customer,
+                "window_start": _iso(window * self.state.window_ms),
+                "window_end": _iso((window + 1) * self.state.window_ms),
+                "detections": list(unique.values()),
+            }
+            outputs.append(Output(found[0][0], notification, key=customer))
+            self.pending.append(notification)
+        self.state.evict()
+        return outputs, rejected
+
+    # ---- the hooks the runtime calls for a stage with state ----------------------------------
+
+    def prepare_job(self, config: NotifierConfig, settings: Any, base_conf: Mapping[str, Any], broker_kind: str) -> None:
+        """Create the state's changelog topic (compacted, the input's partition count)."""
+        from detectorkit.kafka import clients
+
+        self.prepare(config)
+        self.state_topic = f"{settings.consumer_group}.state"
+        partitions = len(clients.topic_partitions(clients.new_admin(base_conf), settings.input_topic, settings.connect_timeout_seconds))
+        # Tansu has no compaction; there the changelog just grows (a demo broker).
+        compact = {} if broker_kind == "tansu" else {"cleanup.policy": "compact"}
+        clients.create_topics(base_conf, {self.state_topic: partitions}, settings.connect_timeout_seconds, config=compact)
+        self._read_state = lambda p: _read_partition(base_conf, self.state_topic, p, settings.connect_timeout_seconds)
+
+    def partitions_assigned(self, partitions: Iterable[int]) -> None:
+        for p in partitions:
+            self.state.restore(p, self._read_state(p) if self._read_state else ())
+            log.info("notifier state restored", partition=p, windows=len(self.state.partitions[p].windows))
+
+    def partitions_released(self, partitions: Iterable[int]) -> None:
+        self.state.forget(partitions)
+
+    def after_flush(self, ctx: Any) -> dict[str, int]:
+        """The notifications are written: deliver them (those that keep failing go to the
+        dead-letter topic), then write the state's changes, and flush both."""
+        from detectorkit.kafka import sink as sinks
+
+        pending, self.pending = self.pending, []
+        failed: dict[str, int] = {}
+        with sinks.for_worker(ctx.producer_conf, ctx.client_idle_seconds) as sink:
+            for notification in pending:
+                try:
+                    self.delivery.deliver(notification)
+                except Exception as exc:  # noqa: BLE001 - any failure of a delivery is a dead letter
+                    headers = [("error_type", DELIVERY_FAILED.encode()), ("error_message", str(exc).encode(errors="replace")),
+                               ("service", ctx.service.encode())]
+                    sink.send(ctx.dlq_topic, notification["customer"].encode(), json.dumps(notification).encode(), headers)
+                    failed[DELIVERY_FAILED] = failed.get(DELIVERY_FAILED, 0) + 1
+            for partition, key, value in self.state.take_changes():
+                if self.state_topic:
+                    sink.send(self.state_topic, key.encode(), value, partition=partition)
+            sink.flush(ctx.flush_timeout)
+        return failed
+
+
+def _read_partition(base_conf: Mapping[str, Any], topic: str, partition: int, timeout: float) -> list[tuple[str, bytes | None]]:
+    from detectorkit.kafka.topic_reader import read_messages
+
+    return [(m.key().decode(), m.value()) for m in read_messages(base_conf, topic, timeout, partitions=[partition])]

@@ -1,0 +1,70 @@
+"""The downstream notifier as the diamond runs it: `detectorkit notify`, a streaming job with its
+state in a changelog topic, on a broker."""
+
+import collections
+import json
+import sys
+
+from detectorkit.kafka import clients
+from detectorkit.testing import create_test_topics, read_all
+
+from ..jobs import committed, job_env, run
+
+NOTIFY = [sys.executable, "-m", "detectorkit", "notify"]
+HOUR_MS = 3_600_000
+T0 = 1_795_000_000_000 // HOUR_MS * HOUR_MS
+
+
+def detection(service, offset, ts):
+    return {"service": service, "detection": {"amount": 2000.0},
+            "source": {"topic": "records.normalized", "partition": 0, "offset": offset, "timestamp_ms": ts}}
+
+
+def send(bs, topic, items):
+    producer = clients.new_producer(clients.producer(clients.base(bs)))
+    for customer, value in items:
+        producer.produce(topic, key=customer.encode(), value=json.dumps(value).encode())
+    assert producer.flush(30) == 0
+
+
+def test_one_notification_per_customer_and_window_and_a_replay_after_a_restart_adds_none(kafka_bootstrap_servers):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "notify", partitions=2)
+    first = [(f"c-{i % 20}", detection("threshold", i, T0 + i * 1000)) for i in range(60)]  # 20 customers, 3 each, one window
+    first += [("c-0", detection("burst", 500, T0 + 5)), ("c-0", detection("threshold", 0, T0))]  # another detector; a duplicate
+    first += [("c-1", detection("threshold", 900, T0 + HOUR_MS + 1))]  # c-1's next window
+    send(bs, topics.input, first)
+    env = job_env(bs, topics, starting_offsets="earliest", stop_after_idle_seconds=3)
+    code, output = run(env, command=NOTIFY)
+    assert code == 0, output
+    notes = [json.loads(m["value"]) for m in read_all(bs, topics.output)]
+    per_window = collections.Counter((n["customer"], n["window_start"]) for n in notes)
+    assert len(per_window) == 21 and set(per_window.values()) == {1}
+    c0 = next(n for n in notes if n["customer"] == "c-0")
+    assert len(c0["detections"]) == 4  # three thresholds and the burst; the replayed copy once
+    assert output.count('"notification"') == 21  # the log delivery: one line each
+
+    # A replay after a restart (as at-least-once gives) and one new window: one notification more.
+    send(bs, topics.input, [("c-5", detection("threshold", 5, T0 + 5000)), ("c-7", detection("threshold", 777, T0 + 2 * HOUR_MS))])
+    code, output = run(env, command=NOTIFY)
+    assert code == 0, output
+    assert '"notifier state restored"' in output
+    notes = [json.loads(m["value"]) for m in read_all(bs, topics.output)]
+    assert len(notes) == 22 and notes[-1]["customer"] == "c-7"
+    assert committed(bs, topics, range(2)) == dict(collections.Counter(m["partition"] for m in read_all(bs, topics.input)))
+
+
+def test_deliveries_that_keep_failing_go_to_the_dead_letter_topic(kafka_bootstrap_servers):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "notifyhook", partitions=1)
+    send(bs, topics.input, [("c-1", detection("threshold", 1, T0)), ("c-2", detection("threshold", 2, T0))])
+    # Nothing listens on this port: every attempt fails.
+    env = job_env(bs, topics, starting_offsets="earliest", stop_after_idle_seconds=3, notifier_delivery="webhook",
+                  notifier_webhook_url="http://127.0.0.1:9/hook", notifier_webhook_attempts=2)
+    code, output = run(env, command=NOTIFY)
+    assert code == 0, output
+    assert len(read_all(bs, topics.output)) == 2  # written to the notifications topic all the same
+    dead = read_all(bs, topics.dlq)
+    assert sorted(m["key"] for m in dead) == ["c-1", "c-2"]
+    assert {m["headers"]["error_type"] for m in dead} == {"delivery_failed"}
+    assert "failed 2 time" in dead[0]["headers"]["error_message"]
