@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup tools demo scale-demo test test-runtime test-template test-tansu lint bench clean
+.PHONY: setup tools demo diamond scale-demo test test-runtime test-template test-tansu lint bench clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -22,6 +22,11 @@ $(VENV)/.installed: detectorkit/pyproject.toml requirements-dev.txt
 
 demo: setup
 	bash scripts/demo.sh
+
+# The whole diamond: raw records -> normaliser -> two generated detectors -> notifier, with a live
+# summary and a reconciliation at the end. DIAMOND_ARGS="--engine kafka" runs it on Apache Kafka.
+diamond: setup
+	$(PY) -m detectorkit diamond --template . $(DIAMOND_ARGS)
 
 # The talk's demo: two instances of one service sharing 1,000,000 records on Apache Kafka.
 scale-demo: setup
@@ -44,7 +49,7 @@ test-template: setup
 	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PYTEST) tests --durations=10
 
 test-tansu: setup
-	DETECTORKIT_TEST_BROKER=tansu $(PYTEST) detectorkit/tests/runtime/test_restart.py -k graceful_stop
+	DETECTORKIT_TEST_BROKER=tansu $(PYTEST) "detectorkit/tests/runtime/test_restart.py::test_graceful_stop_and_restart_lose_and_duplicate_nothing[15]"
 	bash scripts/demo.sh
 
 lint: setup
@@ -55,4 +60,4 @@ bench: setup
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) .demo .scale-demo bench/.work bench/.venv-quix
+	rm -rf $(VENV) .demo .diamond .scale-demo bench/.work bench/.venv-quix

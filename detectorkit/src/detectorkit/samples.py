@@ -65,6 +65,9 @@ _SPELLINGS = {
 _START_S = 1_795_000_000
 
 
+BURST_RECORDS = 6  # a burst: this many records of one customer in as many seconds at most
+
+
 @dataclass(frozen=True)
 class RawSample:
     key: bytes
@@ -73,22 +76,33 @@ class RawSample:
     # What the normaliser must make of it (valid records only): the one schema detectors read.
     normalised: dict | None = None
     anomaly: bool = False  # an amount above 1000, the example detector's default threshold
+    burst: bool = False  # one of BURST_RECORDS records of one customer within seconds
 
 
 def raw_samples(count: int, seed: int = 7, anomaly_share: float = 0.02, malformed_share: float = 0.02,
-                customers: int = 1_000) -> Iterator[RawSample]:
+                customers: int = 1_000, burst_share: float = 0.0, start_s: int = _START_S,
+                per_second: float = 1.0) -> Iterator[RawSample]:
     """`count` raw records in the spellings of several source systems (field names, amounts with
     symbols, thousands separators and decimal commas, four timestamp formats); a `malformed_share`
     cannot be normalised (each bad kind in turn), an `anomaly_share` of the rest has an amount
-    above 1000. The same seed gives the same records."""
+    above 1000, and a `burst_share` of them starts a burst. Record i happened at `start_s` +
+    i / `per_second` (whole seconds, which every format carries). The same arguments give the
+    same records."""
     rng = random.Random(seed)
     bad = 0
+    burst_left, burst_customer = 0, ""
     for i in range(count):
-        customer = f"customer-{rng.randrange(customers):05d}"
-        anomaly = rng.random() < anomaly_share
+        if not burst_left and burst_share and rng.random() < burst_share and count - i >= BURST_RECORDS:
+            burst_left, burst_customer = BURST_RECORDS, f"customer-{rng.randrange(customers):05d}"
+        in_burst = burst_left > 0
+        if in_burst:
+            customer, burst_left = burst_customer, burst_left - 1
+        else:
+            customer = f"customer-{rng.randrange(customers):05d}"
+        anomaly = not in_burst and rng.random() < anomaly_share
         amount = round(rng.uniform(1000.01, 5000), 2) if anomaly else round(rng.uniform(0.01, 1000), 2)
         currency = rng.choice(("EUR", "EUR", "USD", "GBP"))
-        seconds = _START_S + i
+        seconds = start_s + int(i / per_second)
         truth = {"id": f"raw-{seed}-{i}", "customer": customer, "amount": amount, "currency": currency,
                  "timestamp": datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")}
         raw = {rng.choice(_SPELLINGS["id"]): truth["id"], rng.choice(_SPELLINGS["customer"]): customer}
@@ -98,11 +112,11 @@ def raw_samples(count: int, seed: int = 7, anomaly_share: float = 0.02, malforme
             raw[rng.choice(_SPELLINGS["currency"])] = currency if rng.random() < 0.7 else currency.lower()
         raw[rng.choice(_SPELLINGS["timestamp"])] = _render_time(rng, seconds)
         kind = "valid"
-        if rng.random() < malformed_share:
+        if not in_burst and rng.random() < malformed_share:  # a burst stays whole
             kind = RAW_BAD_KINDS[bad % len(RAW_BAD_KINDS)]
             bad += 1
         value = _spoil(raw, kind)
-        yield RawSample(customer.encode(), value, kind, truth if kind == "valid" else None, anomaly and kind == "valid")
+        yield RawSample(customer.encode(), value, kind, truth if kind == "valid" else None, anomaly and kind == "valid", in_burst)
 
 
 def _render_amount(rng: random.Random, amount: float, currency: str) -> tuple[object, bool]:

@@ -87,6 +87,7 @@ def test_the_stage_keys_by_customer_and_dead_letters_the_rest():
     ], pa.binary())
     outputs, rejected = n.NORMALISER.run(values, None, lambda p: Source("raw", 0, 40 + p, KAFKA_MS), "normaliser")
     assert [(o.position, o.key, o.value["amount"], o.value["currency"], o.value["id"]) for o in outputs] == [(0, "c-9", 1500.0, "EUR", "raw-0-40")]
+    assert outputs[0].timestamp_ms == 1795355100 * 1000  # the event's time becomes the Kafka timestamp
     assert [(r.position, r.reason) for r in rejected] == [
         (1, rec.MALFORMED_JSON), (2, rec.NOT_AN_OBJECT), (3, rec.NOT_AN_OBJECT), (4, n.BAD_AMOUNT)]
     assert set(n.NORMALISER.reasons) >= {r.reason for r in rejected}

@@ -12,6 +12,7 @@ from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, R
 
 from detectorkit.devtools.kafka_broker import KafkaBroker, run_tool
 from detectorkit.kafka import clients
+from detectorkit.kafka.offset_store import OffsetStore
 from detectorkit.samples import samples
 from detectorkit.testing import CONTAINER, EXTERNAL, KAFKA, _kafka_can_start, create_test_topics, produce, read_all
 
@@ -173,10 +174,13 @@ def test_consumer_groups_tool_shows_the_offsets_of_a_job_that_caught_up(real_kaf
 def test_records_deleted_before_they_were_read(real_kafka, skip):
     bs = real_kafka
     topics = create_test_topics(bs, f"deleterecords-{skip}", partitions=1)
-    first = produce(bs, topics.input, samples(200, seed=61, bad_every=0, high_share=0.5))
+    produce(bs, topics.input, samples(200, seed=61, bad_every=0, high_share=0.5))
     env = job_env(bs, topics, starting_offsets="earliest", stop_after_idle_seconds=3, fail_on_data_loss=str(not skip).lower())
-    code, output = run(env, timeout=300)
-    assert code == 0, output
+    # The group's position after an earlier run that read those 200 (set directly: a job run
+    # here would cost half a minute and prove nothing more).
+    store = OffsetStore(clients.consumer(clients.base(bs), topics.group), topics.input)
+    store.commit({0: 200})
+    store.close()
     # While the job is away, records arrive and the first 150 of them are deleted.
     later = produce(bs, topics.input, samples(300, seed=62, bad_every=0, high_share=0.5))
     admin = clients.new_admin(clients.base(bs))
@@ -189,11 +193,11 @@ def test_records_deleted_before_they_were_read(real_kafka, skip):
         errors = error_lines(output)
         assert len(errors) == 1 and "DataLossError" in errors[0] and "FAIL_ON_DATA_LOSS=false" in errors[0], output
         assert committed(bs, topics, [0]) == {0: 200}  # nothing skipped
-        assert set(detections(bs, topics.output)) == expected(first)
+        assert not detections(bs, topics.output)  # nothing read past the gap either
     else:
         assert code == 0, output
         assert "skipping lost records" in output
-        assert set(detections(bs, topics.output)) == expected(first) | {x for x in expected(later) if x[1] >= 350}
+        assert set(detections(bs, topics.output)) == {x for x in expected(later) if x[1] >= 350}
         assert committed(bs, topics, [0]) == {0: 500}
 
 
@@ -245,8 +249,6 @@ def test_quiet_partitions_keep_their_committed_offsets_past_the_retention():
         # A group committed once, never again: when its offsets are gone, the retention has passed.
         control = type(topics)(topics.input, topics.output, topics.dlq, f"control-{uuid.uuid4().hex[:6]}")
         store_conf = clients.consumer(clients.base(bs), control.group)
-        from detectorkit.kafka.offset_store import OffsetStore
-
         control_store = OffsetStore(store_conf, topics.input)
         control_store.commit({0: 1, 1: 1})
         control_store.close()

@@ -20,7 +20,7 @@ class FakeSink:
     def __init__(self):
         self.sent = []
 
-    def send(self, topic, key, value, headers=None):
+    def send(self, topic, key, value, headers=None, partition=None, timestamp_ms=None):
         self.sent.append((topic, key, value, dict(headers or [])))
 
 

@@ -295,7 +295,12 @@ def test_a_zombie_then_a_killed_instance_lose_nothing_and_never_move_offsets_bac
     try:
         wait_for(lambda: len(owned(one)) == 2 and len(owned(two)) == 2, timeout=180, what="two members")
         mine = owned(two)
-        wait_for(lambda: batch_in_flight_with_output(mine), timeout=180, what="instance 2's batch in flight")
+        # Right after one of its commits, instance 2 is in its next batch (records wait; its
+        # detector sleeps 1 s per call): paused there, the batch's commit comes after the group
+        # moved on. Pausing once output shows lands in a window of a few ms before the commit.
+        last = committed(bs, topics, mine)
+        wait_for(lambda: committed(bs, topics, mine) != last, timeout=180, what="a commit of instance 2")
+        time.sleep(0.4)  # a point inside the next batch's 1 s detector call, not a wait for a condition
         two.signal_group(signal.SIGSTOP)  # driver, JVM and Python workers: the whole instance
         uncommitted += committed(bs, topics, mine).items()
         seen_one, seen_two = assignments(one), assignments(two)

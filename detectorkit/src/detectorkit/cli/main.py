@@ -155,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max", type=int, default=None, help="stop after this many records")
     p.add_argument("--timeout", type=float, default=10.0, help="give up reaching the end after this many seconds")
 
+    sub.add_parser("diamond", help="run the whole diamond on one machine with a live summary (detectorkit diamond --help)",
+                   add_help=False)
     sub.add_parser("aggregate", help="run the shared metrics-aggregator (detectorkit aggregate --help)", add_help=False)
     p = sub.add_parser("kafka-tool", help="run one of Apache Kafka's own tools, e.g. detectorkit kafka-tool consumer-groups --describe ...",
                        add_help=False)
@@ -167,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return aggregate(rest)
     if args.command == "run":
         return _cmd_run(args, rest)
+    if args.command == "diamond":
+        from detectorkit.devtools.diamond import main as diamond
+
+        return diamond(rest)
     if args.command == "notify":
         from detectorkit.roles.notifier import Notifier
 

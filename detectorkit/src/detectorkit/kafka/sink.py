@@ -36,8 +36,10 @@ class Sink:
             self._errors.append(f"{message.topic()}: {error.str()}")
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]] | None = None,
-             partition: int | None = None) -> None:
+             partition: int | None = None, timestamp_ms: int | None = None) -> None:
         where = {} if partition is None else {"partition": partition}
+        if timestamp_ms is not None:
+            where["timestamp"] = timestamp_ms
         while True:
             try:
                 self.producer.produce(topic, value=value, key=key, headers=headers, **where)

@@ -134,6 +134,10 @@ def iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _epoch_ms(iso_text: str) -> int:
+    return int(datetime.fromisoformat(iso_text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
 def normalise(raw: dict[str, Any], fallback_id: str, fallback_timestamp_ms: int) -> dict[str, Any]:
     """The normalised record, or NotNormalisable with the reason."""
     customer = first(raw, "customer")
@@ -194,7 +198,9 @@ class Normaliser:
             except NotNormalisable as exc:
                 rejected.append(Rejected(position, exc.reason, str(exc)))
                 continue
-            outputs.append(Output(position, record, key=record["customer"]))
+            # Event time travels on: the Kafka timestamp downstream is when it happened, so the
+            # notifier's windows and the detectors' latency count from the event.
+            outputs.append(Output(position, record, key=record["customer"], timestamp_ms=_epoch_ms(record["timestamp"])))
         return outputs, rejected
 
 

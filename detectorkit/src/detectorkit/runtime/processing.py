@@ -93,7 +93,7 @@ def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, sum
     for out in found:
         p = int(partitions[out.position])
         key = keys[out.position].as_py() if out.key is None else out.key.encode()
-        sink.send(ctx.output_topic, key, json.dumps(out.value, default=str).encode())
+        sink.send(ctx.output_topic, key, json.dumps(out.value, default=str).encode(), timestamp_ms=out.timestamp_ms)
         summaries.setdefault(p, PartitionSummary()).detected_at.append(stamps[out.position].as_py())
     for r in rejected:
         i = r.position

@@ -36,7 +36,8 @@ class Source:
 class Output:
     position: int
     value: dict[str, Any]
-    key: str | None = None
+    key: str | None = None  # None: the input record's key
+    timestamp_ms: int | None = None  # the output record's Kafka timestamp; None: the time it is written
 
 
 class Stage(Protocol):
