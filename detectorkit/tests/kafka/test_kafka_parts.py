@@ -83,7 +83,7 @@ def test_read_range_returns_exactly_the_planned_records(base, topic):
 
 
 def test_read_range_chunks_large_ranges(base, topic, monkeypatch):
-    import detectorkit.source as source
+    import detectorkit.kafka.source as source
 
     monkeypatch.setattr(source, "CHUNK_RECORDS", 100)
     produce(base, topic, 450)
