@@ -229,11 +229,14 @@ class KafkaStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
         probe, _ = self._clients()
         partitions = self._topic_partitions()
+        # Confirmed: a partition's first answer on Tansu comes from ListOffsets, which is low, and
+        # a low end below the job's start reads as a deleted topic. Once a fetch has answered for
+        # a partition, this costs nothing more.
         try:
-            latest = probe.end_offsets(partitions)
+            latest = probe.end_offsets(partitions, confirmed=True)
         except LookupError:  # gone since the last look at the topic's partitions
             partitions = self._topic_partitions(force=True)
-            latest = probe.end_offsets(partitions)
+            latest = probe.end_offsets(partitions, confirmed=True)
         current = from_spark(self.options.topic, start)
         planned, _, problems = reconcile(current, latest, self.options.fail_on_data_loss, self.options.topic)
         for problem in problems:
