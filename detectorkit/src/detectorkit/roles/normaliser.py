@@ -14,7 +14,6 @@ the reason; nothing is guessed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from detectorkit.detector import NoConfig
-from detectorkit.runtime.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Rejected
+from detectorkit.runtime.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Refused, Rejected, parse_object
 from detectorkit.runtime.stage import Output, Source
 
 # Dead-letter reasons beyond those of parsing (see runtime.records).
@@ -48,12 +47,8 @@ _DATE_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%d/%m/%Y %H:%M:%S", 
                  "%Y/%m/%d %H:%M:%S", "%Y-%m-%d")
 
 
-class NotNormalisable(ValueError):
+class NotNormalisable(Refused):
     """Why a raw record cannot become a normalised one; `reason` is the dead-letter reason."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 def first(raw: dict[str, Any], field: str) -> Any:
@@ -166,17 +161,6 @@ def normalise(raw: dict[str, Any], fallback_id: str, fallback_timestamp_ms: int)
     }
 
 
-def parse_raw(value: bytes | None) -> dict[str, Any]:
-    """A raw value as a JSON object, or NotNormalisable with the parsing reason."""
-    try:
-        raw = json.loads(value) if value is not None else None
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise NotNormalisable(MALFORMED_JSON, f"value is not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise NotNormalisable(NOT_AN_OBJECT, f"value is JSON {type(raw).__name__}, not an object")
-    return raw
-
-
 @dataclasses.dataclass(frozen=True)
 class Normaliser:
     """The upstream role as a stage of the runtime: one normalised record per raw record, keyed by
@@ -194,8 +178,8 @@ class Normaliser:
         for position, value in enumerate(values.to_pylist()):
             where = source(position)
             try:
-                record = normalise(parse_raw(value), f"{where.topic}-{where.partition}-{where.offset}", where.timestamp_ms)
-            except NotNormalisable as exc:
+                record = normalise(parse_object(value), f"{where.topic}-{where.partition}-{where.offset}", where.timestamp_ms)
+            except Refused as exc:
                 rejected.append(Rejected(position, exc.reason, str(exc)))
                 continue
             # Event time travels on: the Kafka timestamp downstream is when it happened, so the

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import structlog
 
-from detectorkit.runtime.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Rejected
+from detectorkit.runtime.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Refused, Rejected, parse_object
 from detectorkit.runtime.stage import Output, Source
 from detectorkit.settings import SettingsError
 
@@ -231,12 +231,9 @@ class Notifier:
         rejected = []
         for position, value in enumerate(values.to_pylist()):
             try:
-                detection = json.loads(value) if value is not None else None
-            except ValueError as exc:
-                rejected.append(Rejected(position, MALFORMED_JSON, f"value is not JSON: {exc}"))
-                continue
-            if not isinstance(detection, dict):
-                rejected.append(Rejected(position, NOT_AN_OBJECT, "a detection is a JSON object"))
+                detection = parse_object(value)
+            except Refused as exc:
+                rejected.append(Rejected(position, exc.reason, str(exc)))
                 continue
             where = source(position)
             try:

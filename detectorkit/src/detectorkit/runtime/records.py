@@ -26,6 +26,25 @@ class Rejected:
     message: str
 
 
+class Refused(ValueError):
+    """Why a record cannot be used; `reason` is its dead-letter reason."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def parse_object(value: bytes | None) -> dict:
+    """One Kafka value as a JSON object, or Refused (malformed JSON, or JSON but no object)."""
+    try:
+        record = json.loads(value) if value is not None else None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise Refused(MALFORMED_JSON, f"value is not JSON: {exc}") from None
+    if not isinstance(record, dict):
+        raise Refused(NOT_AN_OBJECT, f"value is JSON {type(record).__name__}, not an object")
+    return record
+
+
 def parse(values: Sequence[bytes | None], required_fields: Sequence[str]) -> tuple[pd.DataFrame, list[Rejected]]:
     """Parse JSON objects; the DataFrame's index is each record's position in `values`."""
     rows = []
@@ -33,12 +52,9 @@ def parse(values: Sequence[bytes | None], required_fields: Sequence[str]) -> tup
     rejected = []
     for position, value in enumerate(values):
         try:
-            record = json.loads(value) if value is not None else None
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-            rejected.append(Rejected(position, MALFORMED_JSON, f"value is not JSON: {exc}"))
-            continue
-        if not isinstance(record, dict):
-            rejected.append(Rejected(position, NOT_AN_OBJECT, f"value is JSON {type(record).__name__}, not an object"))
+            record = parse_object(value)
+        except Refused as exc:
+            rejected.append(Rejected(position, exc.reason, str(exc)))
             continue
         missing = [f for f in required_fields if record.get(f) is None]
         if missing:
