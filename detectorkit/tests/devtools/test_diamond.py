@@ -1,6 +1,7 @@
 """The whole diamond at small size, as `make diamond` runs it: raw records through the normaliser,
 two detectors generated from the template, the notifier; counts reconciled through every stage
-and equal to what the metrics-aggregator summed."""
+and equal to what the metrics-aggregator summed. Halfway, a third detector is deployed into the
+running diamond (`--join-detector`): it starts at the end of its input and the others go on."""
 
 import json
 import pathlib
@@ -16,7 +17,7 @@ def test_the_diamond_reconciles_through_every_stage_and_the_metrics_agree(kafka_
     records, seed = 2_000, 11
     command = [sys.executable, "-m", "detectorkit", "diamond", "--bootstrap-servers", kafka_bootstrap_servers, "--records", str(records),
                "--rate", "400", "--seed", str(seed), "--partitions", "2", "--no-live", "--work", str(tmp_path), "--template", str(REPO),
-               "--timeout-seconds", "400"]
+               "--timeout-seconds", "400", "--join-detector"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
@@ -34,3 +35,11 @@ def test_the_diamond_reconciles_through_every_stage_and_the_metrics_agree(kafka_
     detections = m["high-value-orders"]["detector_detections_written_total"] + m["order-bursts"]["detector_detections_written_total"]
     assert m["notifier"]["detector_records_read_total"] == detections
     assert result["notifications"] >= 1
+
+    # The third detector read exactly the records normalised after it joined (the feed held at the
+    # middle of the planted records), and the first two every record, without a stop.
+    valid_after_join = sum(1 for s in planted[records // 2:] if s.kind == "valid")
+    assert m["late-orders"]["detector_records_read_total"] == valid_after_join
+    assert m["late-orders"]["detector_detections_written_total"] == sum(s.anomaly for s in planted[records // 2:])
+    assert any("late-orders deployed halfway" in line and line.endswith("yes") for line in result["lines"]), result["lines"]
+    assert not result["failed_jobs"]

@@ -32,6 +32,9 @@ from detectorkit.samples import raw_samples
 RAW, NORMALISED, DETECTIONS, NOTIFICATIONS = "records.raw", "records.normalized", "detections", "notifications"
 METRICS = "metrics"
 DETECTORS = (("high-value-orders", "threshold"), ("order-bursts", "burst"))
+# --join-detector: a third detector deployed into the running diamond, with an output of its own so
+# that the notifier's reconciliation stays about the first two.
+JOINING, JOINING_OUTPUT = ("late-orders", "threshold"), "detections.late"
 WINDOW_SECONDS = 3600.0
 
 
@@ -77,20 +80,20 @@ class Diamond:
         return env
 
     def create_topics(self, partitions: int) -> None:
-        topics = {t: partitions for t in (RAW, NORMALISED, DETECTIONS, NOTIFICATIONS)}
-        topics.update({f"{name}.dlq": partitions for name in ("normaliser", "notifier", *(n for n, _ in DETECTORS))})
+        topics = {t: partitions for t in (RAW, NORMALISED, DETECTIONS, NOTIFICATIONS, JOINING_OUTPUT)}
+        topics.update({f"{name}.dlq": partitions for name in ("normaliser", "notifier", *(n for n, _ in (*DETECTORS, JOINING)))})
         topics[METRICS] = 1
         clients.create_topics(clients.base(self.bootstrap), topics)
 
-    def bake_detectors(self) -> dict[str, list[str]]:
-        """Generate the two detectors from the template, as a data scientist would, and install them."""
+    def bake_detectors(self, detectors=DETECTORS, output_topic: str = DETECTIONS) -> dict[str, list[str]]:
+        """Generate detectors from the template, as a data scientist would, and install them."""
         from cookiecutter.main import cookiecutter
 
         commands = {}
-        for name, kind in DETECTORS:
+        for name, kind in detectors:
             project = cookiecutter(str(self.template), no_input=True, output_dir=str(self.work), overwrite_if_exists=True,
                                    extra_context={"service_name": name, "detector_kind": kind, "input_topic": NORMALISED,
-                                                  "output_topic": DETECTIONS})
+                                                  "output_topic": output_topic})
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", project],
                            check=True)
             commands[name] = [sys.executable, "-m", name.replace("-", "_")]
@@ -129,6 +132,70 @@ class Diamond:
                 if "service" in s.labels:
                     table[s.labels["service"]][s.name] += s.value
         return table
+
+
+@dataclass
+class Joining:
+    """A third detector deployed into the running diamond (`--join-detector`): the feed holds at
+    its middle, the detector starts with no committed offsets, and the feed goes on once its group
+    holds where it starts. It must start at the end of its input and leave the others running."""
+
+    name: str
+    command: list[str]
+    bootstrap: str
+    ends: dict[int, int] | None = None  # records.normalized's end offsets when it was deployed
+    had_offsets: bool = False  # its group held offsets before it started (it must not)
+    start: dict[int, int] | None = None  # where its group says it starts
+    job: Job | None = None
+
+    def deploy(self, diamond: Diamond) -> None:
+        from detectorkit.kafka import broker_kind
+        from detectorkit.kafka.end_offsets import open_end_offsets
+
+        base = clients.base(self.bootstrap)
+        kind = broker_kind.resolve(broker_kind.AUTO, base, 30.0)
+        probe = open_end_offsets(kind, base, f"{self.name}.probe", NORMALISED, 30.0)
+        try:
+            self.ends = probe.end_offsets(probe.topic_partitions(), confirmed=True)
+        finally:
+            probe.close()
+        self.had_offsets = any(o is not None for o in self._committed().values())
+        # Its default STARTING_OFFSETS (latest), not the others' earliest.
+        env = diamond.env(output_topic=JOINING_OUTPUT)
+        env.pop("STARTING_OFFSETS")
+        self.job = Job(self.name, self.command, env, diamond.work / f"{self.name}.log").start()
+        diamond.jobs.append(self.job)
+
+    def started(self) -> bool:
+        """True once its group holds a position for every partition (the job commits where it
+        starts before its first batch)."""
+        if self.start is None:
+            committed = self._committed()
+            if all(o is not None for o in committed.values()):
+                self.start = committed
+        return self.start is not None
+
+    def _committed(self) -> dict[int, int | None]:
+        from detectorkit.kafka.offset_store import OffsetStore
+
+        store = OffsetStore(clients.consumer(clients.base(self.bootstrap), self.name), NORMALISED)
+        try:
+            return store.committed(sorted(self.ends))
+        finally:
+            store.close()
+
+    def lines(self, table: dict[str, dict[str, float]]) -> tuple[list[str], bool]:
+        m = table.get(self.name, {})
+        normalised = table["normaliser"]["detector_records_read_total"] - table["normaliser"]["detector_dead_letters_total"]
+        after = int(normalised) - sum(self.ends.values())
+        at_end = self.start == self.ends and not self.had_offsets
+        read_after = m.get("detector_records_read_total", -1) == after
+        return [
+            f"{self.name} deployed halfway, with no committed offsets: started at the end of {NORMALISED} "
+            f"({sum(self.start.values()):,} of {sum(self.ends.values()):,}): {'yes' if at_end else 'NO'}",
+            f"{self.name} read the {after:,} records normalised after it joined: "
+            f"{'yes' if read_after else 'NO, ' + format(m.get('detector_records_read_total', 0), ',.0f')}; the others went on",
+        ], at_end and read_after
 
 
 def summary_table(table: dict[str, dict[str, float]], jobs: list[Job]):
@@ -184,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--template", default=".", help="the template's folder (this repository)")
     parser.add_argument("--timeout-seconds", type=float, default=600.0, help="give up waiting for the diamond to drain")
     parser.add_argument("--no-live", dest="live", action="store_false", help="no live table (logs, CI)")
+    parser.add_argument("--join-detector", action="store_true",
+                        help="halfway through, deploy a third detector generated from the template into the running diamond")
     args = parser.parse_args(argv)
     work = pathlib.Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -195,12 +264,17 @@ def main(argv: list[str] | None = None) -> int:
     diamond = Diamond(work, broker.bootstrap_servers, pathlib.Path(args.template).resolve())
     try:
         diamond.create_topics(args.partitions)
-        diamond.start(diamond.bake_detectors())
+        detectors = diamond.bake_detectors()
+        joining = None
+        if args.join_detector:
+            (command,) = diamond.bake_detectors((JOINING,), JOINING_OUTPUT).values()
+            joining = Joining(JOINING[0], command, broker.bootstrap_servers)
+        diamond.start(detectors)
         planted = list(raw_samples(args.records, seed=args.seed, anomaly_share=0.01, malformed_share=0.02, burst_share=0.002,
                                    customers=1_000_000, start_s=int(time.time()), per_second=args.rate))
-        fed = Feed()
+        fed = Feed(hold_at=len(planted) // 2 if joining else None)
         threading.Thread(target=fed.run, args=(broker.bootstrap_servers, planted, args.rate, stopping), daemon=True).start()
-        drained = _watch(diamond, args, planted, fed, stopping)
+        drained = _watch(diamond, args, planted, fed, stopping, joining)
     finally:
         codes = diamond.stop()
         broker_out = broker.bootstrap_servers
@@ -214,12 +288,16 @@ def main(argv: list[str] | None = None) -> int:
             rules = sorted({d["service"] for d in n["detections"]})
             print(f"  {n['customer']}  {n['window_start']}  {len(n['detections'])} detection(s) from {', '.join(rules)}")
         lines, ok = reconcile(broker_out, planted)
+        if joining is not None:
+            more, joined_ok = joining.lines(diamond.final_metrics)
+            lines, ok = lines + more, ok and joined_ok
         print("\nreconciliation:")
         for line in lines:
             print(f"  {line}")
         metrics = {service: dict(values) for service, values in diamond.final_metrics.items()}
-        (work / "result.json").write_text(json.dumps({"ok": ok, "lines": lines, "metrics": metrics, "notifications": len(notes)}))
         failed = {name: code for name, code in codes.items() if code not in (0, None)}
+        (work / "result.json").write_text(json.dumps({"ok": ok, "lines": lines, "metrics": metrics, "notifications": len(notes),
+                                                      "failed_jobs": failed}))
         if failed:
             print(f"jobs that did not stop cleanly: {failed}; logs in {work}", file=sys.stderr)
         return 0 if ok and not failed else 1
@@ -238,16 +316,25 @@ class _Given:
 
 
 class Feed:
-    """Produces the raw records at the rate asked; `sent` counts them, `done` is set at the end."""
+    """Produces the raw records at the rate asked; `sent` counts them, `done` is set at the end.
+    With `hold_at`, it sets `held` after that many records and waits for `resume`."""
 
-    def __init__(self):
+    def __init__(self, hold_at: int | None = None):
         self.sent = 0
         self.done = threading.Event()
+        self.hold_at = hold_at
+        self.held, self.resume = threading.Event(), threading.Event()
 
     def run(self, bootstrap: str, planted: list, rate: float, stopping: threading.Event) -> None:
         producer = clients.new_producer(clients.producer(clients.base(bootstrap)))
         began = time.monotonic()
         for i, s in enumerate(planted):
+            if i == self.hold_at:
+                producer.flush(30)
+                self.held.set()
+                while not (self.resume.wait(0.5) or stopping.is_set()):
+                    pass
+                began = time.monotonic() - i / rate
             if stopping.is_set():
                 break
             producer.produce(RAW, key=s.key, value=s.value)
@@ -261,8 +348,9 @@ class Feed:
         self.done.set()
 
 
-def _watch(diamond: Diamond, args, planted: list, fed: Feed, stopping: threading.Event) -> bool:
-    """Refresh the summary until every stage has read everything upstream of it (or the timeout)."""
+def _watch(diamond: Diamond, args, planted: list, fed: Feed, stopping: threading.Event, joining: Joining | None = None) -> bool:
+    """Refresh the summary until every stage has read everything upstream of it (or the timeout);
+    deploy the joining detector when the feed holds and the normaliser has caught up with it."""
     from rich.console import Group
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -284,7 +372,14 @@ def _watch(diamond: Diamond, args, planted: list, fed: Feed, stopping: threading
             if dead:
                 print(f"job(s) exited early: {dead}; logs in {diamond.work}", file=sys.stderr)
                 return False
-            settled = fed.done.is_set() and _drained(table, fed.sent)
+            if joining is not None and fed.held.is_set() and not fed.resume.is_set():
+                if joining.job is None and _drained(table, fed.sent, stages=("normaliser",)):
+                    joining.deploy(diamond)
+                elif joining.job is not None and joining.started():
+                    fed.resume.set()
+            extra = (joining.name,) if joining is not None and joining.job is not None else ()
+            settled = fed.done.is_set() and _drained(table, fed.sent, joined=extra,
+                                                     after=sum(joining.ends.values()) if extra else 0)
             settled_since = (settled_since or time.monotonic()) if settled else None
             if settled_since and time.monotonic() - settled_since > 6:  # three reports in a row
                 diamond.final_metrics = table
@@ -293,19 +388,28 @@ def _watch(diamond: Diamond, args, planted: list, fed: Feed, stopping: threading
     return False
 
 
-def _drained(table: dict[str, dict[str, float]], raw: int) -> bool:
-    """Each stage has read all that its upstream wrote: the normaliser every raw record fed, each
-    detector every normalised record, the notifier every detection."""
-    services = ["normaliser", *(n for n, _ in DETECTORS), "notifier"]
+def _drained(table: dict[str, dict[str, float]], raw: int, stages: tuple[str, ...] = ("normaliser", *(n for n, _ in DETECTORS), "notifier"),
+             joined: tuple[str, ...] = (), after: int = 0) -> bool:
+    """Each of `stages` has read all that its upstream wrote: the normaliser every raw record fed,
+    each detector every normalised record, the notifier every detection; a `joined` detector at least
+    every normalised record after the first `after`."""
+    services = [*stages, *joined]
     if any(s not in table or table[s].get("detector_instances_up", 0) < 1 for s in services):
         return False
     if table["normaliser"].get("detector_records_read_total", 0) != raw:
         return False
+    if any(table[s].get("detector_consumer_lag_records", 0) != 0 for s in services):
+        return False
     normalised = table["normaliser"]["detector_records_read_total"] - table["normaliser"]["detector_dead_letters_total"]
-    detections = sum(table[n]["detector_detections_written_total"] for n, _ in DETECTORS)
-    return (all(table[s].get("detector_consumer_lag_records", 0) == 0 for s in services)
-            and all(table[n]["detector_records_read_total"] == normalised for n, _ in DETECTORS)
-            and table["notifier"]["detector_records_read_total"] == detections)
+    detectors = [n for n, _ in DETECTORS if n in stages]
+    if any(table[n]["detector_records_read_total"] != normalised for n in detectors):
+        return False
+    # At least: one that read more (started earlier than it should have) must still settle, for the
+    # reconciliation to say so.
+    if any(table[n]["detector_records_read_total"] < normalised - after for n in joined):
+        return False
+    return "notifier" not in stages or table["notifier"]["detector_records_read_total"] == sum(
+        table[n]["detector_detections_written_total"] for n in detectors)
 
 
 def _print_plain(table: dict[str, dict[str, float]], jobs: list[Job]) -> None:
