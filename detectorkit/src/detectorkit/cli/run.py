@@ -108,6 +108,7 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
 
 def _run(stage: Stage, settings: Settings, config, log) -> int:
     from detectorkit.runtime.job import StreamJob
+    from detectorkit.runtime.shipping import stage_packages
     from detectorkit.runtime.spark import session
 
     stop = threading.Event()
@@ -118,7 +119,7 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    spark = session(settings.spark_master, stage.name)
+    spark = session(settings.spark_master, stage.name, ship=stage_packages(stage))
     # SparkContext replaces the SIGINT handler with one that cancels every job at once; a Ctrl-C
     # must finish the batch in flight instead.
     signal.signal(signal.SIGINT, on_signal)
@@ -144,7 +145,7 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
             return _fail(reason, EXIT_FAILED)
         st = job.stats
         log.info("job stopped", batches=st.batches, records=st.records, detections=st.detections,
-                 dead_letters=dict(st.dead_letters))
+                 dead_letters=dict(st.dead_letters), task_processes=job.metrics.executors.processes())
         return 0
     finally:
         job.close()

@@ -4,29 +4,41 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from importlib import resources
 
 from pyspark.sql import SparkSession
 
 from detectorkit.kafka.source import KafkaSource
+from detectorkit.runtime import shipping
 
 
-def session(master: str = "local[2]", app_name: str = "detectorkit") -> SparkSession:
-    # Workers must run this interpreter (the service's venv), not whatever `python3` is on PATH.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+def session(master: str = "local[2]", app_name: str = "detectorkit", ship: Iterable[str] = ()) -> SparkSession:
+    """A session on `master`. On a cluster (any master but local), the packages named in `ship`
+    are zipped and sent to the executors (see shipping), whose Python is PYSPARK_PYTHON (their
+    environment's, with detectorkit's dependencies) and whose log4j2.properties is the workers'
+    own (SPARK_CONF_DIR): a file path of this machine means nothing there."""
+    local = master.startswith("local")
+    zips = [] if local else shipping.zip_packages(ship)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    # Everything runs on this machine in local mode; this also spares a warning at every start.
-    if master.startswith("local"):
+    if local:
+        # Workers must run this interpreter (the service's venv), not whatever `python3` is on PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        # Everything runs on this machine; this also spares a warning at every start.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     log4j = resources.files("detectorkit.runtime").joinpath("log4j2.properties")
     java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.extraJavaOptions", java_opts)
-        .config("spark.executor.extraJavaOptions", java_opts)
+    )
+    if local:
+        builder = builder.config("spark.executor.extraJavaOptions", java_opts)
+    spark = (
+        builder
         # No shuffle in the job; keep any that a user adds small on a laptop.
         .config("spark.sql.shuffle.partitions", "2")
         # Starting a Python worker per task doubles the latency.
@@ -39,5 +51,6 @@ def session(master: str = "local[2]", app_name: str = "detectorkit") -> SparkSes
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
+    shipping.ship(spark, zips)
     spark.dataSource.register(KafkaSource)
     return spark
