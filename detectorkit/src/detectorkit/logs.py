@@ -7,9 +7,21 @@ import sys
 
 import structlog
 
+_configured = False
+
+
+def setup_once(level: str = "INFO", **context: str) -> None:
+    """`setup`, unless this process has been set up already: a Spark Python worker's logs go to its
+    executor's stderr as the same JSON lines as the driver's, with the job's context; the driver
+    (where a stage may run its tasks itself) keeps its own setup."""
+    if not _configured:
+        setup(level, **context)
+
 
 def setup(level: str = "INFO", **context: str) -> structlog.stdlib.BoundLogger:
     """Route structlog and the standard library's logging to JSON lines on stderr."""
+    global _configured
+    _configured = True
     shared = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,

@@ -142,6 +142,16 @@ def test_committed_offsets_are_the_restart_point(spark, kafka_bootstrap_servers)
     assert set(found) == expected_detections(first + second) and set(found.values()) == {1}
 
 
+def test_a_stage_that_runs_in_the_driver_refuses_records_through_the_jvm():
+    from detectorkit.roles.notifier import Notifier
+
+    settings = Settings(kafka_bootstrap_servers="127.0.0.1:9")
+    with pytest.raises(ValueError, match="runs in the driver.*deliver must be 'ranges'"):
+        StreamJob(Notifier(), settings, spark=None, deliver="records")
+    with pytest.raises(ValueError, match="deliver must be"):
+        StreamJob(THRESHOLD, settings, spark=None, config=Config(), deliver="rows")
+
+
 @pytest.mark.parametrize("bad", ["not_an_int"])
 def test_explain_picks_our_error_out_of_a_spark_stack(bad):
     text = (

@@ -3,7 +3,8 @@
 Counting happens where the work happens: the executors count records, detections, dead letters
 and end-to-end latencies per task and send them to the driver in the batch's own results (the
 summaries `foreachBatch` collects); the driver adds them here. Batch time, offsets and lag are
-measured on the driver; CPU and memory cover the whole process tree (driver, JVM, Python workers).
+measured on the driver; CPU and memory cover the whole process tree (driver, JVM, Python workers),
+and, reported by the tasks themselves, the processes that ran them (metrics.executors), wherever.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+from detectorkit.metrics.executors import ExecutorProcesses
 
 PREFIX = "detector"
 
@@ -124,6 +127,8 @@ class JobMetrics:
         self.handover = Histogram(f"{PREFIX}_handover_seconds", "From a rebalance's start to reading the new partitions.",
                                   buckets=BATCH_BUCKETS, registry=r)
         self.report_errors = Counter(f"{PREFIX}_metrics_report_errors", "Metric snapshots that could not be written to Kafka.", registry=r)
+        self.executors = ExecutorProcesses()
+        r.register(self.executors)
         if process_tree:
             r.register(ProcessTreeCollector())
 

@@ -81,6 +81,11 @@ class StreamJob:
         self.stats = JobStats()
         # "ranges": the tasks read their planned ranges themselves; "records": the source's records
         # pass through the JVM into the tasks. Both are kept so the benchmark can compare them.
+        if deliver not in ("ranges", "records"):
+            raise ValueError(f"deliver must be 'ranges' or 'records', not {deliver!r}")
+        if getattr(self.stage, "runs_in_driver", False) and deliver != "ranges":
+            # The driver reads the planned ranges itself; records through the JVM would be read twice.
+            raise ValueError(f"{self.stage.name} runs in the driver, which reads its ranges itself: deliver must be 'ranges'")
         self.deliver = deliver
         # The query reading the partitions this instance owns; replaced when they change.
         self.query = None
@@ -151,6 +156,8 @@ class StreamJob:
             output_topic=s.output_topic,
             dlq_topic=s.dlq_topic,
             client_idle_seconds=self.client_idle_seconds,
+            log_level=s.log_level,
+            log_context=(("service", self.stage.name), ("instance", s.instance_id)),
         )
         if hasattr(self.stage, "prepare_job"):
             self.stage.prepare_job(self.config, s, self._base, self.broker_kind)
@@ -330,6 +337,7 @@ class StreamJob:
             dead.update(json.loads(row.dead_letters))
             latency_counts = [a + b for a, b in zip(latency_counts, json.loads(row.latency_counts), strict=True)]
             latency_sum += row.latency_sum
+            self.metrics.executors.update(json.loads(row.processes))
         collected = time.monotonic()
         # Every task has flushed its producer: the output is written, so the position may move.
         with self._offsets_lock:

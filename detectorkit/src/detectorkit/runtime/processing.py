@@ -19,13 +19,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from detectorkit import logs
 from detectorkit.kafka import sink as sinks
 from detectorkit.kafka.source import SourceOptions, ranges_from_row, read_planned
+from detectorkit.metrics import executors
 from detectorkit.metrics.registry import bucket_counts
 from detectorkit.runtime.stage import Source, Stage
 
 SUMMARY_SCHEMA = (
-    "partition int, next_offset long, records long, detections long, dead_letters string, latency_counts string, latency_sum double"
+    "partition int, next_offset long, records long, detections long, dead_letters string, latency_counts string, latency_sum double, "
+    "processes string"
 )
 _SUMMARY_ARROW = pa.schema([
     ("partition", pa.int32()),
@@ -35,6 +38,8 @@ _SUMMARY_ARROW = pa.schema([
     ("dead_letters", pa.string()),
     ("latency_counts", pa.string()),
     ("latency_sum", pa.float64()),
+    # What the task's processes cost (metrics.executors), on the first row only.
+    ("processes", pa.string()),
 ])
 
 
@@ -51,6 +56,9 @@ class TaskContext:
     flush_timeout: float = 60.0
     # A worker's cached producer is closed after this long unused (see worker_clients).
     client_idle_seconds: float = 60.0
+    # The job's log level and context (service, instance), for the JSON logs of its Python workers.
+    log_level: str = "INFO"
+    log_context: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -138,6 +146,7 @@ def process_ranges(ctx: TaskContext, source: SourceOptions, tasks: Iterator[pa.R
 
 
 def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch], ends: dict[int, int]) -> Iterator[pa.RecordBatch]:
+    logs.setup_once(ctx.log_level, **dict(ctx.log_context))
     summaries: dict[int, PartitionSummary] = {}
     with sinks.for_worker(ctx.producer_conf, ctx.client_idle_seconds) as sink:
         for batch in batches:
@@ -160,6 +169,7 @@ def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch], ends: dict[int
                 pa.array([json.dumps(dict(s.dead_letters)) for _, s in items], pa.string()),
                 pa.array([json.dumps(bucket_counts(values)) for values in latencies], pa.string()),
                 pa.array([float(sum(values)) for values in latencies], pa.float64()),
+                pa.array([json.dumps(executors.report())] + ["[]"] * (len(items) - 1), pa.string()),
             ],
             schema=_SUMMARY_ARROW,
         )
