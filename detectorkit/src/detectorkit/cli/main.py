@@ -158,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("diamond", help="run the whole diamond on one machine with a live summary (detectorkit diamond --help)",
                    add_help=False)
     sub.add_parser("aggregate", help="run the shared metrics-aggregator (detectorkit aggregate --help)", add_help=False)
+    sub.add_parser("cluster", help="run a Spark standalone cluster on this machine and print its master URL (detectorkit cluster --help)",
+                   add_help=False)
     p = sub.add_parser("kafka-tool", help="run one of Apache Kafka's own tools, e.g. detectorkit kafka-tool consumer-groups --describe ...",
                        add_help=False)
     p.add_argument("tool", help="consumer-groups, topics, delete-records, get-offsets, transactions, console-consumer, ...")
@@ -173,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from detectorkit.devtools.diamond import main as diamond
 
         return diamond(rest)
+    if args.command == "cluster":
+        from detectorkit.devtools.cluster import main as cluster
+
+        return cluster(rest)
     if args.command == "notify":
         from detectorkit.roles.notifier import Notifier
 

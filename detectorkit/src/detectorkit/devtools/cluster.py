@@ -21,8 +21,33 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from importlib import resources
 
 from detectorkit.devtools.embedded_broker import free_port
+
+
+def worker_requirements() -> list[str]:
+    """detectorkit's own dependencies, pinned to the versions installed here: what a workers'
+    environment needs. Not detectorkit itself, nor any service: jobs ship those (runtime/shipping)."""
+    import re
+    from importlib import metadata
+
+    pins = []
+    for requirement in metadata.requires("detectorkit") or []:
+        if "extra ==" in requirement:
+            continue
+        name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
+        pins.append(f"{name}=={metadata.version(name)}")
+    return pins
+
+
+def make_workers_env(path: pathlib.Path) -> pathlib.Path:
+    """A virtual environment at `path` with `worker_requirements()` (made once); its Python."""
+    python = path / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *worker_requirements()], check=True)
+    return python
 
 
 def spark_class() -> str:
@@ -47,12 +72,17 @@ class LocalCluster:
         return f"spark://127.0.0.1:{self.port}"
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": self.python, "SPARK_NO_DAEMONIZE": "1"}
+        # SPARK_CONF_DIR is on the executors' class path: their log4j2.properties comes from there,
+        # as on a real cluster's workers (a driver's file path means nothing on another machine).
+        return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": self.python, "SPARK_NO_DAEMONIZE": "1",
+                "SPARK_CONF_DIR": str(pathlib.Path(self.work_dir) / "conf")}
 
     def start(self, timeout: float = 120.0) -> LocalCluster:
         self.port, self.ui_port = self.port or free_port(), self.ui_port or free_port()
         self.work_dir = self.work_dir or tempfile.mkdtemp(prefix="spark-cluster-")
         logs = pathlib.Path(self.work_dir)
+        (logs / "conf").mkdir(exist_ok=True)
+        (logs / "conf" / "log4j2.properties").write_text(resources.files("detectorkit.runtime").joinpath("log4j2.properties").read_text())
         self.processes.append(self._spawn(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port),
                                            "--webui-port", str(self.ui_port)], logs / "master.log"))
         for i in range(self.workers):
@@ -81,6 +111,10 @@ class LocalCluster:
     def alive_workers(self) -> int:
         return sum(1 for w in self.status().get("workers", []) if w.get("state") == "ALIVE")
 
+    def executor_logs(self) -> list[pathlib.Path]:
+        """Every executor's stderr (the worker's work dir/<app>/<executor>/stderr)."""
+        return sorted(pathlib.Path(self.work_dir).glob("worker-*/app-*/*/stderr"))
+
     def kill_worker(self, index: int = 0) -> None:
         """A worker lost for good (kill -9 of its process group), as a machine failing."""
         os.killpg(self.processes[1 + index].pid, signal.SIGKILL)
@@ -102,16 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cores", type=int, default=1, help="cores per worker")
     parser.add_argument("--memory", default="1g", help="memory per worker")
-    parser.add_argument("--python", default=sys.executable, help="the workers' Python (PYSPARK_PYTHON)")
+    parser.add_argument("--python", default=None, help="the workers' Python (default: this one)")
+    parser.add_argument("--workers-env", default=None,
+                        help="make (once) a virtual environment here with detectorkit's dependencies only, and give it to the workers")
     parser.add_argument("--port", type=int, default=7077)
     args = parser.parse_args(argv)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    cluster = LocalCluster(args.workers, args.cores, args.memory, args.python, port=args.port).start()
+    python = str(make_workers_env(pathlib.Path(args.workers_env).resolve())) if args.workers_env else args.python or sys.executable
+    cluster = LocalCluster(args.workers, args.cores, args.memory, python, port=args.port).start()
     try:
         print(cluster.master_url, flush=True)
-        print(f"web UI http://127.0.0.1:{cluster.ui_port}/, logs in {cluster.work_dir}", file=sys.stderr, flush=True)
+        print(f"web UI http://127.0.0.1:{cluster.ui_port}/, logs in {cluster.work_dir}; run a service on it with "
+              f"SPARK_MASTER={cluster.master_url} PYSPARK_PYTHON={python}", file=sys.stderr, flush=True)
         while not stop.wait(1.0):
             if any(p.poll() is not None for p in cluster.processes):
                 print("a cluster process exited; stopping", file=sys.stderr)

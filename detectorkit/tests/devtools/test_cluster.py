@@ -1,0 +1,132 @@
+"""A detector generated from the template, on a Spark standalone cluster of 1 master and 2 workers
+(`detectorkit cluster`). The workers' Python environment has detectorkit's dependencies but neither
+detectorkit nor the service: both reach the executors with the job. A worker killed mid-stream
+loses nothing."""
+
+import collections
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from detectorkit.devtools.cluster import LocalCluster, make_workers_env
+from detectorkit.samples import samples
+from detectorkit.testing import create_test_topics, produce, read_all
+
+from ..jobs import Job, committed, job_env, wait_for
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+SERVICE, PACKAGE = "cluster-orders", "cluster_orders"
+RECORDS, PARTITIONS = 6_000, 4
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """The template's threshold detector, baked and installed here (the driver's environment)."""
+    from cookiecutter.main import cookiecutter
+
+    project = cookiecutter(str(REPO), no_input=True, output_dir=str(tmp_path_factory.mktemp("bake")),
+                           extra_context={"service_name": SERVICE, "detector_kind": "threshold"})
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", project], check=True)
+    return [sys.executable, "-m", PACKAGE]
+
+
+@pytest.fixture(scope="module")
+def workers_python(tmp_path_factory):
+    python = make_workers_env(tmp_path_factory.mktemp("workers") / "env")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for package in ("detectorkit", PACKAGE, "tests"):
+        found = subprocess.run([str(python), "-c", f"import {package}"], env=env, cwd="/", capture_output=True)
+        assert found.returncode != 0, f"the workers' environment must not have {package} for this test to mean anything"
+    return str(python)
+
+
+@pytest.fixture
+def cluster(workers_python, monkeypatch):
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # the workers import only what their environment has
+    c = LocalCluster(workers=2, cores=1, memory="1g", python=workers_python).start()
+    yield c
+    c.stop()
+
+
+def expected(sent):
+    return {(s.partition, s.offset) for s in sent if s.sample.kind == "valid" and s.sample.amount > 1000}
+
+
+def detections(bs, topics):
+    values = [json.loads(m["value"]) for m in read_all(bs, topics.output)]
+    return collections.Counter((v["source"]["partition"], v["source"]["offset"]) for v in values)
+
+
+def executor_pids(c: LocalCluster) -> set[int]:
+    """The processes under the workers: executor JVMs and their Python workers."""
+    pids = set()
+    for worker in c.processes[1:]:
+        try:
+            pids |= {p.pid for p in psutil.Process(worker.pid).children(recursive=True)}
+        except psutil.Error:
+            continue
+    return pids
+
+
+def test_generated_detector_on_a_two_worker_cluster_loses_nothing_when_a_worker_dies(kafka_bootstrap_servers, service, cluster,
+                                                                                      workers_python):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "cluster", partitions=PARTITIONS)
+    sent = produce(bs, topics.input, samples(RECORDS, seed=31, bad_every=100, high_share=0.2))
+    env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=400, spark_master=cluster.master_url,
+                  pyspark_python=workers_python, stop_after_idle_seconds=4, metrics_interval_seconds=1)
+    env.pop("PYTHONPATH")
+    job = Job(env, command=service)
+    seen = set()
+
+    def batches_on_both_workers():
+        seen.update(executor_pids(cluster))
+        done = sum(o or 0 for o in committed(bs, topics, range(PARTITIONS)).values())
+        return job.process.poll() is not None or (0 < done < RECORDS // 2 and len(cluster.executor_logs()) == 2)
+
+    wait_for(batches_on_both_workers, timeout=240, what="the job's first batches on both workers")
+    assert job.process.poll() is None, job.output()[-5000:]
+    cluster.kill_worker(0)  # a machine lost mid-stream: its executor and Python workers with it
+    at_kill = sum(committed(bs, topics, range(PARTITIONS)).values())
+    wait_for(lambda: seen.update(executor_pids(cluster)) or job.process.poll() is not None, timeout=300, what="the job's end")
+    assert job.wait(10) == 0, job.output()[-5000:]
+
+    assert at_kill < RECORDS, "the worker must die mid-stream for this test to mean anything"
+    found = detections(bs, topics)
+    assert set(found) == expected(sent)  # nothing lost (a retried task may write some twice)
+    assert sum(committed(bs, topics, range(PARTITIONS)).values()) == RECORDS
+
+    # The executors' logs follow detectorkit's log4j2.properties from the workers' conf: no INFO.
+    logs = [p.read_text(errors="replace") for p in cluster.executor_logs()]
+    assert logs and not any(" INFO " in text for text in logs), logs[0][-2000:]
+    # The task processes the job counted are the executors' (on the workers), not the driver's.
+    stopped = next(json.loads(line) for line in job.output().splitlines() if '"job stopped"' in line)
+    reported = {p["pid"]: p for p in stopped["task_processes"]}
+    assert {p["kind"] for p in reported.values()} == {"python", "jvm"}
+    assert set(reported) <= seen, (reported, seen)
+    assert sum(p["cpu_seconds"] for p in reported.values()) > 0
+    print(f"worker killed with {at_kill:,} of {RECORDS:,} records committed; {sum(n > 1 for n in found.values())} detection(s) "
+          f"written twice by retried tasks; task processes {sorted((p['kind'], p['pid']) for p in reported.values())}")
+
+
+def test_cluster_command_prints_the_master_url_and_stops_every_process_on_sigterm():
+    command = [sys.executable, "-m", "detectorkit", "cluster", "--workers", "1", "--port", "0"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = process.stdout.readline().strip()
+        assert url.startswith("spark://127.0.0.1:"), process.stderr.read()
+        spawned = psutil.Process(process.pid).children(recursive=True)
+        assert any("deploy.worker.Worker" in " ".join(p.cmdline()) for p in spawned)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0, process.stderr.read()
+        _, alive = psutil.wait_procs(spawned, timeout=30)
+        assert not alive, alive
+    finally:
+        if process.poll() is None:
+            process.kill()
