@@ -46,12 +46,14 @@ def workers_python(tmp_path_factory):
     return str(python)
 
 
-@pytest.fixture
-def cluster(workers_python, monkeypatch):
-    monkeypatch.delenv("PYTHONPATH", raising=False)  # the workers import only what their environment has
+@pytest.fixture(scope="module")
+def cluster(workers_python):
+    path = os.environ.pop("PYTHONPATH", None)  # the workers import only what their environment has
     c = LocalCluster(workers=2, cores=1, memory="1g", python=workers_python).start()
     yield c
     c.stop()
+    if path is not None:
+        os.environ["PYTHONPATH"] = path
 
 
 def expected(sent):
@@ -74,6 +76,25 @@ def executor_pids(c: LocalCluster) -> set[int]:
     return pids
 
 
+def test_spark_submit_runs_the_generated_detector_with_its_own_master(kafka_bootstrap_servers, service, cluster):
+    # One Python for the driver and the executors, with everything installed: as one image for both.
+    import pyspark
+
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "submit", partitions=PARTITIONS)
+    sent = produce(bs, topics.input, samples(2_000, seed=32, bad_every=100, high_share=0.2))
+    env = job_env(bs, topics, starting_offsets="earliest", stop_after_idle_seconds=3)
+    main = subprocess.run([sys.executable, "-c", f"import {PACKAGE}.__main__ as m; print(m.__file__)"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    submit = pathlib.Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    command = [str(submit), "--master", cluster.master_url, "--conf", f"spark.pyspark.python={sys.executable}", main]
+    before = set(cluster.executor_logs())
+    code = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert code.returncode == 0, code.stdout[-3000:] + code.stderr[-3000:]
+    assert set(detections(bs, topics)) == expected(sent)
+    assert set(cluster.executor_logs()) - before, "the job must have run on the cluster's executors, not in local mode"
+
+
 def test_generated_detector_on_a_two_worker_cluster_loses_nothing_when_a_worker_dies(kafka_bootstrap_servers, service, cluster,
                                                                                       workers_python):
     bs = kafka_bootstrap_servers
@@ -82,13 +103,14 @@ def test_generated_detector_on_a_two_worker_cluster_loses_nothing_when_a_worker_
     env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=400, spark_master=cluster.master_url,
                   pyspark_python=workers_python, stop_after_idle_seconds=4, metrics_interval_seconds=1)
     env.pop("PYTHONPATH")
+    before = set(cluster.executor_logs())
     job = Job(env, command=service)
     seen = set()
 
     def batches_on_both_workers():
         seen.update(executor_pids(cluster))
         done = sum(o or 0 for o in committed(bs, topics, range(PARTITIONS)).values())
-        return job.process.poll() is not None or (0 < done < RECORDS // 2 and len(cluster.executor_logs()) == 2)
+        return job.process.poll() is not None or (0 < done < RECORDS // 2 and len(set(cluster.executor_logs()) - before) == 2)
 
     wait_for(batches_on_both_workers, timeout=240, what="the job's first batches on both workers")
     assert job.process.poll() is None, job.output()[-5000:]
@@ -103,7 +125,7 @@ def test_generated_detector_on_a_two_worker_cluster_loses_nothing_when_a_worker_
     assert sum(committed(bs, topics, range(PARTITIONS)).values()) == RECORDS
 
     # The executors' logs follow detectorkit's log4j2.properties from the workers' conf: no INFO.
-    logs = [p.read_text(errors="replace") for p in cluster.executor_logs()]
+    logs = [p.read_text(errors="replace") for p in set(cluster.executor_logs()) - before]
     assert logs and not any(" INFO " in text for text in logs), logs[0][-2000:]
     # The task processes the job counted are the executors' (on the workers), not the driver's.
     stopped = next(json.loads(line) for line in job.output().splitlines() if '"job stopped"' in line)

@@ -4,7 +4,8 @@ import sys
 
 from detectorkit.cli import run_detector
 
-from .detector import DETECTOR
+# Absolute, not relative: spark-submit runs this file as a script, outside its package.
+from {{ cookiecutter.package_name }}.detector import DETECTOR
 
 # The answers given when the service was generated; environment variables and flags override them.
 DEFAULTS = {

@@ -4,6 +4,7 @@ until a signal, and the exit code."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -119,7 +120,10 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    spark = session(settings.spark_master, stage.name, ship=stage_packages(stage))
+    master = settings.spark_master
+    if "spark_master" not in settings.model_fields_set and os.environ.get("PYSPARK_GATEWAY_PORT"):
+        master = None  # started by spark-submit: its --master
+    spark = session(master, stage.name, ship=stage_packages(stage))
     # SparkContext replaces the SIGINT handler with one that cancels every job at once; a Ctrl-C
     # must finish the batch in flight instead.
     signal.signal(signal.SIGINT, on_signal)

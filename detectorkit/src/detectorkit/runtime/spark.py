@@ -13,12 +13,15 @@ from detectorkit.kafka.source import KafkaSource
 from detectorkit.runtime import shipping
 
 
-def session(master: str = "local[2]", app_name: str = "detectorkit", ship: Iterable[str] = ()) -> SparkSession:
+def session(master: str | None = "local[2]", app_name: str = "detectorkit", ship: Iterable[str] = ()) -> SparkSession:
     """A session on `master`. On a cluster (any master but local), the packages named in `ship`
     are zipped and sent to the executors (see shipping), whose Python is PYSPARK_PYTHON (their
     environment's, with detectorkit's dependencies) and whose log4j2.properties is the workers'
-    own (SPARK_CONF_DIR): a file path of this machine means nothing there."""
-    local = master.startswith("local")
+    own (SPARK_CONF_DIR): a file path of this machine means nothing there. `master` None: the one
+    spark-submit was given; its JVM runs already, so the PYTHONPATH set for the planner comes too
+    late there, and the driver's Python (spark.pyspark.python) must have detectorkit installed."""
+    local = master is not None and master.startswith("local")
+    submitted = master is None
     zips = [] if local else shipping.zip_packages(ship)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if local:
@@ -28,9 +31,9 @@ def session(master: str = "local[2]", app_name: str = "detectorkit", ship: Itera
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     log4j = resources.files("detectorkit.runtime").joinpath("log4j2.properties")
     java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
+    builder = SparkSession.builder if submitted else SparkSession.builder.master(master)
     builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
+        builder.appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.extraJavaOptions", java_opts)
