@@ -43,3 +43,27 @@ def test_the_diamond_reconciles_through_every_stage_and_the_metrics_agree(kafka_
     assert m["late-orders"]["detector_detections_written_total"] == sum(s.anomaly for s in planted[records // 2:])
     assert any("late-orders deployed halfway" in line and line.endswith("yes") for line in result["lines"]), result["lines"]
     assert not result["failed_jobs"]
+
+
+def test_the_live_table_shows_each_jobs_counts_and_a_job_that_exited(tmp_path):
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from detectorkit.devtools.diamond import Job, summary_table
+
+    def job(name, returncode):
+        j = Job(name, [], {}, tmp_path / f"{name}.log")
+        j.process = SimpleNamespace(poll=lambda: returncode, returncode=returncode)
+        return j
+
+    jobs = [job("aggregator", None), job("normaliser", None), job("high-value-orders", 1)]
+    table = {"normaliser": {"detector_records_read_total": 12_345, "detector_dead_letters_total": 7, "detector_consumer_lag_records": 3},
+             "high-value-orders": {"detector_records_read_total": 100, "detector_detections_written_total": 4}}
+    console = Console(record=True, width=120)
+    console.print(summary_table(table, jobs))
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]] for line in console.export_text().splitlines()
+            if line.count("│") > 2 and "job" not in line}
+    assert rows["normaliser"] == ["yes", "12,345", "0", "7", "3"]
+    assert rows["high-value-orders"] == ["exited 1", "100", "4", "0", "0"]
+    assert "aggregator" not in rows  # it serves the table; it is not a row of it
