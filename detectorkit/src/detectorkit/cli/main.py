@@ -9,7 +9,6 @@ import json
 import signal
 import sys
 import threading
-import time
 from collections.abc import Sequence
 
 from detectorkit.cli.run import EXIT_FAILED, _fail, run_detector
@@ -56,6 +55,7 @@ def _cmd_run(args, rest: list[str]) -> int:
 
 
 def _cmd_produce_sample(args) -> int:
+    from detectorkit.devtools.pacing import Pacer
     from detectorkit.samples import raw_samples, samples
 
     if args.command == "produce-raw":
@@ -68,7 +68,7 @@ def _cmd_produce_sample(args) -> int:
     producer = clients.new_producer(clients.producer(base))
     kinds: dict[str, int] = {}
     anomalies = 0
-    began = time.monotonic()
+    pacer = Pacer(args.rate)
     with _progress(args.count, args.topic, args.progress) as advance:
         for i, s in enumerate(made):
             producer.produce(args.topic, key=s.key, value=s.value)
@@ -77,10 +77,7 @@ def _cmd_produce_sample(args) -> int:
             anomalies += bool(getattr(s, "anomaly", False))
             if i % 1000 == 999 or i == args.count - 1:
                 advance(i + 1)
-                if args.rate:
-                    ahead = (i + 1) / args.rate - (time.monotonic() - began)
-                    if ahead > 0:
-                        time.sleep(ahead)
+                pacer.wait(i + 1)
     if producer.flush(30):
         return _fail("not every sample record was delivered", EXIT_FAILED)
     summary = {"topic": args.topic, "produced": args.count, "kinds": kinds}

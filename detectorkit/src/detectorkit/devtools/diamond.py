@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from detectorkit.devtools.embedded_broker import ENGINES, free_port, start_broker
+from detectorkit.devtools.pacing import Pacer
 from detectorkit.kafka import clients
 from detectorkit.kafka.topic_reader import read_topic
 from detectorkit.samples import raw_samples
@@ -327,23 +328,21 @@ class Feed:
 
     def run(self, bootstrap: str, planted: list, rate: float, stopping: threading.Event) -> None:
         producer = clients.new_producer(clients.producer(clients.base(bootstrap)))
-        began = time.monotonic()
+        pacer = Pacer(rate)
         for i, s in enumerate(planted):
             if i == self.hold_at:
                 producer.flush(30)
                 self.held.set()
                 while not (self.resume.wait(0.5) or stopping.is_set()):
                     pass
-                began = time.monotonic() - i / rate
+                pacer.restart_at(i)
             if stopping.is_set():
                 break
             producer.produce(RAW, key=s.key, value=s.value)
             producer.poll(0)
             self.sent = i + 1
             if i % 100 == 99:
-                ahead = (i + 1) / rate - (time.monotonic() - began)
-                if ahead > 0:
-                    time.sleep(ahead)
+                pacer.wait(i + 1)
         producer.flush(30)
         self.done.set()
 
