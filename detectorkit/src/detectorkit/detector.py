@@ -13,14 +13,12 @@ its fields read from ``DETECTOR_<FIELD>`` environment variables.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pandas as pd
-from pydantic import TypeAdapter, ValidationError
 
-from detectorkit.settings import SettingsError
+from detectorkit.settings import config_from_env
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,14 +35,4 @@ class Detector:
 
     def load_config(self, environ: Mapping[str, str] | None = None) -> Any:
         """The config dataclass filled from DETECTOR_<FIELD> variables; SettingsError on a bad value."""
-        environ = os.environ if environ is None else environ
-        values = {}
-        for f in dataclasses.fields(self.config):
-            name = f"DETECTOR_{f.name.upper()}"
-            if name in environ:
-                values[f.name] = environ[name]
-        try:
-            return TypeAdapter(self.config).validate_python(values, strict=False)
-        except ValidationError as exc:
-            parts = [f"DETECTOR_{'.'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}" for e in exc.errors()]
-            raise SettingsError("invalid detector setting " + "; ".join(parts)) from None
+        return config_from_env(self.config, "DETECTOR_", environ)

@@ -217,3 +217,20 @@ def parse(argv: Sequence[str] | None = None) -> Settings:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     return load(parser.parse_args(argv))
+
+
+def config_from_env(config: type, prefix: str, environ: Mapping[str, str] | None = None) -> Any:
+    """A role's or a detector's config dataclass filled from <PREFIX><FIELD> variables (e.g.
+    DETECTOR_THRESHOLD), converted to the fields' types; SettingsError naming the variable on a
+    bad value."""
+    import dataclasses
+
+    from pydantic import TypeAdapter
+
+    environ = os.environ if environ is None else environ
+    values = {f.name: environ[f"{prefix}{f.name.upper()}"] for f in dataclasses.fields(config) if f"{prefix}{f.name.upper()}" in environ}
+    try:
+        return TypeAdapter(config).validate_python(values, strict=False)
+    except ValidationError as exc:
+        parts = [f"{prefix}{'.'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}" for e in exc.errors()]
+        raise SettingsError(f"invalid {prefix.rstrip('_').lower()} setting " + "; ".join(parts)) from None

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -34,7 +33,7 @@ import structlog
 
 from detectorkit.runtime.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Refused, Rejected, parse_object
 from detectorkit.runtime.stage import Output, Source
-from detectorkit.settings import SettingsError
+from detectorkit.settings import SettingsError, config_from_env
 
 log = structlog.get_logger("detectorkit.notifier")
 
@@ -54,16 +53,7 @@ class NotifierConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> NotifierConfig:
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            name = f"NOTIFIER_{f.name.upper()}"
-            if name in environ:
-                try:
-                    values[f.name] = type(f.default)(environ[name])
-                except ValueError:
-                    raise SettingsError(f"invalid notifier setting {name}={environ[name]!r}: not a {type(f.default).__name__}") from None
-        config = cls(**values)
+        config = config_from_env(cls, "NOTIFIER_", environ)
         if config.delivery not in ("log", "webhook"):
             raise SettingsError(f"invalid notifier setting NOTIFIER_DELIVERY={config.delivery!r}: use log or webhook")
         if config.delivery == "webhook" and not config.webhook_url.startswith(("http://", "https://")):
