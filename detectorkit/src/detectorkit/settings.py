@@ -99,6 +99,13 @@ class Settings(BaseModel):
         3600.0, gt=0, description="Commit every partition's position again this often, so the group's offsets never expire "
         "(offsets.retention.minutes)."
     )
+    health_port: int | None = Field(
+        None, ge=0, le=65535, description="Serve /ready and /live over HTTP on this port (0: any free port); unset: no health endpoint."
+    )
+    health_host: str = Field("0.0.0.0", description="Address the health endpoint listens on.")
+    health_stall_seconds: float = Field(
+        300.0, gt=0, description="/live fails when no batch has completed for this long while records wait."
+    )
     kafka_options: dict[str, str] = Field(default_factory=dict, description="librdkafka settings passed through (security.protocol, sasl.*, ssl.*).")
 
     @field_validator("log_level", "kafka_broker_kind", "starting_offsets", mode="before")

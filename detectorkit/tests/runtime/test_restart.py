@@ -174,3 +174,30 @@ def test_restarts_on_a_kept_checkpoint_dir_lose_and_duplicate_nothing(kafka_boot
     assert duplicated == 0, f"{duplicated} detection(s) written twice across the restarts"
     assert sum(committed(bs, topics, range(PARTITIONS)).values()) == len(sent)
     assert not any((tmp_path / "checkpoints").iterdir())  # a graceful stop leaves no checkpoint behind
+
+
+def test_health_endpoint_is_ready_while_reading_and_not_live_when_batches_stall(kafka_bootstrap_servers):
+    import urllib.error
+    import urllib.request
+
+    from detectorkit.devtools.embedded_broker import free_port
+
+    port = free_port()
+
+    def status(path):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return None  # not listening yet
+
+    # Each batch takes 3 s; with 1 s allowed and records waiting, the job is not live mid-batch.
+    topics, sent, env, job = start_mid_stream(kafka_bootstrap_servers, "health", detector_delay_seconds=3, health_port=port,
+                                              health_host="127.0.0.1", health_stall_seconds=1, metrics_interval_seconds=0.5)
+    assert status("/ready") == 200
+    wait_for(lambda: status("/live") == 503, timeout=60, what="/live to fail while a slow batch holds records back")
+    job.process.send_signal(signal.SIGTERM)
+    assert job.wait(120) == 0, job.output()
+    assert '"health endpoint"' in job.output()

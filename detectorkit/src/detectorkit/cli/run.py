@@ -108,6 +108,7 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
 
 
 def _run(stage: Stage, settings: Settings, config, log) -> int:
+    from detectorkit.runtime.health import HealthServer
     from detectorkit.runtime.job import StreamJob
     from detectorkit.runtime.shipping import stage_packages
     from detectorkit.runtime.spark import session
@@ -128,6 +129,10 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
     # must finish the batch in flight instead.
     signal.signal(signal.SIGINT, on_signal)
     job = StreamJob(stage, settings, spark, config)
+    health = None
+    if settings.health_port is not None:
+        health = HealthServer(job, settings.health_port, settings.health_host, settings.health_stall_seconds).start()
+        log.info("health endpoint", url=f"http://{settings.health_host}:{health.port}/", paths=["/ready", "/live"])
     try:
         job.start()
         idle = settings.stop_after_idle_seconds
@@ -152,5 +157,7 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
                  dead_letters=dict(st.dead_letters), task_processes=job.metrics.executors.processes())
         return 0
     finally:
+        if health is not None:
+            health.stop()
         job.close()
         spark.stop()

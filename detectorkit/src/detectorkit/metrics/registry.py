@@ -157,6 +157,10 @@ class JobMetrics:
                 except KeyError:
                     pass
 
+    def lag_total(self) -> int:
+        """The lag of every partition this instance owns, summed, as last set."""
+        return int(sum(sample.value for family in self.lag.collect() for sample in family.samples))
+
     def set_offsets(self, committed: Mapping[int, int], ends: Mapping[int, int]) -> None:
         for partition, offset in committed.items():
             self.committed.labels(partition=str(partition)).set(offset)

@@ -42,6 +42,7 @@ from detectorkit.kafka.source import NAME as SOURCE_NAME
 from detectorkit.kafka.source import SourceOptions
 from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
 from detectorkit.metrics.reporter import MetricsReporter
+from detectorkit.runtime.health import Progress
 from detectorkit.runtime.processing import SUMMARY_SCHEMA, TaskContext, process_in_driver, process_partition, process_ranges
 from detectorkit.runtime.stage import Stage, as_stage
 from detectorkit.settings import Settings
@@ -112,6 +113,7 @@ class StreamJob:
         self._ended = threading.Event()
         self._failure: str | None = None
         self._serving: threading.Thread | None = None
+        self.progress = Progress()  # for liveness: when a batch last completed
         # How long a worker keeps an unused Kafka client (tests shorten it).
         self.client_idle_seconds = 60.0
 
@@ -214,6 +216,7 @@ class StreamJob:
             start = self._start_offsets(owned)
             self._start_query(owned, start)
         self._running = owned
+        self.progress.mark()  # a new query has had no chance to complete a batch yet
         seconds = time.monotonic() - began
         self.metrics.set_assignment(owned, seconds)
         log.info("partitions assigned", partitions=sorted(owned), gained=sorted(owned - before),
@@ -314,6 +317,7 @@ class StreamJob:
             structlog.contextvars.bind_contextvars(batch=batch_id)
             try:
                 self._process(frame, batch_id, started)
+                self.progress.mark()
             finally:
                 structlog.contextvars.unbind_contextvars("batch")
 
@@ -427,6 +431,20 @@ class StreamJob:
         # records and stays false between empty triggers. Before the first trigger it is false
         # too: lastProgress tells that one apart.
         return not query.status["isDataAvailable"] and query.lastProgress is not None
+
+    # ---- health (runtime.health asks) -------------------------------------------------------------
+
+    def is_reading(self) -> bool:
+        """Joined and reading what the group gave it: its query runs, or it was given nothing."""
+        running, query = self._running, self.query
+        return running is not None and (not running or (query is not None and query.isActive))
+
+    def seconds_since_progress(self) -> float:
+        return self.progress.seconds()
+
+    def records_waiting(self) -> int:
+        """The lag of the partitions it owns, as last measured (each batch, each metrics report)."""
+        return self.metrics.lag_total()
 
     def terminated(self, timeout: float) -> bool:
         """Wait up to `timeout` s; True once the job has ended, failed or not (see `error()`)."""
