@@ -68,12 +68,25 @@ def check_detector_kind(kind: str) -> str | None:
     return f"detector_kind {kind!r} is not one the template knows: type one of {', '.join(KINDS)}"
 
 
+# PEP 508, the two shapes a team uses: a version range from its package index, or a direct reference.
+REQUIREMENT = re.compile(r"^detectorkit(\[[\w,\s-]*\])?\s*(@\s*\S+|(\s*(===|==|!=|~=|<=|>=|<|>)\s*[\w.*+!-]+\s*,?)*)$")
+
+
+def check_detectorkit_requirement(requirement: str) -> str | None:
+    if REQUIREMENT.match(requirement.strip()):
+        return None
+    return (f"detectorkit_requirement {requirement!r} is not a requirement on detectorkit: type a version range from your "
+            "package index, e.g. 'detectorkit>=0.1,<0.2', or a direct reference, e.g. "
+            "'detectorkit @ git+https://git.example.com/diamond-template.git#subdirectory=detectorkit'")
+
+
 def problems(answers: dict[str, str]) -> list[str]:
     found = [
         check_service_name(answers["service_name"]),
         check_detector_kind(answers.get("detector_kind", "threshold")),
         check_package_name(answers["package_name"]),
         check_email(answers["author_email"]),
+        check_detectorkit_requirement(answers.get("detectorkit_requirement", "detectorkit")),
     ]
     found += [check_topic(f, answers[f]) for f in ("input_topic", "output_topic", "dlq_topic")]
     # Kafka allows any group id, but this one also names metrics and files: keep it topic-safe.
@@ -96,6 +109,7 @@ def rendered_answers() -> dict[str, str]:
         "dlq_topic": {{ cookiecutter.dlq_topic | tojson }},
         "consumer_group": {{ cookiecutter.consumer_group | tojson }},
         "author_email": {{ cookiecutter.author_email | tojson }},
+        "detectorkit_requirement": {{ cookiecutter.detectorkit_requirement | tojson }},
     }
 
 

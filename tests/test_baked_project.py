@@ -2,15 +2,19 @@
 practice): install it beside detectorkit, then `pytest` in its folder. Its integration test runs
 the service's command on the test broker."""
 
+import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import pytest
 
 BIN = pathlib.Path(sys.executable).parent
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -34,13 +38,60 @@ def installed(cookies):
 
 @pytest.mark.parametrize("extra", [{}, {"service_name": "order-bursts", "package_name": "bursts", "input_topic": "orders",
                                        "detector_kind": "burst"}], ids=["threshold", "burst"])
-def test_baked_project_test_suite_passes(installed, extra, kafka_bootstrap_servers):
+def test_baked_project_test_suite_passes(installed, extra, kafka_bootstrap_servers, tmp_path):
     project = installed(**extra)
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap_servers}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project, env=env,
-                         capture_output=True, text=True, timeout=900)
+    report = tmp_path / "report.xml"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"], cwd=project,
+                         env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    assert "7 passed" in run.stdout  # six detector tests and the integration test
+    outcome = junit(report)
+    assert outcome["failed"] == outcome["skipped"] == [], outcome
+    # The detector's own tests and the integration test, which ran the service on the broker.
+    assert "test_service_writes_detections_and_dead_letters" in outcome["passed"]
+    assert len(outcome["passed"]) >= 5, outcome
+
+
+def junit(report: pathlib.Path) -> dict[str, list[str]]:
+    """pytest's outcome per test from its JUnit XML report: passed, failed (or errors), skipped."""
+    outcome: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": []}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        kinds = {child.tag for child in case}
+        kind = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
+        outcome[kind].append(case.get("name"))
+    return outcome
+
+
+@pytest.fixture
+def package_index(tmp_path):
+    """A team's package index holding detectorkit's wheel, served over HTTP (PEP 503 layout; the
+    server's directory listing is the project page)."""
+    simple = tmp_path / "index" / "simple" / "detectorkit"
+    simple.mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(simple), str(REPO / "detectorkit")], check=True)
+    server = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", str(tmp_path / "index")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        port = int(re.search(r"port (\d+)", server.stdout.readline()).group(1))
+        yield f"http://127.0.0.1:{port}/simple/"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_baked_project_installs_detectorkit_from_the_teams_index_with_its_own_makefile(cookies, package_index):
+    # As a team's CI does: a fresh checkout, `make test-unit` and `make lint`, detectorkit from the
+    # index the answer names (the default: a version range), everything else from the usual index.
+    result = cookies.bake()
+    project = pathlib.Path(result.project_path)
+    usual = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple")
+    env = {**os.environ, "PIP_INDEX_URL": package_index, "PIP_EXTRA_INDEX_URL": usual, "PYTHON": sys.executable}
+    for target in ("test-unit", "lint"):
+        run = subprocess.run(["make", target], cwd=project, env=env, capture_output=True, text=True, timeout=900)
+        assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    where = subprocess.run([str(project / ".venv" / "bin" / "python"), "-c", "import detectorkit; print(detectorkit.__file__)"],
+                           capture_output=True, text=True, check=True).stdout
+    assert str(project / ".venv") in where  # installed from the index into the project's own environment
 
 
 def test_console_script_lists_every_setting(installed):
@@ -64,3 +115,47 @@ def test_console_script_refuses_a_bad_setting_in_one_line(installed):
     assert run.stderr.strip().splitlines() == [
         "error: invalid setting STARTING_OFFSETS='yesterday': Input should be 'latest', 'earliest' or 'error'"
     ]
+
+
+def test_cruft_update_brings_a_template_change_into_a_baked_project(tmp_path):
+    """A service generated with cruft records its template; once the template changes, `cruft
+    check` says so and `cruft update` brings the change in, the service's own edits kept."""
+    template = tmp_path / "template"
+    template.mkdir()
+    for name in ("cookiecutter.json", "hooks", "{{cookiecutter.service_name}}"):
+        source = REPO / name
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, template / name)
+    git(template, "init", "-q", "-b", "main")
+    git(template, "add", "-A")
+    git(template, "commit", "-q", "-m", "the template")
+
+    cruft = [sys.executable, "-m", "cruft"]
+    out = tmp_path / "services"
+    subprocess.run([*cruft, "create", "--no-input", "--output-dir", str(out), str(template)], check=True, capture_output=True)
+    project = out / "high-value-orders"
+    recorded = json.loads((project / ".cruft.json").read_text())
+    assert recorded["template"] == str(template) and recorded["context"]["cookiecutter"]["service_name"] == "high-value-orders"
+    git(project, "init", "-q", "-b", "main")
+    detector = project / "src" / "high_value_orders" / "detector.py"
+    detector.write_text(detector.read_text() + "\n# the team's own edit\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "generated, then edited")
+    assert subprocess.run([*cruft, "check"], cwd=project, capture_output=True).returncode == 0
+
+    # The template improves: a new line in every service's .gitignore.
+    ignore = template / "{{cookiecutter.service_name}}" / ".gitignore"
+    ignore.write_text(ignore.read_text() + "# checkpoints of local runs\n.checkpoints/\n")
+    git(template, "commit", "-q", "-am", "ignore local checkpoints")
+    assert subprocess.run([*cruft, "check"], cwd=project, capture_output=True).returncode != 0  # CI turns red
+
+    update = subprocess.run([*cruft, "update", "--skip-apply-ask", "-y"], cwd=project, capture_output=True, text=True)
+    assert update.returncode == 0, update.stdout + update.stderr
+    assert ".checkpoints/" in (project / ".gitignore").read_text()
+    assert "# the team's own edit" in detector.read_text()
+    assert subprocess.run([*cruft, "check"], cwd=project, capture_output=True).returncode == 0
+
+
+def git(where: pathlib.Path, *args: str) -> None:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.com"}
+    subprocess.run(["git", *args], cwd=where, env=env, check=True)

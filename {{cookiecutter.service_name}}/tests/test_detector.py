@@ -10,10 +10,13 @@ from {{ cookiecutter.package_name }}.detector import DETECTOR, Config, detect
 def records(*rows):
     """rows: (customer, seconds after 12:00:00)"""
     index = [10 + i for i in range(len(rows))]
-    return pd.DataFrame({
-        "customer": [c for c, _ in rows],
-        "timestamp": [f"2026-11-22T12:{s // 60:02d}:{s % 60:02d}.000Z" for _, s in rows],
-    }, index=index)
+    return pd.DataFrame(
+        {
+            "customer": [c for c, _ in rows],
+            "timestamp": [f"2026-11-22T12:{s // 60:02d}:{s % 60:02d}.000Z" for _, s in rows],
+        },
+        index=index,
+    )
 
 
 def test_flags_a_customer_with_enough_records_inside_the_window_once():

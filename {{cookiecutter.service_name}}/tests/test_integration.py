@@ -12,8 +12,7 @@ from detectorkit.samples import {% if cookiecutter.detector_kind == "burst" %}Sa
 from detectorkit.testing import create_test_topics, produce, read_all
 
 from {{ cookiecutter.package_name }}.detector import Config
-{%- if cookiecutter.detector_kind == "burst" %}
-
+{% if cookiecutter.detector_kind == "burst" %}
 
 def burst_samples():
     """Ten customers; every third sends six records in 25 s (a burst), the others one a minute;
@@ -30,8 +29,8 @@ def burst_samples():
                 kind = "missing_field"
             made.append(Sample(f"c-{c}".encode(), json.dumps(record).encode(), kind))
     return made
-{%- endif %}
 
+{% endif %}
 pytestmark = pytest.mark.integration
 
 
@@ -64,6 +63,8 @@ def test_service_writes_detections_and_dead_letters(kafka_bootstrap_servers):
 {%- endif %}
 
     bad = {(s.partition, s.offset): s.sample.kind for s in sent if s.sample.kind != "valid"}
-    dead = {(int(m["headers"]["source_partition"]), int(m["headers"]["source_offset"])): m["headers"]["error_type"]
-            for m in read_all(kafka_bootstrap_servers, topics.dlq)}
+    dead = {
+        (int(m["headers"]["source_partition"]), int(m["headers"]["source_offset"])): m["headers"]["error_type"]
+        for m in read_all(kafka_bootstrap_servers, topics.dlq)
+    }
     assert dead == bad
