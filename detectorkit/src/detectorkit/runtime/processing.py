@@ -122,6 +122,7 @@ def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, sum
 def process_partition(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The `mapInArrow` function over record batches: all batches of one task, then one summary
     row per Kafka partition. The position it reports is the last record read + 1."""
+    logs.setup_once(ctx.log_level, **dict(ctx.log_context))  # in a Python worker: the job's JSON logs
     return _process(ctx, batches, {})
 
 
@@ -132,6 +133,7 @@ def process_ranges(ctx: TaskContext, source: SourceOptions, tasks: Iterator[pa.R
     The position it reports is each range's planned end, not its last record + 1: the offsets
     after the last record may hold transaction markers or aborted records, and a position short
     of them would leave lag that never reaches 0."""
+    logs.setup_once(ctx.log_level, **dict(ctx.log_context))  # in a Python worker: the job's JSON logs
     ends: dict[int, int] = {}
 
     def batches():
@@ -146,7 +148,6 @@ def process_ranges(ctx: TaskContext, source: SourceOptions, tasks: Iterator[pa.R
 
 
 def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch], ends: dict[int, int]) -> Iterator[pa.RecordBatch]:
-    logs.setup_once(ctx.log_level, **dict(ctx.log_context))
     summaries: dict[int, PartitionSummary] = {}
     with sinks.for_worker(ctx.producer_conf, ctx.client_idle_seconds) as sink:
         for batch in batches:
