@@ -193,9 +193,15 @@ def test_health_endpoint_is_ready_while_reading_and_not_live_when_batches_stall(
         except OSError:
             return None  # not listening yet
 
-    # Each batch takes 3 s; with 1 s allowed and records waiting, the job is not live mid-batch.
-    topics, sent, env, job = start_mid_stream(kafka_bootstrap_servers, "health", detector_delay_seconds=3, health_port=port,
-                                              health_host="127.0.0.1", health_stall_seconds=1, metrics_interval_seconds=0.5)
+    # Only valid records, so the detector runs once a task: sleeping 2 s a call, every batch takes
+    # 2 s. With 1 s allowed and records waiting, the job is not live mid-batch.
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "health", partitions=PARTITIONS)
+    produce(bs, topics.input, samples(4_000, seed=22, bad_every=0))
+    env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=500, detector_delay_seconds=2, health_port=port,
+                  health_host="127.0.0.1", health_stall_seconds=1, metrics_interval_seconds=0.5)
+    job = Job(env)
+    wait_for(lambda: status("/ready") == 200 or job.process.poll() is not None, timeout=120, what="/ready")
     assert status("/ready") == 200
     wait_for(lambda: status("/live") == 503, timeout=60, what="/live to fail while a slow batch holds records back")
     job.process.send_signal(signal.SIGTERM)
