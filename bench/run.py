@@ -5,10 +5,12 @@ broker in the same run.
     python bench/run.py --records 20000 --latency-seconds 5     # the smoke run CI does
 
 Contenders: (1) the detector service generated from the template, (2) a plain confluent-kafka loop
-with the same pandas detector (the ceiling for Python here), (3) a Quix Streams application doing
-the same detection, (4) the raw broker (produce and consume, no processing). Every figure is printed
-with its ratio to (2), and written to bench/results/latest.{json,md}. Runs on the embedded broker
-unless KAFKA_BOOTSTRAP_SERVERS is set.
+with the same pandas detector (the ceiling for Python here), in one process and in as many as the
+service has cores, (3) a Quix Streams application doing the same detection, (4) Spark Structured
+Streaming with Spark's own Kafka connector, (5) Kafka Streams, the talk's choice (a Java application
+built with Maven), (6) the raw broker (produce and consume, no processing). Every figure is printed
+with its ratio to (2), and written to bench/results/latest.{json,md}. Runs on Apache Kafka started
+for the run (--engine tansu: the embedded broker; KAFKA_BOOTSTRAP_SERVERS: a running broker).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import pathlib
 import platform
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 import psutil
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from detectorkit.devtools.embedded_broker import EmbeddedBroker
+from detectorkit.devtools.embedded_broker import ENGINES, start_broker
 from detectorkit.kafka import clients
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -42,6 +45,9 @@ SERVICE = "high-value-orders"
 PACKAGE = SERVICE.replace("-", "_")
 THRESHOLD = 1000.0
 PARTITIONS = 8
+# The cores the detector service's Spark job uses (SPARK_MASTER's default, local[2]); the peers that
+# can use several get as many.
+CORES = 2
 
 
 # ---- set-up --------------------------------------------------------------------------------------
@@ -65,6 +71,36 @@ def ensure_quix() -> str:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "quixstreams==3.28.1"], check=True)
     return str(python)
+
+
+def ensure_kafka_streams() -> list[str]:
+    """The Kafka Streams peer, built with Maven (jars from Maven Central) once its sources change;
+    returns the java command line before its arguments."""
+    project = HERE / "contenders" / "kafka-streams"
+    jar = project / "target" / "kafka-streams-detector-1.jar"
+    sources = [project / "pom.xml", *(project / "src").rglob("*.java")]
+    if not jar.exists() or any(s.stat().st_mtime > jar.stat().st_mtime for s in sources):
+        subprocess.run(["mvn", "-q", "-B", "-f", str(project / "pom.xml"), "package", "dependency:copy-dependencies", "-DskipTests"],
+                       check=True)
+    return ["java", "-cp", f"{jar}:{project / 'target' / 'lib'}/*", "bench.Detector"]
+
+
+def ensure_spark_kafka_jars() -> str:
+    """Spark's Kafka connector and what it needs beyond the pyspark wheel's own jars, fetched with
+    Maven from Maven Central (bench/contenders/spark-kafka/pom.xml); a comma-separated spark.jars."""
+    import pyspark
+
+    project = HERE / "contenders" / "spark-kafka"
+    jars = project / "target" / "jars"
+    if not jars.is_dir() or (project / "pom.xml").stat().st_mtime > jars.stat().st_mtime:
+        subprocess.run(["mvn", "-q", "-B", "-f", str(project / "pom.xml"), "dependency:copy-dependencies"], check=True)
+        jars.touch()
+
+    def artifact(path: pathlib.Path) -> str:
+        return re.sub(r"-\d[\w.]*\.jar$", "", path.name)
+
+    provided = {artifact(j) for j in (pathlib.Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return ",".join(str(j) for j in sorted(jars.glob("*.jar")) if artifact(j) not in provided)
 
 
 def sample_values(count: int, seed: int = 42) -> list[tuple[bytes, bytes, bool]]:
@@ -188,14 +224,33 @@ def contenders(service_cmd: str, quix_python: str, bootstrap: str, in_topic: str
     out, group = names("plain")
     plain = Contender("plain confluent-kafka loop", out, [sys.executable, str(HERE / "contenders" / "plain_loop.py"), bootstrap,
                                                           in_topic, out, group, f"{PACKAGE}.detector:DETECTOR"])
+    out, group = names("plain-processes")
+    processes = Contender(f"multi-process plain loop ({CORES} processes, one group)", out,
+                          [sys.executable, str(HERE / "contenders" / "plain_loop_processes.py"), str(CORES), bootstrap, in_topic, out,
+                           group, f"{PACKAGE}.detector:DETECTOR"])
     out, group = names("quix")
     quix = Contender("Quix Streams", out, [quix_python, str(HERE / "contenders" / "quix_app.py"), bootstrap, in_topic, out, group,
                                            str(THRESHOLD)])
-    return [service, plain, quix]
+    out, group = names("spark-kafka")
+    spark_kafka = Contender("Spark's Kafka connector (spark-sql-kafka, mapInArrow, foreachBatch commits)", out,
+                            [sys.executable, str(HERE / "contenders" / "spark_kafka.py"), bootstrap, in_topic, out, group,
+                             f"{PACKAGE}.detector:DETECTOR", str(CORES), ensure_spark_kafka_jars()])
+    out, group = names("kafka-streams")
+    streams = Contender("Kafka Streams (the talk's choice)", out, [*ensure_kafka_streams(), bootstrap, in_topic, out, group, str(THRESHOLD),
+                                                                    str(CORES)])
+    return [service, plain, processes, quix, spark_kafka, streams]
 
 
 def selected(all_contenders: list[Contender], only: list[str] | None) -> list[Contender]:
     return [c for c in all_contenders if not only or any(c.name.lower().startswith(w.lower()) for w in only)]
+
+
+def runnable(all_contenders: list[Contender], engine: str | None) -> list[Contender]:
+    """Spark's Kafka connector plans up to ListOffsets(latest), which the embedded broker answers
+    wrong (one record per partition was all it read there): it runs on Apache Kafka only."""
+    if engine != "tansu":
+        return all_contenders
+    return [c for c in all_contenders if not c.name.startswith("Spark's")]
 
 
 def launch(c: Contender, log_path: pathlib.Path) -> subprocess.Popen:
@@ -275,13 +330,27 @@ def throughput_run(c: Contender, base: dict, out_topic: str, records: int, expec
     proc = launch(c, logs / f"throughput-{c.name.split()[0].lower()}.log")
     sampler = TreeSampler(proc.pid)
     sampler.start()
+    at_first: list[tuple[float, int]] = []  # (CPU seconds, detections) when the first detection came out
+
+    def progress() -> bool:
+        if not at_first and tail.count > 0:
+            sampler.sample()
+            at_first.append((sampler.cpu, tail.count))
+        return tail.count >= expected
+
     try:
-        done = wait_until(lambda: tail.count >= expected, timeout=max(180, records / 2_000), proc=proc, what=c.name)
+        done = wait_until(progress, timeout=max(180, records / 2_000), proc=proc, what=c.name)
     finally:
         sampler.stop()
         stop(proc)
         tail.stop()
     span_s = ((tail.last_ms or 0) - (tail.first_ms or 0)) / 1000
+    # Steady state: the CPU spent after the first detection, per record processed after it (the
+    # detections are spread evenly over the records, so their share stands for the records').
+    steady = float("nan")
+    if at_first and expected > at_first[0][1]:
+        cpu_first, count_first = at_first[0]
+        steady = (sampler.cpu - cpu_first) / (records * (expected - count_first) / expected) * 1_000_000
     return {
         "name": c.name,
         "complete": done and tail.count == expected,
@@ -292,6 +361,7 @@ def throughput_run(c: Contender, base: dict, out_topic: str, records: int, expec
         "peak_memory_bytes": sampler.peak_pss,
         "peak_rss_sum_bytes": sampler.peak_rss,
         "cpu_seconds_per_million": sampler.cpu / records * 1_000_000,
+        "steady_cpu_seconds_per_million": steady,
     }
 
 
@@ -336,7 +406,7 @@ def latency_run(c: Contender, base: dict, in_topic: str, out_topic: str, rate: i
         stop(proc)
         tail.stop()
     return {
-        "name": c.name, "received": len(values), "expected": expected,
+        "name": c.name, "rate": rate, "received": len(values), "expected": expected, "latencies_ms": sorted(values),
         "p50_ms": percentile(values, 0.5), "p99_ms": percentile(values, 0.99), "max_ms": max(values) if values else float("nan"),
     }
 
@@ -355,48 +425,133 @@ def ratio(value: float, peer: float) -> float:
     return value / peer if peer and peer == peer else float("nan")
 
 
-def markdown(result: dict) -> str:
+def markdown(result: dict, charts: list[str] = ()) -> str:
     p = result["params"]
     lines = [f"# Benchmark results ({result['machine']['date']})", "",
              f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['memory_bytes'] / 2**30:.0f} GiB, "
              f"{result['machine']['platform']}, Python {result['machine']['python']}, PySpark {result['machine']['pyspark']}; "
-             f"broker: {result['broker']}.", "",
+             f"broker: {result['broker']}. The service and the peers that can use several cores get {p['cores']}.", "",
              f"## Throughput: {p['records']:,} records of ~{p['record_bytes']} bytes, {PARTITIONS} partitions, ~5% detections", "",
-             "| contender | records/s | × plain loop | peak memory (PSS) | peak RSS sum | CPU s per 1M records | first detection after launch "
-             "| complete |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| contender | records/s | × plain loop | × multi-process loop | peak memory (PSS) | peak RSS sum | CPU s per 1M records "
+             "(steady) | CPU s per 1M records (total) | first detection after launch | complete |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in result["throughput"]:
-        lines.append(f"| {r['name']} | {r['records_per_s']:,.0f} | {r['ratio_to_plain']:.2f} | "
+        lines.append(f"| {r['name']} | {r['records_per_s']:,.0f} | {r['ratio_to_plain']:.2f} | {r['ratio_to_processes']:.2f} | "
                      f"{r.get('peak_memory_bytes', 0) / 2**20:,.0f} MiB | {r.get('peak_rss_sum_bytes', 0) / 2**20:,.0f} MiB | "
-                     f"{r.get('cpu_seconds_per_million', float('nan')):.1f} | "
+                     f"{r.get('steady_cpu_seconds_per_million', float('nan')):.1f} | {r.get('cpu_seconds_per_million', float('nan')):.1f} | "
                      f"{r.get('first_detection_s', float('nan')):.1f} s | {'yes' if r['complete'] else 'NO'} |")
-    lines += ["", f"## Latency: {p['rate']:,} records/s for {p['latency_seconds']:g} s after {p['warmup_seconds']:g} s of warm-up, "
+    lines += ["", f"## Latency: each rate for {p['latency_seconds']:g} s after {p['warmup_seconds']:g} s of warm-up, "
               "producer timestamp to detection received", "",
-              "| contender | p50 ms | p99 ms | max ms | p50 × plain loop | p99 × plain loop | detections |", "|---|---:|---:|---:|---:|---:|---|"]
+              "| rate | contender | p50 ms | p99 ms | max ms | p50 × plain loop | p99 × plain loop | detections |",
+              "|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in result["latency"]:
-        lines.append(f"| {r['name']} | {r['p50_ms']:,.0f} | {r['p99_ms']:,.0f} | {r['max_ms']:,.0f} | {r['p50_ratio_to_plain']:.2f} | "
-                     f"{r['p99_ratio_to_plain']:.2f} | {r['received']}/{r['expected']} |")
+        lines.append(f"| {r['rate']:,}/s | {r['name']} | {r['p50_ms']:,.0f} | {r['p99_ms']:,.0f} | {r['max_ms']:,.0f} | "
+                     f"{r['p50_ratio_to_plain']:.2f} | {r['p99_ratio_to_plain']:.2f} | {r['received']}/{r['expected']} |")
+    lines += ["", "## Targets (the detector service, ratios within this run)", "", "| target | measured | met |", "|---|---:|---|"]
+    for t in result["targets"]:
+        lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |")
+    if charts:
+        lines += ["", "## Charts", "", *(f"![{name}]({name})" for name in charts)]
     return "\n".join(lines) + "\n"
+
+
+def targets(result: dict) -> list[dict]:
+    """The issue's targets for the detector service, each judged on this run's figures."""
+    by = {r["name"].split()[0]: r for r in result["throughput"]}
+    service, plain = by.get("detector"), by.get("plain")
+    if not service or not plain:
+        return []
+    low_rate = min(result["params"]["rates"])
+    lat = {r["name"].split()[0]: r for r in result["latency"] if r["rate"] == low_rate}
+
+    def check(target: str, value: float, limit: float, at_most: bool, unit: str = "×") -> dict:
+        met = value == value and (value <= limit if at_most else value >= limit)
+        return {"target": target, "measured": f"{value:.2f}{unit}" if unit == "×" else f"{value:,.0f} {unit}", "met": bool(met)}
+
+    out = [check("CPU per record in steady state ≤ 1.5× the plain loop's",
+                 ratio(service["steady_cpu_seconds_per_million"], plain["steady_cpu_seconds_per_million"]), 1.5, True)]
+    if "Spark's" in by:
+        out.append(check("throughput ≥ the Spark-connector job's", ratio(service["records_per_s"], by["Spark's"]["records_per_s"]), 1.0,
+                         False))
+    out.append(check("throughput ≥ 0.8× the multi-process loop's", service["ratio_to_processes"], 0.8, False))
+    if "detector" in lat and "plain" in lat:
+        out.append(check(f"p99 latency at {low_rate:,} records/s ≤ 2× the plain loop's", lat["detector"]["p99_ratio_to_plain"], 2.0, True))
+    out.append(check("peak PSS under 1 GiB", service["peak_memory_bytes"] / 2**20, 1024, True, unit="MiB"))
+    out.append(check("first detection ≤ 2.5× the plain loop's time", ratio(service["first_detection_s"], plain["first_detection_s"]), 2.5,
+                     True))
+    return out
+
+
+def draw_charts(result: dict, out: pathlib.Path) -> list[str]:
+    """PNG charts next to the results: the latency distribution per contender and rate, and
+    throughput and CPU per record per contender. None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    names = []
+    rates = sorted({r["rate"] for r in result["latency"]})
+    fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.5), squeeze=False)
+    for ax, rate in zip(axes[0], rates, strict=True):
+        runs = [r for r in result["latency"] if r["rate"] == rate and r.get("latencies_ms")]
+        ax.boxplot([r["latencies_ms"] for r in runs], whis=(1, 99), showfliers=False)
+        ax.set_xticks(range(1, len(runs) + 1), [r["name"].split(" (")[0] for r in runs], rotation=30, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("ms, producer to detection (1st-99th percentile)")
+        ax.set_title(f"latency at {rate:,} records/s")
+    fig.tight_layout()
+    fig.savefig(out / "latency.png", dpi=110)
+    plt.close(fig)
+    names.append("latency.png")
+    runs = [r for r in result["throughput"] if r.get("detections") is not None]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    labels = [r["name"].split(" (")[0] for r in runs]
+    left.bar(labels, [r["records_per_s"] for r in runs])
+    left.set_ylabel("records/s")
+    left.set_title("throughput")
+    right.bar(labels, [r.get("steady_cpu_seconds_per_million", float("nan")) for r in runs])
+    right.set_ylabel("CPU s per 1M records, steady state")
+    right.set_title("CPU per record")
+    for ax in (left, right):
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=110)
+    plt.close(fig)
+    names.append("throughput.png")
+    return names
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--rate", type=int, default=1_000, help="records per second in the latency run")
+    parser.add_argument("--rate", "--rates", dest="rates", type=int, nargs="+", default=[1_000, 10_000],
+                        help="records per second of the latency runs, one run per rate")
     parser.add_argument("--latency-seconds", type=float, default=60.0)
     parser.add_argument("--warmup-seconds", type=float, default=10.0, help="unmeasured paced traffic before each latency run")
     parser.add_argument("--out", type=pathlib.Path, default=HERE / "results", help="where latest.json and latest.md go")
     parser.add_argument("--only", nargs="*", default=None, help="run only contenders whose name starts with these words")
+    parser.add_argument("--latency-only", nargs="*", default=None,
+                        help="latency runs only for contenders whose name starts with these words (the smoke run's shortcut)")
+    parser.add_argument("--engine", choices=ENGINES, default="kafka",
+                        help="the broker started for the run: kafka (Apache Kafka, default) or tansu (embedded); "
+                        "KAFKA_BOOTSTRAP_SERVERS uses a running one instead")
     args = parser.parse_args(argv)
 
     service_cmd, quix_python = ensure_service(), ensure_quix()
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bootstrap:
-        broker = EmbeddedBroker().start()
+        broker = start_broker(args.engine)
         bootstrap = broker.bootstrap_servers
     logs = pathlib.Path(tempfile.mkdtemp(prefix="bench-logs-"))
-    print(f"broker {bootstrap} ({'embedded Tansu' if broker else 'KAFKA_BOOTSTRAP_SERVERS'}); contender logs in {logs}", flush=True)
+    where = {"kafka": "Apache Kafka", "tansu": "embedded Tansu"}[args.engine] if broker else "KAFKA_BOOTSTRAP_SERVERS"
+    engine = args.engine if broker else None
+    if engine == "tansu":
+        print("Spark's Kafka connector is left out on the embedded broker (its ListOffsets(latest) is wrong)", flush=True)
+    print(f"broker {bootstrap} ({where}); contender logs in {logs}", flush=True)
     base = clients.base(bootstrap)
     run_id = uuid.uuid4().hex[:6]
     try:
@@ -409,18 +564,21 @@ def main(argv=None) -> int:
         print(f"raw broker: produce {produce_rate:,.0f} records/s, consume {consume_rate:,.0f} records/s", flush=True)
 
         throughput, latency = [], []
-        for c in selected(contenders(service_cmd, quix_python, bootstrap, in_topic, f"bench.{run_id}.t"), args.only):
+        for c in selected(runnable(contenders(service_cmd, quix_python, bootstrap, in_topic, f"bench.{run_id}.t"), engine), args.only):
             clients.create_topics(base, {c.output_topic: PARTITIONS, f"{c.output_topic}.dlq": 1})
             r = throughput_run(c, base, c.output_topic, args.records, expected, logs)
             print(f"throughput {c.name}: {r['records_per_s']:,.0f} records/s, {r['detections']}/{r['expected']} detections", flush=True)
             throughput.append(r)
-        for n, c in enumerate(selected(contenders(service_cmd, quix_python, bootstrap, "", ""), args.only)):
+        timed = selected(selected(runnable(contenders(service_cmd, quix_python, bootstrap, "", ""), engine), args.only), args.latency_only)
+        runs = [(rate, c) for rate in args.rates for c in timed]
+        for n, (rate, c) in enumerate(runs):
             # Each latency run gets fresh topics: a new input, so no backlog from another contender.
             in_t = f"bench.{run_id}.l{n}.in"
             c = next(x for x in contenders(service_cmd, quix_python, bootstrap, in_t, f"bench.{run_id}.l{n}") if x.name == c.name)
             clients.create_topics(base, {in_t: PARTITIONS, c.output_topic: PARTITIONS, f"{c.output_topic}.dlq": 1})
-            r = latency_run(c, base, in_t, c.output_topic, args.rate, args.latency_seconds, logs, args.warmup_seconds)
-            print(f"latency {c.name}: p50 {r['p50_ms']:,.0f} ms, p99 {r['p99_ms']:,.0f} ms ({r['received']}/{r['expected']})", flush=True)
+            r = latency_run(c, base, in_t, c.output_topic, rate, args.latency_seconds, logs, args.warmup_seconds)
+            print(f"latency at {rate:,}/s {c.name}: p50 {r['p50_ms']:,.0f} ms, p99 {r['p99_ms']:,.0f} ms ({r['received']}/{r['expected']})",
+                  flush=True)
             latency.append(r)
     finally:
         if broker is not None:
@@ -430,22 +588,28 @@ def main(argv=None) -> int:
                        "records_per_s": consume_rate,
                        "produce_records_per_s": produce_rate, "detections": None, "expected": None})
     plain_t = next((r["records_per_s"] for r in throughput if r["name"].startswith("plain")), float("nan"))
+    multi_t = next((r["records_per_s"] for r in throughput if r["name"].startswith("multi-process")), float("nan"))
     for r in throughput:
         r["ratio_to_plain"] = ratio(r["records_per_s"], plain_t)
-    plain_l = next((r for r in latency if r["name"].startswith("plain")), None)
+        r["ratio_to_processes"] = ratio(r["records_per_s"], multi_t)
     for r in latency:
+        plain_l = next((x for x in latency if x["name"].startswith("plain") and x["rate"] == r["rate"]), None)
         r["p50_ratio_to_plain"] = ratio(r["p50_ms"], plain_l["p50_ms"] if plain_l else float("nan"))
         r["p99_ratio_to_plain"] = ratio(r["p99_ms"], plain_l["p99_ms"] if plain_l else float("nan"))
     result = {
-        "machine": machine(), "broker": "embedded Tansu" if broker else "KAFKA_BOOTSTRAP_SERVERS",
+        "machine": machine(), "broker": where,
         "params": {"records": args.records, "record_bytes": round(statistics.mean(len(v) for _, v, _ in values[:1000])),
-                   "rate": args.rate, "latency_seconds": args.latency_seconds, "warmup_seconds": args.warmup_seconds,
-                   "partitions": PARTITIONS},
+                   "rates": args.rates, "latency_seconds": args.latency_seconds, "warmup_seconds": args.warmup_seconds,
+                   "partitions": PARTITIONS, "cores": CORES},
         "throughput": throughput, "latency": latency,
     }
+    result["targets"] = targets(result)
     args.out.mkdir(parents=True, exist_ok=True)
+    charts = draw_charts(result, args.out)
+    for r in latency:
+        r.pop("latencies_ms", None)  # drawn; too many to keep in the JSON
     (args.out / "latest.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
+    table = markdown(result, charts)
     (args.out / "latest.md").write_text(table)
     print()
     print(table)

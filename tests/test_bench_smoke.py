@@ -11,13 +11,13 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 def test_benchmark_smoke_run_processes_every_record(tmp_path):
     command = [sys.executable, str(REPO / "bench" / "run.py"), "--records", "20000", "--latency-seconds", "5", "--warmup-seconds", "2",
-               "--rate", "200", "--out", str(tmp_path)]
+               "--rate", "200", "--out", str(tmp_path), "--latency-only", "detector", "plain"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=1500)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads((tmp_path / "latest.json").read_text())
 
     throughput = {r["name"].split()[0]: r for r in result["throughput"]}
-    assert set(throughput) == {"detector", "plain", "Quix", "raw"}
+    assert set(throughput) == {"detector", "plain", "multi-process", "Quix", "Spark's", "Kafka", "raw"}
     for name, r in throughput.items():
         assert r["complete"], f"{name} did not process every record: {r}"
         assert r["records_per_s"] > 0
@@ -27,10 +27,15 @@ def test_benchmark_smoke_run_processes_every_record(tmp_path):
     assert throughput["plain"]["ratio_to_plain"] == 1.0
 
     latency = {r["name"].split()[0]: r for r in result["latency"]}
-    assert set(latency) == {"detector", "plain", "Quix"}
+    # Latency for the service and its reference only: each run starts a contender again, and the
+    # smoke run is about completeness, which the throughput runs show for every contender.
+    assert set(latency) == {"detector", "plain"}
     for name, r in latency.items():
         assert r["received"] == r["expected"] > 0, f"{name} missed detections in the latency run: {r}"
         assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
 
     table = (tmp_path / "latest.md").read_text()
     assert "| detector service (this project) |" in table and "× plain loop" in table
+    # Every target is judged (met or missed: the smoke run is too small to say which), with charts.
+    assert {t["target"].split()[0] for t in result["targets"]} >= {"CPU", "throughput", "p99", "peak", "first"}
+    assert (tmp_path / "latency.png").stat().st_size > 0 and (tmp_path / "throughput.png").stat().st_size > 0
