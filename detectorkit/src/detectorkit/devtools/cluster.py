@@ -29,16 +29,11 @@ from detectorkit.devtools.embedded_broker import free_port
 def worker_requirements() -> list[str]:
     """detectorkit's own dependencies, pinned to the versions installed here: what a workers'
     environment needs. Not detectorkit itself, nor any service: jobs ship those (runtime/shipping)."""
-    import re
     from importlib import metadata
 
-    pins = []
-    for requirement in metadata.requires("detectorkit") or []:
-        if "extra ==" in requirement:
-            continue
-        name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
-        pins.append(f"{name}=={metadata.version(name)}")
-    return pins
+    from detectorkit.runtime.shipping import runtime_requirements
+
+    return [f"{name}=={metadata.version(name)}" for name in runtime_requirements("detectorkit")]
 
 
 def make_workers_env(path: pathlib.Path) -> pathlib.Path:

@@ -37,14 +37,26 @@ def stage_packages(stage: object) -> list[str]:
     return sorted(r for r in roots if r not in sys.stdlib_module_names and r not in provided)
 
 
-def _workers_have() -> set[str]:
-    """Top-level packages of detectorkit's dependencies, and theirs: the workers' environment has
-    them (shipping PySpark or pandas would shadow its own)."""
+def runtime_requirements(dist: str) -> list[str]:
+    """The names of the distributions `dist` needs at run time (its extras left out), as
+    installed metadata lists them; [] when it is not installed."""
     import re
     from importlib import metadata
 
-    def name(requirement: str) -> str:
-        return re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower().replace("_", "-")
+    try:
+        requires = metadata.requires(dist) or []
+    except metadata.PackageNotFoundError:
+        return []
+    return [re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in requires if "extra ==" not in r]
+
+
+def _workers_have() -> set[str]:
+    """Top-level packages of detectorkit's dependencies, and theirs: the workers' environment has
+    them (shipping PySpark or pandas would shadow its own)."""
+    from importlib import metadata
+
+    def canonical(name: str) -> str:
+        return name.lower().replace("_", "-")
 
     wanted, seen = ["detectorkit"], set()
     while wanted:
@@ -52,14 +64,9 @@ def _workers_have() -> set[str]:
         if dist in seen:
             continue
         seen.add(dist)
-        try:
-            requires = metadata.requires(dist) or []
-        except metadata.PackageNotFoundError:
-            continue
-        wanted += [name(r) for r in requires if "extra ==" not in r]
+        wanted += [canonical(name) for name in runtime_requirements(dist)]
     seen.discard("detectorkit")
-    return {root for root, dists in metadata.packages_distributions().items()
-            if any(d.lower().replace("_", "-") in seen for d in dists)}
+    return {root for root, dists in metadata.packages_distributions().items() if any(canonical(d) in seen for d in dists)}
 
 
 def _location(package: str) -> pathlib.Path | None:
