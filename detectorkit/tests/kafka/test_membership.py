@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from detectorkit.kafka import clients
-from detectorkit.kafka.membership import GroupMember
+from detectorkit.kafka.membership import CommitRefused, GroupMember
 from detectorkit.testing import KAFKA
 
 from ..jobs import wait_for
@@ -109,5 +109,50 @@ def test_an_instance_id_taken_by_another_instance_stops_the_older_one_with_a_mes
         wait_for(lambda: older.fatal is not None, timeout=60, what="the older instance to be fenced")
         assert older.fatal == (f"another instance joined consumer group {group!r} with INSTANCE_ID='orders-1'; "
                                "each instance of a service needs its own INSTANCE_ID")
+    finally:
+        members.close()
+
+
+def test_a_member_keeping_its_partitions_through_rebalances_never_has_a_commit_refused(kafka_bootstrap_servers, real_kafka):
+    """A batch's commit can be sent under the generation that a rebalance is just replacing; the
+    broker refuses it (ILLEGAL_GENERATION) though the member stays in the group and, with the
+    cooperative protocol, keeps what it is not told to revoke. Seen in a rolling redeploy: the
+    batch was refused, and the next owner wrote its records again."""
+    bs = kafka_bootstrap_servers
+    base = clients.base(bs)
+    topic, group = f"member.{uuid.uuid4().hex[:8]}", f"member.{uuid.uuid4().hex[:8]}"
+    clients.create_topics(base, {topic: 4})
+    idle = type("Idle", (), {"release": lambda *a: None})()
+    members = Members()
+    one = members.add(GroupMember(base, group, topic, idle, session_timeout=6, timeout=20).subscribe())
+    polling(one)
+    refused, commits = [], [0]
+
+    def batches():
+        while not one.stop.is_set():
+            commits[0] += 1
+            try:
+                one.commit({p: commits[0] for p in one.owned})
+            except CommitRefused as exc:
+                refused.append(exc.args[0].str())
+
+    try:
+        wait_for(lambda: len(one.owned) == 4, timeout=60, what="the first member to own everything")
+        committing = threading.Thread(target=batches, daemon=True)
+        committing.start()
+        for _ in range(3):  # instances coming and going: each join and each leave is a rebalance
+            other = GroupMember(base, group, topic, idle, session_timeout=6)
+            other.stop = threading.Event()
+            other.subscribe()
+            polling(other)
+            wait_for(lambda o=other: len(o.owned) == 2 and len(one.owned) == 2, timeout=60, what="the partitions to split")
+            other.stop.set()
+            other.thread.join(5)
+            other.close()
+            wait_for(lambda: len(one.owned) == 4, timeout=60, what="the partitions to come back")
+        one.stop.set()
+        committing.join(30)
+        assert commits[0] > 100
+        assert refused == []
     finally:
         members.close()

@@ -43,9 +43,17 @@ from detectorkit.kafka.clients import retrying
 log = structlog.get_logger("detectorkit.membership")
 
 # The broker's answers to a commit from a member whose generation is over: the partitions are,
-# or may be, someone else's now. Never retried: the group's offsets stay where their owner put them.
+# or may be, someone else's now. The group's offsets stay where their owner put them.
 _NOT_OWNER = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.FENCED_INSTANCE_ID,
               KafkaError._FENCED}
+# Answers that a rebalance is under way, given to a member still in the group, so the commit is
+# tried again once the rebalance's callbacks have run. ILLEGAL_GENERATION is one of them: a commit
+# built under the generation the rebalance is replacing reaches the broker after the member has
+# joined the new one (measured: 9 refusals in 3 joins and leaves while committing in a loop). With
+# the cooperative protocol no other member owns a partition until this one has revoked it, and
+# the revoke runs on the thread that retries, which drops what is no longer owned: the retry can
+# never move another owner's offsets.
+_AFTER_REBALANCE = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION}
 
 
 class CommitRefused(KafkaException):
@@ -133,11 +141,11 @@ class GroupMember:
                     continue
                 call.run()
                 error = call.error
-                if (isinstance(error, KafkaException) and error.args[0].code() == KafkaError.REBALANCE_IN_PROGRESS
+                if (isinstance(error, KafkaException) and error.args[0].code() in _AFTER_REBALANCE
                         and call.attempts < 200):
                     call.error = None
                     call._claimed = False
-                    retry.append(call)  # between a rebalance's join and sync: again after the next poll
+                    retry.append(call)  # again after the next poll
                 else:
                     call.done.set()
                 call = self._calls.get_nowait()
@@ -182,6 +190,8 @@ class GroupMember:
         gone = {tp.partition for tp in partitions}
         if gone:
             self.changed_at = time.monotonic()
+            if lost:  # another member may read them already: no commit of theirs runs from now on
+                self._change(self.owned - gone, started=self.changed_at)
             self.owner.release(gone, lost)
             self._change(self.owned - gone, started=self.changed_at)
         consumer.incremental_unassign(partitions)
