@@ -12,6 +12,8 @@ from pyspark.sql import SparkSession
 from detectorkit.kafka.source import KafkaSource
 from detectorkit.runtime import shipping
 
+CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+
 
 def session(master: str | None = "local[2]", app_name: str = "detectorkit", ship: Iterable[str] = ()) -> SparkSession:
     """A session on `master`. On a cluster (any master but local), the packages named in `ship`
@@ -51,6 +53,13 @@ def session(master: str | None = "local[2]", app_name: str = "detectorkit", ship
         .config("spark.sql.adaptive.enabled", "false")
         # An empty micro-batch per idle trigger would only cost time.
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        # The default manager renames each checkpoint file through Hadoop's FileContext, whose
+        # local file system forks `readlink` several times per rename (jstack: Shell.execCommand
+        # under FileUtil.readLink): 55 + 120 ms of every micro-batch's walCommit and commitOffsets,
+        # measured at 1,000 records/s; this one renames directly (20 + 25 ms). What its rename does
+        # not promise (atomicity on some stores) costs nothing here: the job never reads a
+        # checkpoint back, the group's offsets are its position.
+        .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
