@@ -142,6 +142,13 @@ class TestPacking:
     def test_no_ranges_no_tasks(self):
         assert pack_ranges([], 2) == []
 
+    def test_a_small_batch_goes_in_one_task(self):
+        assert len(pack_ranges(self.ranges(600, 600, 600, 600), 2, min_records=5_000)) == 1
+
+    def test_a_batch_under_backlog_uses_every_task(self):
+        assert len(pack_ranges(self.ranges(3_000, 3_000, 3_000, 3_000), 2, min_records=5_000)) == 2
+        assert len(pack_ranges(self.ranges(*[30_000] * 8), 4, min_records=5_000)) == 4
+
 
 class TestSparkOffsets:
     def test_round_trip(self):

@@ -38,6 +38,7 @@ from detectorkit.kafka import clients
 from detectorkit.kafka.end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets, start_positions
 from detectorkit.kafka.offset_store import OffsetStore
 from detectorkit.kafka.planning import (
+    MIN_TASK_RECORDS,
     DataLossError,
     PartitionRange,
     cap_end_offsets,
@@ -95,6 +96,8 @@ class SourceOptions:
     start_offsets: dict[int, int] | None = None
     # Spark tasks per batch at most: the job passes its parallelism (cores).
     max_tasks: int = 2
+    # A task per this many records at least: a caught-up job's small batches go in one task.
+    min_task_records: int = MIN_TASK_RECORDS
     # "records": the records themselves (Spark's Kafka source columns); "ranges": see RANGES_SCHEMA.
     deliver: str = "records"
     # broker_kind.KAFKA or TANSU (AUTO: detected by the planner); the job detects it once at start.
@@ -249,7 +252,7 @@ class KafkaStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict) -> list[KafkaInputPartition]:
         topic = self.options.topic
         ranges = plan_ranges(topic, from_spark(topic, start), from_spark(topic, end))
-        return [KafkaInputPartition(group) for group in pack_ranges(ranges, self.options.max_tasks)]
+        return [KafkaInputPartition(group) for group in pack_ranges(ranges, self.options.max_tasks, self.options.min_task_records)]
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the job commits each batch's offsets itself once its output is flushed."""
