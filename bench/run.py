@@ -50,6 +50,8 @@ PARTITIONS = 8
 CORES = 2
 
 
+COPIES = str(HERE / "contenders" / "copies.py")
+
 # ---- set-up --------------------------------------------------------------------------------------
 
 
@@ -211,7 +213,7 @@ class Contender:
 
 
 def contenders(service_cmd: str, quix_python: str, bootstrap: str, in_topic: str, prefix: str) -> list[Contender]:
-    """The three processing contenders, each with an output topic and a consumer group of its own."""
+    """The processing contenders, each with an output topic and a consumer group of its own."""
 
     def names(slug: str) -> tuple[str, str]:
         return f"{prefix}.{slug}.out", f"{prefix}-{slug}"
@@ -226,8 +228,14 @@ def contenders(service_cmd: str, quix_python: str, bootstrap: str, in_topic: str
                                                           in_topic, out, group, f"{PACKAGE}.detector:DETECTOR"])
     out, group = names("plain-processes")
     processes = Contender(f"multi-process plain loop ({CORES} processes, one group)", out,
-                          [sys.executable, str(HERE / "contenders" / "plain_loop_processes.py"), str(CORES), bootstrap, in_topic, out,
-                           group, f"{PACKAGE}.detector:DETECTOR"])
+                          [sys.executable, COPIES, str(CORES), sys.executable, str(HERE / "contenders" / "plain_loop.py"), bootstrap,
+                           in_topic, out, group, f"{PACKAGE}.detector:DETECTOR"])
+    # Scale on this machine: as many instances of one core as the single instance has cores, one
+    # group, so both spend the same cores.
+    out, group = names("service-instances")
+    instances_env = {**service_env, "OUTPUT_TOPIC": out, "DLQ_TOPIC": f"{out}.dlq", "CONSUMER_GROUP": group, "SPARK_MASTER": "local[1]"}
+    instances = Contender(f"detector service, {CORES} instances of 1 core (one group)", out, [sys.executable, COPIES, str(CORES), service_cmd],
+                          instances_env)
     out, group = names("quix")
     quix = Contender("Quix Streams", out, [quix_python, str(HERE / "contenders" / "quix_app.py"), bootstrap, in_topic, out, group,
                                            str(THRESHOLD)])
@@ -238,7 +246,16 @@ def contenders(service_cmd: str, quix_python: str, bootstrap: str, in_topic: str
     out, group = names("kafka-streams")
     streams = Contender("Kafka Streams (the talk's choice)", out, [*ensure_kafka_streams(), bootstrap, in_topic, out, group, str(THRESHOLD),
                                                                     str(CORES)])
-    return [service, plain, processes, quix, spark_kafka, streams]
+    return [service, instances, plain, processes, quix, spark_kafka, streams]
+
+
+def topics_of(c: Contender) -> dict[str, int]:
+    """The topics a contender writes to. The service's metrics topic too: its reports are part of
+    what it costs (a missing topic made every report wait for metadata and fail)."""
+    topics = {c.output_topic: PARTITIONS, f"{c.output_topic}.dlq": 1}
+    if "METRICS_TOPIC" in c.env:
+        topics[c.env["METRICS_TOPIC"]] = 1
+    return topics
 
 
 def selected(all_contenders: list[Contender], only: list[str] | None) -> list[Contender]:
@@ -457,12 +474,18 @@ def markdown(result: dict, charts: list[str] = ()) -> str:
 
 def targets(result: dict) -> list[dict]:
     """The issue's targets for the detector service, each judged on this run's figures."""
-    by = {r["name"].split()[0]: r for r in result["throughput"]}
+    # The first of each kind: "detector" is the single instance, not the two of the scale line.
+    by: dict[str, dict] = {}
+    for r in result["throughput"]:
+        by.setdefault(r["name"].split()[0], r)
     service, plain = by.get("detector"), by.get("plain")
     if not service or not plain:
         return []
     low_rate = min(result["params"]["rates"])
-    lat = {r["name"].split()[0]: r for r in result["latency"] if r["rate"] == low_rate}
+    lat: dict[str, dict] = {}
+    for r in result["latency"]:
+        if r["rate"] == low_rate:
+            lat.setdefault(r["name"].split()[0], r)
 
     def check(target: str, value: float, limit: float, at_most: bool, unit: str = "×") -> dict:
         met = value == value and (value <= limit if at_most else value >= limit)
@@ -565,7 +588,7 @@ def main(argv=None) -> int:
 
         throughput, latency = [], []
         for c in selected(runnable(contenders(service_cmd, quix_python, bootstrap, in_topic, f"bench.{run_id}.t"), engine), args.only):
-            clients.create_topics(base, {c.output_topic: PARTITIONS, f"{c.output_topic}.dlq": 1})
+            clients.create_topics(base, topics_of(c))
             r = throughput_run(c, base, c.output_topic, args.records, expected, logs)
             print(f"throughput {c.name}: {r['records_per_s']:,.0f} records/s, {r['detections']}/{r['expected']} detections", flush=True)
             throughput.append(r)
@@ -575,7 +598,7 @@ def main(argv=None) -> int:
             # Each latency run gets fresh topics: a new input, so no backlog from another contender.
             in_t = f"bench.{run_id}.l{n}.in"
             c = next(x for x in contenders(service_cmd, quix_python, bootstrap, in_t, f"bench.{run_id}.l{n}") if x.name == c.name)
-            clients.create_topics(base, {in_t: PARTITIONS, c.output_topic: PARTITIONS, f"{c.output_topic}.dlq": 1})
+            clients.create_topics(base, {in_t: PARTITIONS, **topics_of(c)})
             r = latency_run(c, base, in_t, c.output_topic, rate, args.latency_seconds, logs, args.warmup_seconds)
             print(f"latency at {rate:,}/s {c.name}: p50 {r['p50_ms']:,.0f} ms, p99 {r['p99_ms']:,.0f} ms ({r['received']}/{r['expected']})",
                   flush=True)

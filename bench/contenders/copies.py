@@ -1,18 +1,16 @@
-"""Peer (2b): the plain loop in as many processes as the job has cores, one consumer group: the fair
-ceiling for the same cores. SIGTERM/SIGINT reach every copy.
-Usage: plain_loop_processes.py N BOOTSTRAP INPUT OUTPUT GROUP MODULE:DETECTOR
+"""N copies of one command, which share their work through their consumer group: the plain loop in
+as many processes as the job has cores (peer 2b, the fair ceiling for the same cores), and the
+detector service in two instances. SIGTERM/SIGINT reach every copy.
+Usage: copies.py N COMMAND [ARGS...]
 """
 
-import pathlib
 import signal
 import subprocess
 import sys
 
-LOOP = pathlib.Path(__file__).with_name("plain_loop.py")
 
-
-def main(count, *args):
-    copies = [subprocess.Popen([sys.executable, str(LOOP), *args]) for _ in range(int(count))]
+def main(count, *command):
+    copies = [subprocess.Popen(list(command)) for _ in range(int(count))]
 
     def forward(signum, _frame):
         for p in copies:
