@@ -41,6 +41,17 @@ class Members:
             member.close()
 
 
+# An owner with nothing in flight: releasing is immediate.
+IDLE = type("Idle", (), {"release": lambda *a: None})()
+
+
+def new_topic_and_group(bootstrap_servers, partitions):
+    base = clients.base(bootstrap_servers)
+    topic, group = f"member.{uuid.uuid4().hex[:8]}", f"member.{uuid.uuid4().hex[:8]}"
+    clients.create_topics(base, {topic: partitions})
+    return base, topic, group
+
+
 def polling(member):
     """Poll the member on a thread of its own, as a job's group thread does, until its stop."""
 
@@ -56,10 +67,7 @@ def test_a_batch_commits_from_its_own_thread_while_its_partitions_are_being_revo
     """The revoke callback waits for the batch in flight, which commits from another thread: the
     commit must run on the polling thread (directly, librdkafka waits for the rebalance to end,
     which waits for the callback: 40 s, then ILLEGAL_GENERATION)."""
-    bs = kafka_bootstrap_servers
-    base = clients.base(bs)
-    topic, group = f"member.{uuid.uuid4().hex[:8]}", f"member.{uuid.uuid4().hex[:8]}"
-    clients.create_topics(base, {topic: 4})
+    base, topic, group = new_topic_and_group(kafka_bootstrap_servers, 4)
     took = []
 
     class BatchInFlight:
@@ -84,7 +92,7 @@ def test_a_batch_commits_from_its_own_thread_while_its_partitions_are_being_revo
     polling(one)
     try:
         wait_for(lambda: len(one.owned) == 4, timeout=60, what="the first member to own everything")
-        two = members.add(GroupMember(base, group, topic, type("Idle", (), {"release": lambda *a: None})(), session_timeout=6).subscribe())
+        two = members.add(GroupMember(base, group, topic, IDLE, session_timeout=6).subscribe())
         polling(two)
         wait_for(lambda: len(two.owned) == 2 and len(one.owned) == 2, timeout=60, what="the partitions to split")
         assert len(took) == 1 and took[0] < 5, took
@@ -94,17 +102,13 @@ def test_a_batch_commits_from_its_own_thread_while_its_partitions_are_being_revo
 
 
 def test_an_instance_id_taken_by_another_instance_stops_the_older_one_with_a_message(kafka_bootstrap_servers, real_kafka):
-    bs = kafka_bootstrap_servers
-    base = clients.base(bs)
-    topic, group = f"member.{uuid.uuid4().hex[:8]}", f"member.{uuid.uuid4().hex[:8]}"
-    clients.create_topics(base, {topic: 2})
-    idle = type("Idle", (), {"release": lambda *a: None})()
+    base, topic, group = new_topic_and_group(kafka_bootstrap_servers, 2)
     members = Members()
-    older = members.add(GroupMember(base, group, topic, idle, static_id="orders-1", session_timeout=6).subscribe())
+    older = members.add(GroupMember(base, group, topic, IDLE, static_id="orders-1", session_timeout=6).subscribe())
     polling(older)
     try:
         wait_for(lambda: len(older.owned) == 2, timeout=60, what="the first instance to join")
-        newer = members.add(GroupMember(base, group, topic, idle, static_id="orders-1", session_timeout=6).subscribe())
+        newer = members.add(GroupMember(base, group, topic, IDLE, static_id="orders-1", session_timeout=6).subscribe())
         polling(newer)
         wait_for(lambda: older.fatal is not None, timeout=60, what="the older instance to be fenced")
         assert older.fatal == (f"another instance joined consumer group {group!r} with INSTANCE_ID='orders-1'; "
@@ -118,13 +122,9 @@ def test_a_member_keeping_its_partitions_through_rebalances_never_has_a_commit_r
     broker refuses it (ILLEGAL_GENERATION) though the member stays in the group and, with the
     cooperative protocol, keeps what it is not told to revoke. Seen in a rolling redeploy: the
     batch was refused, and the next owner wrote its records again."""
-    bs = kafka_bootstrap_servers
-    base = clients.base(bs)
-    topic, group = f"member.{uuid.uuid4().hex[:8]}", f"member.{uuid.uuid4().hex[:8]}"
-    clients.create_topics(base, {topic: 4})
-    idle = type("Idle", (), {"release": lambda *a: None})()
+    base, topic, group = new_topic_and_group(kafka_bootstrap_servers, 4)
     members = Members()
-    one = members.add(GroupMember(base, group, topic, idle, session_timeout=6, timeout=20).subscribe())
+    one = members.add(GroupMember(base, group, topic, IDLE, session_timeout=6, timeout=20).subscribe())
     polling(one)
     refused, commits = [], [0]
 
@@ -141,7 +141,7 @@ def test_a_member_keeping_its_partitions_through_rebalances_never_has_a_commit_r
         committing = threading.Thread(target=batches, daemon=True)
         committing.start()
         for _ in range(3):  # instances coming and going: each join and each leave is a rebalance
-            other = GroupMember(base, group, topic, idle, session_timeout=6)
+            other = GroupMember(base, group, topic, IDLE, session_timeout=6)
             other.stop = threading.Event()
             other.subscribe()
             polling(other)
