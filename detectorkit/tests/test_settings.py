@@ -20,16 +20,17 @@ def test_documented_defaults():
     assert got.kafka_bootstrap_servers is None
     assert (got.input_topic, got.output_topic, got.starting_offsets) == ("records.normalized", "detections", "latest")
     assert got.max_records_per_batch == 250_000 and got.fail_on_data_loss is True
+    assert got.min_records_per_task == 5_000
     assert all(f.description for f in s.Settings.model_fields.values())
 
 
 def test_environment_then_flags_then_service_defaults():
-    env = {"INPUT_TOPIC": "from-env", "OUTPUT_TOPIC": "out-env", "MAX_RECORDS_PER_BATCH": "500"}
+    env = {"INPUT_TOPIC": "from-env", "OUTPUT_TOPIC": "out-env", "MAX_RECORDS_PER_BATCH": "500", "MIN_RECORDS_PER_TASK": "1"}
     got = parse(["--output-topic", "out-flag"], env, defaults={"input_topic": "svc-in", "dlq_topic": "svc.dlq"})
     assert got.input_topic == "from-env"
     assert got.output_topic == "out-flag"
     assert got.dlq_topic == "svc.dlq"
-    assert got.max_records_per_batch == 500
+    assert got.max_records_per_batch == 500 and got.min_records_per_task == 1
 
 
 def test_service_fills_dlq_and_group():

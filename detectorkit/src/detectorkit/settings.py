@@ -72,6 +72,10 @@ class Settings(BaseModel):
         "latest", description="Where to start when the group has no committed offset: latest, earliest or error."
     )
     max_records_per_batch: int = Field(250_000, gt=0, description="At most this many records in one micro-batch.")
+    min_records_per_task: int = Field(
+        5_000, gt=0, description="A micro-batch gets one Spark task per this many records at most, up to the cores: a caught-up job's "
+        "small batches run in one task, which costs less than several."
+    )
     fail_on_data_loss: bool = Field(True, description="Stop when planned records are gone (retention, deleted topic); false skips ahead.")
     spark_master: str = Field("local[2]", description="Spark master URL.")
     trigger_interval_seconds: float = Field(0.0, ge=0, description="Minimum time between micro-batch starts; 0 starts the next one at once.")

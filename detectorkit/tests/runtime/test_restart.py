@@ -68,8 +68,9 @@ def test_graceful_stop_and_restart_lose_and_duplicate_nothing(kafka_bootstrap_se
 def test_kill_9_and_restart_lose_nothing_and_replay_only_the_uncommitted_batch(kafka_bootstrap_servers):
     bs = kafka_bootstrap_servers
     # Slow batches: the two tasks that run first have written their detections a good second before
-    # the other two finish and the batch commits.
-    topics, sent, env, job = start_mid_stream(bs, "kill9", detector_delay_seconds=1)
+    # the other two finish and the batch commits. One task per few records, so a batch of 1,000 is
+    # not run as one task of four slow calls in a row.
+    topics, sent, env, job = start_mid_stream(bs, "kill9", detector_delay_seconds=1, min_records_per_task=1)
 
     def batch_in_flight_has_written():
         ends = committed(bs, topics, range(PARTITIONS))

@@ -272,7 +272,8 @@ def test_a_zombie_then_a_killed_instance_lose_nothing_and_never_move_offsets_bac
     feed = Feed(bs, topics.input, chunks=12, chunk=5_000, seed=500)
     one = start(bs, topics, metrics_topic)
     # Slow, small batches: a batch is nearly always in flight, and one is at most 2,000 records.
-    two = start(bs, topics, metrics_topic, max_records_per_batch=2_000, detector_delay_seconds=1)
+    # (Tasks of any size: one task would run a batch's slow calls in a row.)
+    two = start(bs, topics, metrics_topic, max_records_per_batch=2_000, detector_delay_seconds=1, min_records_per_task=1)
     three = None
     history = collections.defaultdict(list)
     watching = threading.Event()

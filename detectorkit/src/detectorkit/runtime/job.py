@@ -128,6 +128,7 @@ class StreamJob:
             fail_on_data_loss=s.fail_on_data_loss,
             timeout=s.connect_timeout_seconds,
             max_tasks=max(1, self.spark.sparkContext.defaultParallelism),
+            min_task_records=s.min_records_per_task,
             deliver=self.deliver,
             broker_kind=self.broker_kind,
             client_idle_seconds=self.client_idle_seconds,
