@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from detectorkit.kafka.planning import MIN_TASK_RECORDS
+
 # The librdkafka keys a deployment may pass through: what a secured real cluster needs.
 PASS_THROUGH_PREFIXES = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "metadata.")
 _SECRET_WORDS = ("password", "secret", "key", "token", "jaas")
@@ -73,7 +75,7 @@ class Settings(BaseModel):
     )
     max_records_per_batch: int = Field(250_000, gt=0, description="At most this many records in one micro-batch.")
     min_records_per_task: int = Field(
-        5_000, gt=0, description="A micro-batch gets one Spark task per this many records at most, up to the cores: a caught-up job's "
+        MIN_TASK_RECORDS, gt=0, description="A micro-batch gets one Spark task per this many records at most, up to the cores: a caught-up job's "
         "small batches run in one task, which costs less than several."
     )
     fail_on_data_loss: bool = Field(True, description="Stop when planned records are gone (retention, deleted topic); false skips ahead.")
