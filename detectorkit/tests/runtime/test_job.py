@@ -12,7 +12,7 @@ from detectorkit.samples import KINDS, samples
 from detectorkit.settings import Settings
 from detectorkit.testing import create_test_topics, produce, read_all
 
-from ..detectors import THRESHOLD, Config
+from ..detectors import THRESHOLD, WHERE, Config
 from ..jobs import committed, wait_for
 
 
@@ -104,6 +104,25 @@ def test_earliest_processes_records_produced_before_the_first_start(spark, kafka
     assert all(samples_of_caught_up), samples_of_caught_up
     assert job.stats.records == 300
     assert set(detections_by_source(bs, topics.output)) == expected_detections(before)
+
+
+def test_each_task_reads_detects_and_writes_in_the_sources_own_python_worker(spark, kafka_bootstrap_servers):
+    """One Python worker per task: the detector runs inside the source's read(). A mapInArrow after
+    a source that only names the ranges runs a second worker per core, a second pickled plan and an
+    Arrow round trip through the JVM in every batch (~50 ms of a micro-batch, ~120 MiB)."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "where", partitions=4)
+    sent = produce(bs, topics.input, samples(400, seed=5, bad_every=0, high_share=0.5))
+    job = StreamJob(WHERE, settings(bs, topics, starting_offsets="earliest", min_records_per_task=50), spark)
+    job.start()
+    wait_for(lambda: job.stats.records >= 400 or job.terminated(0), what="the records")
+    job.stop()
+    assert job.error() is None
+    detections = [json.loads(m["value"])["detection"] for m in read_all(bs, topics.output)]
+    assert len(detections) == len(expected_detections(sent)) > 0
+    assert {d["in_source_read"] for d in detections} == {True}
+    # Several tasks ran (4 partitions, a task per 50 records), in the session's two workers at most.
+    assert len({d["pid"] for d in detections}) <= spark.sparkContext.defaultParallelism
 
 
 def test_error_policy_stops_with_a_clear_message(spark, kafka_bootstrap_servers):

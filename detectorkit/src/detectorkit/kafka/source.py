@@ -21,8 +21,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import pickle
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pydantic import SecretStr
+from pyspark import cloudpickle
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
@@ -157,6 +159,37 @@ class KafkaSource(DataSource):
         return KafkaStreamReader(SourceOptions.from_options(self.options).resolved())
 
 
+# What a task of `task_source` runs over its planned ranges: it reads them itself and yields what
+# the source's schema says.
+TaskFunction = Callable[[SourceOptions, list[PartitionRange]], Iterator[pa.RecordBatch]]
+
+
+def task_source(name: str, schema: str, task: TaskFunction) -> type[KafkaSource]:
+    """A KafkaSource, registered under `name`, whose tasks run `task` over their planned ranges in
+    the Python worker Spark starts for the read. A job that processes each task's records with a
+    `mapInArrow` after a ranges source runs two Python workers per task, and pays for a second
+    pickled plan and an Arrow round trip through the JVM in every batch; this runs one.
+
+    `task` travels pickled inside the class (cloudpickle takes a class defined in a function by
+    value), so nothing of it is part of the options Spark shows in plans; it is unpickled only in
+    the workers, never in the planner's process, which thus never imports what the task needs."""
+    pickled = cloudpickle.dumps(task)
+
+    class TaskSource(KafkaSource):
+        @classmethod
+        def name(cls) -> str:
+            return name
+
+        def schema(self) -> str:
+            return schema
+
+        def streamReader(self, schema) -> KafkaStreamReader:
+            options = dataclasses.replace(SourceOptions.from_options(self.options), deliver="ranges")
+            return KafkaStreamReader(options.resolved(), task=pickled)
+
+    return TaskSource
+
+
 # One reading consumer per worker process and configuration, reused by every task that process runs.
 _readers = WorkerClients(close=lambda consumer: consumer.close())
 
@@ -164,16 +197,18 @@ _readers = WorkerClients(close=lambda consumer: consumer.close())
 @dataclass
 class KafkaStreamReader(DataSourceStreamReader):
     options: SourceOptions
+    # A pickled TaskFunction (see task_source); None: the source yields what `deliver` says.
+    task: bytes | None = field(default=None, repr=False)
     _probe: ListOffsetsEnds | EndOffsetProbe | None = field(default=None, repr=False)
     _store: OffsetStore | None = field(default=None, repr=False)
     _partitions: list[int] = field(default_factory=list, repr=False)
     _partitions_at: float = field(default=0.0, repr=False)
 
     def __getstate__(self) -> dict:
-        return {"options": self.options}
+        return {"options": self.options, "task": self.task}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["options"])
+        self.__init__(state["options"], state["task"])
 
     # ---- planner side -------------------------------------------------------------------------
 
@@ -266,7 +301,9 @@ class KafkaStreamReader(DataSourceStreamReader):
     # ---- worker side --------------------------------------------------------------------------
 
     def read(self, partition: KafkaInputPartition) -> Iterator:
-        if self.options.deliver == "ranges":
+        if self.task is not None:
+            yield from pickle.loads(self.task)(self.options, partition.ranges)
+        elif self.options.deliver == "ranges":
             yield (json.dumps([dataclasses.astuple(r) for r in partition.ranges]),)
         else:
             yield from read_planned(self.options, partition.ranges)

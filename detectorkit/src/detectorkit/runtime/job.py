@@ -1,6 +1,7 @@
-"""A detector job: Kafka source -> detector in mapInArrow -> Kafka sink, offsets committed to Kafka.
+"""A detector job: Kafka source whose tasks detect and write to the Kafka sink, offsets committed to Kafka.
 
-Each micro-batch runs in `foreachBatch`: the tasks detect and write (flushing their producers), the
+Each micro-batch runs in `foreachBatch`: the source's tasks read their planned offset ranges, detect
+and write (flushing their producers), all in one Python worker each (kafka.source.task_source); the
 driver collects their summaries and commits the batch's end offsets to the consumer group before the
 batch returns. A graceful stop waits for the batch in flight, so its offsets are committed too.
 
@@ -25,6 +26,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,11 +41,11 @@ from detectorkit.kafka.end_offsets import EndOffsetProbe, ListOffsetsEnds, open_
 from detectorkit.kafka.membership import CommitRefused, GroupMember
 from detectorkit.kafka.planning import DataLossError
 from detectorkit.kafka.source import NAME as SOURCE_NAME
-from detectorkit.kafka.source import SourceOptions
+from detectorkit.kafka.source import SourceOptions, task_source
 from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
 from detectorkit.metrics.reporter import MetricsReporter
 from detectorkit.runtime.health import Progress
-from detectorkit.runtime.processing import SUMMARY_SCHEMA, TaskContext, process_in_driver, process_partition, process_ranges
+from detectorkit.runtime.processing import SUMMARY_SCHEMA, TaskContext, process_in_driver, process_partition, process_planned
 from detectorkit.runtime.stage import Stage, as_stage
 from detectorkit.settings import Settings
 
@@ -80,8 +82,9 @@ class StreamJob:
         self.spark = spark
         self.config = self.stage.load_config() if config is None else config
         self.stats = JobStats()
-        # "ranges": the tasks read their planned ranges themselves; "records": the source's records
-        # pass through the JVM into the tasks. Both are kept so the benchmark can compare them.
+        # "ranges": the source's tasks read their planned ranges and process them; "records": the
+        # source's records pass through the JVM into a mapInArrow, as with any Spark source. Both
+        # are kept so the tests and the profile can compare them.
         if deliver not in ("ranges", "records"):
             raise ValueError(f"deliver must be 'ranges' or 'records', not {deliver!r}")
         if getattr(self.stage, "runs_in_driver", False) and deliver != "ranges":
@@ -162,6 +165,11 @@ class StreamJob:
             log_level=s.log_level,
             log_context=(("service", self.stage.name), ("instance", s.instance_id)),
         )
+        self._format = SOURCE_NAME
+        if self.deliver == "ranges" and not getattr(self.stage, "runs_in_driver", False):
+            # The source's tasks read, detect and write themselves: one Python worker per task.
+            self._format = f"{SOURCE_NAME}-{self.stage.name}-{uuid.uuid4().hex[:12]}"
+            self.spark.dataSource.register(task_source(self._format, SUMMARY_SCHEMA, partial(process_planned, self._task)))
         if hasattr(self.stage, "prepare_job"):
             self.stage.prepare_job(self.config, s, self._base, self.broker_kind)
         # Lag needs the true end, as the source plans it (ListOffsets gets it wrong on Tansu).
@@ -264,7 +272,7 @@ class StreamJob:
         token = self._token
         checkpoint = self._checkpoint = self._fresh_checkpoint()
         self._source = dataclasses.replace(self.source_options(), partitions=sorted(owned), start_offsets=start)
-        stream = self.spark.readStream.format(SOURCE_NAME).options(**self._source.to_options()).load()
+        stream = self.spark.readStream.format(self._format).options(**self._source.to_options()).load()
         writer = (stream.writeStream.foreachBatch(partial(self._on_batch, token))
                   .option("checkpointLocation", checkpoint).queryName(f"{self.stage.name}-{token}"))
         if s.trigger_interval_seconds > 0:
@@ -323,11 +331,10 @@ class StreamJob:
                 structlog.contextvars.unbind_contextvars("batch")
 
     def _process(self, frame, batch_id: int, started: float) -> BatchResult:
-        # The source hands over the planned ranges; the tasks read, detect and write in one worker.
         if getattr(self.stage, "runs_in_driver", False):
             rows = process_in_driver(self._task, self._source, frame)
         elif self.deliver == "ranges":
-            rows = frame.mapInArrow(partial(process_ranges, self._task, self._source), SUMMARY_SCHEMA).collect()
+            rows = frame.collect()  # the source's tasks have read, detected and written
         else:
             rows = frame.mapInArrow(partial(process_partition, self._task), SUMMARY_SCHEMA).collect()
         committed: dict[int, int] = {}

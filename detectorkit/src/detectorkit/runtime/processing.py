@@ -1,7 +1,8 @@
 """One Spark task's work: parse, detect, write detections and dead letters, report what was done.
 
-It runs in `mapInArrow` on the executors, over the Arrow batches of one Kafka partition range, so
-records never pass through the driver. What it yields is a summary per Kafka partition, which the
+It runs on the executors, in the Python worker of the job's source, which reads the task's planned
+Kafka offset ranges itself (or in `mapInArrow` over records Spark delivers), so records never pass
+through the driver. What it yields is a summary per Kafka partition, which the
 driver collects to commit offsets and count.
 """
 
@@ -21,6 +22,7 @@ import pyarrow.compute as pc
 
 from detectorkit import logs
 from detectorkit.kafka import sink as sinks
+from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.source import SourceOptions, ranges_from_row, read_planned
 from detectorkit.metrics import executors
 from detectorkit.metrics.registry import bucket_counts
@@ -126,9 +128,10 @@ def process_partition(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> It
     return _process(ctx, batches, {})
 
 
-def process_ranges(ctx: TaskContext, source: SourceOptions, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The `mapInArrow` function over the source's planned ranges: reads them here, in the same
-    worker, and processes them as `process_partition` does, so records never cross the JVM.
+def process_planned(ctx: TaskContext, source: SourceOptions, ranges: list[PartitionRange]) -> Iterator[pa.RecordBatch]:
+    """A task of the job's source (kafka.source.task_source): reads its planned ranges, in the
+    source's own Python worker, and processes them as `process_partition` does, so records never
+    cross the JVM.
 
     The position it reports is each range's planned end, not its last record + 1: the offsets
     after the last record may hold transaction markers or aborted records, and a position short
@@ -137,12 +140,9 @@ def process_ranges(ctx: TaskContext, source: SourceOptions, tasks: Iterator[pa.R
     ends: dict[int, int] = {}
 
     def batches():
-        for task in tasks:
-            for text in task.column("ranges").to_pylist():
-                ranges = ranges_from_row(text)
-                yield from read_planned(source, ranges)
-                for r in ranges:  # read in full: only now may the position move to its end
-                    ends[r.partition] = max(ends.get(r.partition, -1), r.end)
+        yield from read_planned(source, ranges)
+        for r in ranges:  # read in full: only now may the position move to its end
+            ends[r.partition] = max(ends.get(r.partition, -1), r.end)
 
     return _process(ctx, batches(), ends)
 
