@@ -192,7 +192,7 @@ class StreamJob:
     def _serve_group(self) -> None:
         member = self._member
         try:
-            while not self._leaving.is_set():
+            while not self._leaving.is_set() and not self._ended.is_set():
                 member.poll(0.2)  # rebalance callbacks, and `release`, run in here
                 if member.fatal:
                     self._fail(member.fatal)
@@ -286,6 +286,12 @@ class StreamJob:
         query is stopped under it: its tasks are cancelled and its offsets not committed."""
         if self.query is None:
             return
+        if not self.query.isActive and self._running is not None:
+            # It died before the serving loop saw it: when the group takes the partitions away
+            # for the same cause (a deleted topic), its error must not go with them.
+            exc = self.query.exception()
+            if exc is not None:
+                self._fail(explain(exc))
         if self._acquire_serving(timeout):
             self._token += 1  # later batches of this query are skipped, and never committed
             self._lock.release()
