@@ -44,3 +44,15 @@ def where_it_runs(records: pd.DataFrame, config: Config) -> pd.DataFrame:
 
 # Tells where Spark runs the detector: inside the Kafka source's read(), or after it.
 WHERE = Detector(name="test-where", detect=where_it_runs, config=Config, required_fields=("amount",))
+
+
+class UnpickledMarker:
+    """A config that writes the pid of every process that unpickles it to `path`."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")

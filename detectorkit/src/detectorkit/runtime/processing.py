@@ -176,6 +176,14 @@ def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch], ends: dict[int
         )
 
 
+def warm_worker(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A `mapInArrow` function that only starts a Python worker with what a task imports: this
+    module (pandas, pyarrow, the Kafka clients), the stage's own modules (unpickling `ctx` imported
+    them) and the job's logging; Spark reuses the worker for the job's tasks."""
+    logs.setup_once(ctx.log_level, **dict(ctx.log_context))
+    yield from batches
+
+
 def process_in_driver(ctx: TaskContext, source: SourceOptions, frame) -> list[SimpleNamespace]:
     """A batch of a stage that keeps state (`runs_in_driver`): the driver reads the planned ranges
     itself and runs the stage as a task would; then the stage's `after_flush` (deliveries, its
