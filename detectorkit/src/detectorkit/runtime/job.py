@@ -173,8 +173,7 @@ class StreamJob:
         # The first Python job of a session pays for starting the workers and their imports
         # (6.5 s measured on 2 cores); done now, it overlaps the group join instead of delaying
         # the first batch.
-        self._warming = threading.Thread(target=self._warm_workers, name="warm-workers", daemon=True)
-        self._warming.start()
+        threading.Thread(target=self._warm_workers, name="warm-workers", daemon=True).start()
         if hasattr(self.stage, "prepare_job"):
             self.stage.prepare_job(self.config, s, self._base, self.broker_kind)
         # Lag needs the true end, as the source plans it (ListOffsets gets it wrong on Tansu).
@@ -214,12 +213,20 @@ class StreamJob:
                     self._apply(member.owned)
                 if member.joined:
                     self._ready.set()
-                if self.query is not None and not self.query.isActive and self._running is not None:
-                    exc = self.query.exception()
-                    self._fail(explain(exc) if exc is not None else "the query stopped by itself")
+                reason = self._query_failure()
+                if reason is not None:
+                    self._fail(reason)
                     return
         except Exception as exc:  # noqa: BLE001 - whatever it is, the job has failed and must say why
             self._fail(explain(exc) if "pyspark" in type(exc).__module__ else f"{type(exc).__name__}: {exc}")
+
+    def _query_failure(self) -> str | None:
+        """Why the query this instance runs has died; None while it runs, or when none does."""
+        query = self.query
+        if query is None or query.isActive or self._running is None:
+            return None
+        exc = query.exception()
+        return explain(exc) if exc is not None else "the query stopped by itself"
 
     def _fail(self, reason: str) -> None:
         log.error("job failed", error=reason)
@@ -299,12 +306,11 @@ class StreamJob:
         query is stopped under it: its tasks are cancelled and its offsets not committed."""
         if self.query is None:
             return
-        if not self.query.isActive and self._running is not None:
+        reason = self._query_failure()
+        if reason is not None:
             # It died before the serving loop saw it: when the group takes the partitions away
             # for the same cause (a deleted topic), its error must not go with them.
-            exc = self.query.exception()
-            if exc is not None:
-                self._fail(explain(exc))
+            self._fail(reason)
         if self._acquire_serving(timeout):
             self._token += 1  # later batches of this query are skipped, and never committed
             self._lock.release()
