@@ -1,8 +1,11 @@
 """The downstream notifier's rules without Spark or Kafka: one notification per customer and
 window, duplicates dropped, bounded state restored from its changelog, deliveries retried."""
 
+import email.utils
 import http.server
 import json
+import random
+import socket
 import threading
 
 import pyarrow as pa
@@ -18,8 +21,11 @@ T0 = 1_795_000_000_000 // HOUR_MS * HOUR_MS  # the start of an hour
 
 
 def detection(service, offset, ts, partition=0):
-    return {"service": service, "detection": {"amount": 2000},
-            "source": {"topic": "records", "partition": partition, "offset": offset, "timestamp_ms": ts}}
+    return {
+        "service": service,
+        "detection": {"amount": 2000},
+        "source": {"topic": "records", "partition": partition, "offset": offset, "timestamp_ms": ts},
+    }
 
 
 def run(notifier, items, partition=0):
@@ -36,8 +42,15 @@ def fresh():
 
 def test_one_notification_per_customer_and_window_across_batches_and_duplicates():
     n = fresh()
-    out, rejected = run(n, [("c-1", detection("threshold", 5, T0 + 10)), ("c-1", detection("burst", 6, T0 + 20)),
-                            ("c-2", detection("threshold", 7, T0 + 30)), ("c-1", detection("threshold", 5, T0 + 10))])
+    out, rejected = run(
+        n,
+        [
+            ("c-1", detection("threshold", 5, T0 + 10)),
+            ("c-1", detection("burst", 6, T0 + 20)),
+            ("c-2", detection("threshold", 7, T0 + 30)),
+            ("c-1", detection("threshold", 5, T0 + 10)),
+        ],
+    )
     assert rejected == []
     assert sorted(o.key for o in out) == ["c-1", "c-2"]
     c1 = next(o.value for o in out if o.key == "c-1")
@@ -76,50 +89,209 @@ def test_what_is_no_detection_is_a_dead_letter():
 
 
 class Receiver(http.server.BaseHTTPRequestHandler):
+    """A webhook receiver: answers from `answers` (a code, or a code and headers), then 200."""
+
+    protocol_version = "HTTP/1.1"  # keeps the connection open between requests, as real receivers do
     answers: list = []
-    received: list = []
+    received: list = []  # (code answered, body, the request's headers)
 
     def do_POST(self):  # noqa: N802 - the name http.server calls
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        code = self.answers.pop(0) if self.answers else 200
-        type(self).received.append((code, body))
+        answer = self.answers.pop(0) if self.answers else 200
+        code, headers = answer if isinstance(answer, tuple) else (answer, {})
+        type(self).received.append((code, body, dict(self.headers)))
         self.send_response(code)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", "0")
         self.end_headers()
 
     def log_message(self, *args):
         pass
 
 
+class CountingServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    connections = 0  # TCP connections accepted
+
+    def get_request(self):
+        request = super().get_request()
+        self.connections += 1
+        return request
+
+
 @pytest.fixture
 def receiver():
     Receiver.answers, Receiver.received = [], []
-    server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/hook", Receiver
+    server = CountingServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/hook", Receiver, server
     server.shutdown()
+    server.server_close()
+
+
+class Waits:
+    """Stands in for time.sleep: records what the delivery asked for, sleeps not at all."""
+
+    def __init__(self):
+        self.asked = []
+
+    def __call__(self, seconds):
+        self.asked.append(seconds)
+
+
+def notification(customer="c-1", hour=0):
+    return {
+        "customer": customer,
+        "window_start": nt._iso(T0 + hour * HOUR_MS),
+        "window_end": nt._iso(T0 + (hour + 1) * HOUR_MS),
+        "detections": [detection("threshold", hour, T0 + hour * HOUR_MS)],
+    }
 
 
 def test_the_webhook_retries_server_errors_then_gives_up_with_the_reason(receiver):
-    url, seen = receiver
-    hook = nt.WebhookDelivery(url, attempts=3, sleep=lambda s: None)
+    url, seen, _ = receiver
+    hook = nt.WebhookDelivery(url, attempts=3, sleep=Waits())
     seen.answers = [503, 500]
-    hook.deliver({"customer": "c-1"})
-    assert [code for code, _ in seen.received] == [503, 500, 200]
+    hook.deliver(notification("c-1"))
+    assert [code for code, _, _ in seen.received] == [503, 500, 200]
     seen.answers, seen.received[:] = [500, 500, 500], []
     with pytest.raises(RuntimeError, match="failed 3 time"):
-        hook.deliver({"customer": "c-2"})
-    seen.answers, seen.received[:] = [400], []
-    with pytest.raises(RuntimeError, match="HTTP 400"):
-        hook.deliver({"customer": "c-3"})
-    assert len(seen.received) == 1  # a refusal is not retried
+        hook.deliver(notification("c-2"))
 
 
-@pytest.mark.parametrize(("env", "says"), [
-    ({"NOTIFIER_DELIVERY": "pigeon"}, "log or webhook"),
-    ({"NOTIFIER_DELIVERY": "webhook"}, "NOTIFIER_WEBHOOK_URL"),
-    ({"NOTIFIER_WINDOW_SECONDS": "soon"}, "NOTIFIER_WINDOW_SECONDS='soon'"),
-    ({"NOTIFIER_WINDOW_SECONDS": "7200", "NOTIFIER_HORIZON_SECONDS": "60"}, "HORIZON"),
-])
+@pytest.mark.parametrize(
+    ("code", "retried"), [(400, False), (401, False), (404, False), (422, False), (408, True), (429, True), (500, True), (503, True)]
+)
+def test_only_a_timeout_a_throttle_or_a_server_error_is_retried(receiver, code, retried):
+    url, seen, _ = receiver
+    seen.answers = [code]
+    hook = nt.WebhookDelivery(url, attempts=3, sleep=Waits())
+    if retried:
+        hook.deliver(notification())
+        assert [c for c, _, _ in seen.received] == [code, 200]
+    else:
+        with pytest.raises(RuntimeError, match=f"HTTP {code}"):
+            hook.deliver(notification())
+        assert len(seen.received) == 1  # the receiver refuses it: asking again will not help
+
+
+def test_one_connection_is_kept_alive_across_deliveries(receiver):
+    url, seen, server = receiver
+    hook = nt.WebhookDelivery(url, sleep=Waits())
+    for hour in range(10):
+        hook.deliver(notification(hour=hour))
+    assert len(seen.received) == 10
+    assert server.connections == 1
+    hook.close()
+
+
+def test_retry_after_in_seconds_is_waited_at_least_and_capped(receiver):
+    url, seen, _ = receiver
+    waits = Waits()
+    hook = nt.WebhookDelivery(url, attempts=3, backoff_base=0.01, backoff_cap=5.0, sleep=waits)
+    seen.answers = [(503, {"Retry-After": "1"})]
+    hook.deliver(notification())
+    assert [c for c, _, _ in seen.received] == [503, 200]
+    assert waits.asked and waits.asked[0] >= 1.0
+    # A receiver asking for an hour holds the driver's batch no longer than the cap.
+    seen.answers, waits.asked[:] = [(429, {"Retry-After": "3600"})], []
+    hook.deliver(notification())
+    assert waits.asked == [5.0]
+
+
+def test_retry_after_as_an_http_date_is_waited_until_then(receiver):
+    url, seen, _ = receiver
+    now = 1_800_000_000.0
+    waits = Waits()
+    hook = nt.WebhookDelivery(url, attempts=2, backoff_base=0.01, backoff_cap=60.0, sleep=waits, clock=lambda: now)
+    seen.answers = [(503, {"Retry-After": email.utils.formatdate(now + 7, usegmt=True)})]
+    hook.deliver(notification())
+    assert waits.asked == [pytest.approx(7.0, abs=1.0)]
+    # A date already past: no wait beyond the backoff's.
+    seen.answers, waits.asked[:] = [(503, {"Retry-After": email.utils.formatdate(now - 60, usegmt=True)})], []
+    hook.deliver(notification())
+    assert len(waits.asked) == 1 and 0 <= waits.asked[0] <= 0.01
+
+
+def test_backoff_grows_exponentially_with_full_jitter_up_to_the_cap(receiver):
+    url, seen, _ = receiver
+    base, cap, attempts = 0.1, 1.0, 7
+    ceilings = [min(cap, base * 2**n) for n in range(attempts - 1)]  # 0.1 0.2 0.4 0.8 1.0 1.0
+    # The highest draw of the jitter shows the ceilings: doubling, then the cap.
+    waits = Waits()
+    seen.answers = [503] * attempts
+    with pytest.raises(RuntimeError, match=f"failed {attempts} time"):
+        nt.WebhookDelivery(url, attempts=attempts, backoff_base=base, backoff_cap=cap, sleep=waits, random=lambda: 1.0).deliver(notification())
+    assert waits.asked == pytest.approx(ceilings)
+    # Real draws: each wait anywhere in [0, its ceiling], and no two retries in lockstep.
+    draws = random.Random(22)
+    asked = []
+    for _ in range(20):
+        waits = Waits()
+        seen.answers = [503] * attempts
+        with pytest.raises(RuntimeError):
+            nt.WebhookDelivery(url, attempts=attempts, backoff_base=base, backoff_cap=cap, sleep=waits, random=draws.random).deliver(notification())
+        assert all(0 <= w <= c for w, c in zip(waits.asked, ceilings, strict=True))
+        asked.append(tuple(waits.asked))
+    assert len(set(asked)) == len(asked)
+    assert max(run[-1] for run in asked) > ceilings[0]  # late retries wait longer than the first could
+
+
+def test_connection_errors_are_retried_with_backoff():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/hook"
+    waits = Waits()
+    with pytest.raises(RuntimeError, match="failed 3 time") as failure:
+        nt.WebhookDelivery(url, attempts=3, sleep=waits).deliver(notification())
+    assert len(waits.asked) == 2
+    assert url not in str(failure.value)  # a webhook's path often holds its secret: the reason names the host only
+
+
+def test_the_idempotency_key_is_the_notifications_identity(receiver):
+    url, seen, _ = receiver
+    hook = nt.WebhookDelivery(url, sleep=Waits())
+    first = notification("c-1", hour=0)
+    replay = {**first, "detections": first["detections"] * 2}  # a replay may bring more of the window's detections
+    for n in (first, replay, notification("c-2", hour=0), notification("c-1", hour=1)):
+        hook.deliver(n)
+    # A restarted notifier (a new delivery, a new process) sends the same key for the same window.
+    nt.WebhookDelivery(url, sleep=Waits()).deliver(json.loads(json.dumps(first)))
+    keys = [headers.get("Idempotency-Key") for _, _, headers in seen.received]
+    assert all(keys)
+    assert keys[0] == keys[1] == keys[4]
+    assert len({keys[0], keys[2], keys[3]}) == 3
+    # Retries of one notification carry its key too.
+    seen.answers, seen.received[:] = [503], []
+    hook.deliver(first)
+    assert [headers["Idempotency-Key"] for _, _, headers in seen.received] == [keys[0], keys[0]]
+
+
+def test_webhook_backoff_settings():
+    config = nt.NotifierConfig.from_env(
+        {
+            "NOTIFIER_DELIVERY": "webhook",
+            "NOTIFIER_WEBHOOK_URL": "http://hooks.example/x",
+            "NOTIFIER_WEBHOOK_BACKOFF_BASE_SECONDS": "0.2",
+            "NOTIFIER_WEBHOOK_BACKOFF_CAP_SECONDS": "10",
+        }
+    )
+    hook = nt.delivery_for(config)
+    assert (hook.backoff_base, hook.backoff_cap, hook.attempts) == (0.2, 10.0, 3)
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"NOTIFIER_DELIVERY": "pigeon"}, "log or webhook"),
+        ({"NOTIFIER_DELIVERY": "webhook"}, "NOTIFIER_WEBHOOK_URL"),
+        ({"NOTIFIER_WINDOW_SECONDS": "soon"}, "NOTIFIER_WINDOW_SECONDS='soon'"),
+        ({"NOTIFIER_WINDOW_SECONDS": "7200", "NOTIFIER_HORIZON_SECONDS": "60"}, "HORIZON"),
+        ({"NOTIFIER_WEBHOOK_BACKOFF_BASE_SECONDS": "2", "NOTIFIER_WEBHOOK_BACKOFF_CAP_SECONDS": "1"}, "BACKOFF_CAP"),
+        ({"NOTIFIER_WEBHOOK_BACKOFF_BASE_SECONDS": "0"}, "BACKOFF_BASE"),
+    ],
+)
 def test_a_wrong_notifier_setting_is_one_line(env, says):
     with pytest.raises(SettingsError, match=says):
         nt.NotifierConfig.from_env(env)

@@ -20,14 +20,17 @@ It runs in the driver (detections are few): one place holds each partition's sta
 from __future__ import annotations
 
 import dataclasses
+import email.utils
 import json
+import random
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import httpx
 import pyarrow as pa
 import structlog
 
@@ -50,6 +53,10 @@ class NotifierConfig:
     webhook_url: str = ""
     webhook_attempts: int = 3
     webhook_timeout_seconds: float = 5.0
+    # Full-jitter backoff between attempts: a wait drawn from [0, min(cap, base * 2^n)]. The cap
+    # also bounds a receiver's Retry-After: the notifier waits in the driver, holding its batch.
+    webhook_backoff_base_seconds: float = 0.5
+    webhook_backoff_cap_seconds: float = 30.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> NotifierConfig:
@@ -59,8 +66,9 @@ class NotifierConfig:
         if config.delivery == "webhook" and not config.webhook_url.startswith(("http://", "https://")):
             raise SettingsError("NOTIFIER_DELIVERY=webhook needs NOTIFIER_WEBHOOK_URL=http(s)://...")
         if config.window_seconds <= 0 or config.horizon_seconds < config.window_seconds or config.webhook_attempts < 1:
-            raise SettingsError("notifier settings need NOTIFIER_WINDOW_SECONDS > 0, NOTIFIER_HORIZON_SECONDS >= it, "
-                                "NOTIFIER_WEBHOOK_ATTEMPTS >= 1")
+            raise SettingsError("notifier settings need NOTIFIER_WINDOW_SECONDS > 0, NOTIFIER_HORIZON_SECONDS >= it, NOTIFIER_WEBHOOK_ATTEMPTS >= 1")
+        if not 0 < config.webhook_backoff_base_seconds <= config.webhook_backoff_cap_seconds:
+            raise SettingsError("notifier settings need 0 < NOTIFIER_WEBHOOK_BACKOFF_BASE_SECONDS <= NOTIFIER_WEBHOOK_BACKOFF_CAP_SECONDS")
         return config
 
 
@@ -86,7 +94,7 @@ class NotificationState:
         self.changes: list[tuple[int, str, bytes | None]] = []
 
     def offer(self, partition: int, customer: str, event_ms: int, ids: Iterable[str]) -> str:
-        """"notify" for a window not notified yet, "duplicate" when every id was seen already in
+        """ "notify" for a window not notified yet, "duplicate" when every id was seen already in
         it, "merged" when the window was notified and this brings a new detection to it."""
         state = self.partitions.setdefault(partition, PartitionState())
         state.newest_ms = max(state.newest_ms, event_ms)
@@ -144,6 +152,7 @@ def _iso(ms: int) -> str:
 
 # ---- delivery -------------------------------------------------------------------------------------
 
+
 class Delivery(Protocol):
     def deliver(self, notification: dict[str, Any]) -> None:
         """Deliver one notification; raise with the reason when it cannot be delivered."""
@@ -151,45 +160,132 @@ class Delivery(Protocol):
 
 class LogDelivery:
     def deliver(self, notification: dict[str, Any]) -> None:
-        log.info("notification", customer=notification["customer"], window_start=notification["window_start"],
-                 detections=len(notification["detections"]))
+        log.info(
+            "notification", customer=notification["customer"], window_start=notification["window_start"], detections=len(notification["detections"])
+        )
 
 
 class WebhookDelivery:
-    """POST the notification as JSON; retried with backoff on errors and 5xx answers."""
+    """POST the notification as JSON over one kept-alive connection; retried on what may pass.
 
-    def __init__(self, url: str, attempts: int = 3, timeout: float = 5.0, backoff: float = 0.5,
-                 sleep: Callable[[float], None] = time.sleep):
-        self.url, self.attempts, self.timeout, self.backoff, self.sleep = url, attempts, timeout, backoff, sleep
+    Retried: connection errors and timeouts, 408, 429 and 5xx, waiting the receiver's
+    `Retry-After` when it sends one, else an exponential backoff with full jitter (a wait drawn
+    from [0, min(cap, base * 2^n)]) so that notifiers failing together do not retry in lockstep.
+    Every wait is capped: the notifier delivers in the driver, and a wait holds its batch. Any
+    other answer is final. Each notification carries an `Idempotency-Key` derived from its
+    customer and window, the same across retries, replays and restarts, so a receiver can drop
+    a repeat."""
+
+    RETRIED = frozenset({408, 429})
+
+    def __init__(
+        self,
+        url: str,
+        attempts: int = 3,
+        timeout: float = 5.0,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+        random: Callable[[], float] = random.random,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.url, self.attempts, self.timeout = url, attempts, timeout
+        self.backoff_base, self.backoff_cap = backoff_base, backoff_cap
+        self.sleep, self.random, self.clock = sleep, random, clock
+        # Where the reasons say it went: the host, not the path or query, which often hold the
+        # webhook's secret (and the reasons go to the dead-letter topic and the logs).
+        parts = urllib.parse.urlsplit(url)
+        self.where = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        self._client: httpx.Client | None = None
+
+    @property
+    def client(self) -> httpx.Client:
+        # One client for the notifier's life: its pool keeps the connection (and its TLS session)
+        # between deliveries, where urllib opened a new one per POST.
+        if self._client is None:
+            self._client = httpx.Client(timeout=self.timeout, follow_redirects=False)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def backoff(self, retry: int) -> float:
+        """The wait before retry number `retry` (0 for the first): full jitter."""
+        return self.random() * min(self.backoff_cap, self.backoff_base * 2**retry)
+
+    def retry_after(self, value: str | None) -> float | None:
+        """Seconds to wait from a `Retry-After` header (delay-seconds or an HTTP-date), or None."""
+        if not value:
+            return None
+        value = value.strip()
+        if value.isdigit():
+            return float(value)
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None  # unreadable: the backoff decides
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        return max(0.0, when.timestamp() - self.clock())
 
     def deliver(self, notification: dict[str, Any]) -> None:
         body = json.dumps(notification).encode()
+        headers = {"Content-Type": "application/json", "Idempotency-Key": f'"{idempotency_key(notification)}"'}
         problem = ""
         for attempt in range(self.attempts):
-            if attempt:
-                self.sleep(self.backoff * 2 ** (attempt - 1))
-            request = urllib.request.Request(self.url, data=body, method="POST", headers={"Content-Type": "application/json"})
+            asked: float | None = None
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    if response.status < 300:
-                        return
-                    problem = f"HTTP {response.status}"
-            except urllib.error.HTTPError as exc:
-                problem = f"HTTP {exc.code}"
-                if exc.code < 500 and exc.code != 429:
-                    break  # the receiver refuses it: retrying will not help
-            except OSError as exc:
-                problem = str(exc)
-        raise RuntimeError(f"webhook {self.url} failed {attempt + 1} time(s): {problem}")
+                response = self.client.post(self.url, content=body, headers=headers)
+            except httpx.TransportError as exc:  # refused, reset, timed out: the next try may pass
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code < 300:
+                    return
+                problem = f"HTTP {response.status_code}"
+                if response.status_code < 500 and response.status_code not in self.RETRIED:
+                    break  # the receiver refuses it (or redirects, which is not followed): retrying will not help
+                asked = self.retry_after(response.headers.get("Retry-After"))
+            if attempt + 1 < self.attempts:
+                wait = min(self.backoff(attempt) if asked is None else asked, self.backoff_cap)
+                log.warning(
+                    "webhook delivery retried",
+                    webhook=self.where,
+                    attempt=attempt + 1,
+                    problem=problem,
+                    retry_after_seconds=asked,
+                    wait_seconds=round(wait, 3),
+                )
+                self.sleep(wait)
+        raise RuntimeError(f"webhook {self.where} failed {attempt + 1} time(s): {problem}")
+
+
+# A fixed namespace: the same notification gets the same key in every process, on every machine.
+_IDEMPOTENCY_NAMESPACE = uuid.UUID("6f0c1f57-3e8a-4c4b-9a51-2d0a8e5f4b21")
+
+
+def idempotency_key(notification: Mapping[str, Any]) -> str:
+    """The notification's identity (customer and window) as a UUID: a replay after a restart
+    notifies the same window again under the same key, whatever detections it carries."""
+    identity = json.dumps([notification["customer"], notification["window_start"], notification["window_end"]])
+    return str(uuid.uuid5(_IDEMPOTENCY_NAMESPACE, identity))
 
 
 def delivery_for(config: NotifierConfig) -> Delivery:
     if config.delivery == "webhook":
-        return WebhookDelivery(config.webhook_url, config.webhook_attempts, config.webhook_timeout_seconds)
+        return WebhookDelivery(
+            config.webhook_url,
+            config.webhook_attempts,
+            config.webhook_timeout_seconds,
+            config.webhook_backoff_base_seconds,
+            config.webhook_backoff_cap_seconds,
+        )
     return LogDelivery()
 
 
 # ---- the stage ------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Notifier:
@@ -230,8 +326,7 @@ class Notifier:
                 event_ms = int(detection["source"]["timestamp_ms"])
                 detection_id(detection)
             except (KeyError, TypeError, ValueError):
-                rejected.append(Rejected(position, MISSING_FIELD, "a detection needs service and source.topic, "
-                                                                   "partition, offset and timestamp_ms"))
+                rejected.append(Rejected(position, MISSING_FIELD, "a detection needs service and source.topic, partition, offset and timestamp_ms"))
                 continue
             if not where.key:
                 rejected.append(Rejected(position, MISSING_FIELD, "a detection is keyed by its customer; this one has no key"))
@@ -292,8 +387,11 @@ class Notifier:
                 try:
                     self.delivery.deliver(notification)
                 except Exception as exc:  # noqa: BLE001 - any failure of a delivery is a dead letter
-                    headers = [("error_type", DELIVERY_FAILED.encode()), ("error_message", str(exc).encode(errors="replace")),
-                               ("service", ctx.service.encode())]
+                    headers = [
+                        ("error_type", DELIVERY_FAILED.encode()),
+                        ("error_message", str(exc).encode(errors="replace")),
+                        ("service", ctx.service.encode()),
+                    ]
                     sink.send(ctx.dlq_topic, notification["customer"].encode(), json.dumps(notification).encode(), headers)
                     failed[DELIVERY_FAILED] = failed.get(DELIVERY_FAILED, 0) + 1
             for partition, key, value in self.state.take_changes():
