@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import json
 import signal
 import sys
@@ -14,6 +15,13 @@ from collections.abc import Sequence
 from detectorkit.cli.run import EXIT_FAILED, _fail, run_detector
 from detectorkit.devtools.embedded_broker import ENGINES, BrokerError, start_broker
 from detectorkit.kafka import clients
+
+# A service is installed without the dev extra; its dev tools say so instead of failing on an import.
+NEEDS_DEV = "pip install 'detectorkit[dev]'"
+
+
+def _have_rich() -> bool:
+    return importlib.util.find_spec("rich") is not None
 
 
 def _cmd_broker(args) -> int:
@@ -58,6 +66,11 @@ def _cmd_produce_sample(args) -> int:
     from detectorkit.devtools.pacing import Pacer
     from detectorkit.samples import raw_samples, samples
 
+    if args.progress is None:
+        args.progress = sys.stderr.isatty() and _have_rich()
+    elif args.progress and not _have_rich():
+        return _fail(f"--progress needs the dev tools: {NEEDS_DEV}, or --no-progress")
+
     if args.command == "produce-raw":
         made = raw_samples(args.count, seed=args.seed, anomaly_share=args.anomaly_share, malformed_share=args.malformed_share)
     else:
@@ -96,8 +109,9 @@ def _progress(total: int, topic: str, show: bool):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    with Progress(TextColumn(f"producing to {topic}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=Console(stderr=True)) as progress:
+    with Progress(
+        TextColumn(f"producing to {topic}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=Console(stderr=True)
+    ) as progress:
         task = progress.add_task("produce", total=total)
         yield lambda done: progress.update(task, completed=done)
 
@@ -115,23 +129,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("broker", help="start a broker (the embedded Tansu, or Apache Kafka) and print its address")
-    p.add_argument("--engine", choices=ENGINES, default="tansu",
-                   help="tansu: embedded, in memory, starts at once (default); kafka: Apache Kafka (KRaft), jars from Maven Central")
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="tansu",
+        help="tansu: embedded, in memory, starts at once (default); kafka: Apache Kafka (KRaft), jars from Maven Central",
+    )
     p.add_argument("--port", type=int, default=None, help="loopback port (default: a free one)")
     p.add_argument("--data-dir", default=None, help="kafka only: keep the log (and the address) here across restarts")
     p.add_argument("--topics", nargs="*", default=[], help="topics to create once it runs")
     p.add_argument("--partitions", type=int, default=8, help="partitions of each created topic")
 
-    sub.add_parser("notify", help="run the downstream notifier: detections in, one notification per customer and window out "
-                   "[job flags; NOTIFIER_* settings]", add_help=False)
-    sub.add_parser("normalise", help="run the upstream normaliser: raw records in, normalised records keyed by customer out [job flags]",
-                   add_help=False)
+    sub.add_parser(
+        "notify",
+        help="run the downstream notifier: detections in, one notification per customer and window out [job flags; NOTIFIER_* settings]",
+        add_help=False,
+    )
+    sub.add_parser(
+        "normalise", help="run the upstream normaliser: raw records in, normalised records keyed by customer out [job flags]", add_help=False
+    )
     p = sub.add_parser("run", help="run a detector: detectorkit run --detector my_pkg.detector:DETECTOR [job flags]")
     p.add_argument("--detector", required=True, help="module.path:ATTRIBUTE of a detectorkit.Detector")
 
-    for name, helptext in (("produce-sample", "write sample records (some bad) to a topic"),
-                           ("produce-raw", "write raw customer records for the normaliser (some anomalous, some malformed)"),
-                           ("tail", "print a topic's records as JSON lines")):
+    for name, helptext in (
+        ("produce-sample", "write sample records (some bad) to a topic"),
+        ("produce-raw", "write raw customer records for the normaliser (some anomalous, some malformed)"),
+        ("tail", "print a topic's records as JSON lines"),
+    ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--bootstrap-servers", required=True)
         p.add_argument("--topic", required=name != "produce-raw", default="records.raw")
@@ -142,8 +166,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--create", action="store_true", help="create the topic if missing")
         p.add_argument("--rate", type=float, default=None, help="records per second at most (default: as fast as it goes)")
         p.add_argument("--partitions", type=int, default=8)
-        p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
-                       help="a progress bar on stderr (default: when stderr is a terminal)")
+        p.add_argument(
+            "--progress",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="a progress bar on stderr (default: when stderr is a terminal and the dev extra is installed)",
+        )
     sub.choices["produce-sample"].add_argument("--bad-every", type=int, default=50, help="every N-th record is bad (0: none)")
     p = sub.choices["produce-raw"]
     p.add_argument("--anomaly-share", type=float, default=0.02, help="share of valid records with an amount above 1000")
@@ -152,13 +180,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max", type=int, default=None, help="stop after this many records")
     p.add_argument("--timeout", type=float, default=10.0, help="give up reaching the end after this many seconds")
 
-    sub.add_parser("diamond", help="run the whole diamond on one machine with a live summary (detectorkit diamond --help)",
-                   add_help=False)
+    sub.add_parser("diamond", help="run the whole diamond on one machine with a live summary (detectorkit diamond --help)", add_help=False)
     sub.add_parser("aggregate", help="run the shared metrics-aggregator (detectorkit aggregate --help)", add_help=False)
-    sub.add_parser("cluster", help="run a Spark standalone cluster on this machine and print its master URL (detectorkit cluster --help)",
-                   add_help=False)
-    p = sub.add_parser("kafka-tool", help="run one of Apache Kafka's own tools, e.g. detectorkit kafka-tool consumer-groups --describe ...",
-                       add_help=False)
+    sub.add_parser(
+        "cluster", help="run a Spark standalone cluster on this machine and print its master URL (detectorkit cluster --help)", add_help=False
+    )
+    p = sub.add_parser(
+        "kafka-tool", help="run one of Apache Kafka's own tools, e.g. detectorkit kafka-tool consumer-groups --describe ...", add_help=False
+    )
     p.add_argument("tool", help="consumer-groups, topics, delete-records, get-offsets, transactions, console-consumer, ...")
 
     args, rest = parser.parse_known_args(argv)
@@ -169,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "run":
         return _cmd_run(args, rest)
     if args.command == "diamond":
+        if not _have_rich():
+            return _fail(f"detectorkit diamond is a dev tool: {NEEDS_DEV}")
         from detectorkit.devtools.diamond import main as diamond
 
         return diamond(rest)
@@ -188,6 +219,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cmd_kafka_tool(args.tool, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    return {"broker": _cmd_broker, "produce-sample": _cmd_produce_sample, "produce-raw": _cmd_produce_sample,
-            "tail": _cmd_tail}[args.command](args)
-
+    return {"broker": _cmd_broker, "produce-sample": _cmd_produce_sample, "produce-raw": _cmd_produce_sample, "tail": _cmd_tail}[args.command](args)

