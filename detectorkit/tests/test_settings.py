@@ -61,7 +61,10 @@ def test_pass_through_of_librdkafka_settings_from_env_and_flags():
     env = {"KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_USERNAME": "svc", "KAFKA_SASL_PASSWORD": "hunter2"}
     got = parse(["--kafka-option", "ssl.ca.location=/etc/ca.pem"], env)
     assert got.kafka_options == {
-        "security.protocol": "SASL_SSL", "sasl.username": "svc", "sasl.password": "hunter2", "ssl.ca.location": "/etc/ca.pem",
+        "security.protocol": "SASL_SSL",
+        "sasl.username": "svc",
+        "sasl.password": "hunter2",
+        "ssl.ca.location": "/etc/ca.pem",
     }
 
 
@@ -75,6 +78,33 @@ def test_secrets_never_reach_logs():
     for shown in (repr(got), str(got), str(got.safe_dict())):
         assert "hunter2" not in shown and "s3cret" not in shown
     assert got.kafka_options["sasl.password"] == "hunter2"
+
+
+def test_every_secret_from_the_environment_is_masked_and_the_rest_shown():
+    secrets = [
+        "sasl.password",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.config",
+        "sasl.jaas.config",
+        "sasl.oauthbearer.assertion.private.key.passphrase",
+        "ssl.key.password",
+        "ssl.key.pem",
+        "ssl.keystore.password",
+    ]
+    shown = {
+        "sasl.username": "svc",
+        "ssl.key.location": "/etc/kafka/client.key",
+        "ssl.keystore.location": "/etc/kafka/client.p12",
+        "sasl.oauthbearer.token.endpoint.url": "https://idp.example.com/token",
+    }
+    env = {"KAFKA_" + key.upper().replace(".", "_"): f"hunter2-{i}" for i, key in enumerate(secrets)}
+    env |= {"KAFKA_" + key.upper().replace(".", "_"): value for key, value in shown.items()}
+    got = load(environ=env)
+    assert set(got.kafka_options) == set(secrets) | set(shown)
+    for text in (repr(got), str(got), str(got.safe_dict())):
+        assert "hunter2" not in text
+        assert all(value in text for value in shown.values())
+    assert got.safe_dict()["kafka_options"] == dict.fromkeys(secrets, "***") | shown
 
 
 def test_detector_config_from_environment():

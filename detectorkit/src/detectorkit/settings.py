@@ -18,11 +18,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from detectorkit.kafka.clients import is_secret
 from detectorkit.kafka.planning import MIN_TASK_RECORDS
 
 # The librdkafka keys a deployment may pass through: what a secured real cluster needs.
 PASS_THROUGH_PREFIXES = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "metadata.")
-_SECRET_WORDS = ("password", "secret", "key", "token", "jaas")
 _TOPIC_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -45,8 +45,8 @@ def check_topic_name(name: str) -> str:
 
 
 def redact(conf: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a client configuration that is safe to log."""
-    return {k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in conf.items()}
+    """A copy of a client configuration that is safe to log: the Kafka clients' list of secrets."""
+    return {k: ("***" if is_secret(k) else v) for k, v in conf.items()}
 
 
 def default_instance_id() -> str:

@@ -5,6 +5,11 @@ import dataclasses
 import json
 import uuid
 
+import pytest
+from pydantic import SecretStr
+
+from detectorkit import settings as settings_mod
+from detectorkit.kafka import clients
 from detectorkit.kafka.source import NAME, SourceOptions
 from detectorkit.runtime.job import StreamJob
 from detectorkit.samples import samples
@@ -17,6 +22,55 @@ from .test_job import settings
 SECRET = f"s3cret-{uuid.uuid4().hex}"
 # Ignored by librdkafka on a PLAINTEXT listener, so the job runs; carried everywhere all the same.
 OPTIONS = {"sasl.username": "svc", "sasl.password": SECRET, "ssl.key.password": SECRET}
+
+# Every librdkafka (2.16) property whose value is a secret, and the Java client's that users bring
+# along (librdkafka refuses those, after the settings were logged).
+SECRET_OPTIONS = [
+    "sasl.password",
+    "sasl.oauthbearer.config",
+    "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.client.credentials.client.secret",
+    "sasl.oauthbearer.assertion.private.key.pem",
+    "sasl.oauthbearer.assertion.private.key.passphrase",
+    "ssl.key.password",
+    "ssl.key.pem",
+    "ssl.keystore.password",
+    "sasl.jaas.config",
+    "ssl.truststore.password",
+]
+# Names, paths, URLs and public certificates: what a log must show to tell one setup from another.
+NOT_SECRET_OPTIONS = [
+    "bootstrap.servers",
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.username",
+    "sasl.kerberos.keytab",
+    "sasl.oauthbearer.client.id",
+    "sasl.oauthbearer.token.endpoint.url",
+    "sasl.oauthbearer.assertion.private.key.file",
+    "ssl.key.location",
+    "ssl.keystore.location",
+    "ssl.ca.location",
+    "ssl.ca.pem",
+    "ssl.certificate.location",
+    "ssl.certificate.pem",
+    "ssl.endpoint.identification.algorithm",
+    "key.serializer",
+]
+
+
+@pytest.mark.parametrize("key", SECRET_OPTIONS)
+def test_every_secret_option_is_masked_by_the_one_list(key):
+    conf = clients.base("b:9092", {key: SECRET})
+    assert isinstance(conf[key], SecretStr) and SECRET not in repr(conf)
+    assert clients.reveal(conf)[key] == SECRET  # only the client constructors see it
+    assert settings_mod.redact({key: SECRET}) == {key: "***"}
+
+
+@pytest.mark.parametrize("key", NOT_SECRET_OPTIONS)
+def test_what_is_no_secret_stays_readable(key):
+    assert clients.base("b:9092", {key: "shown"})[key] == "shown"
+    assert settings_mod.redact({key: "shown"}) == {key: "shown"}
 
 
 def test_the_password_is_nowhere_to_be_read(spark, kafka_bootstrap_servers, capfd):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -22,13 +23,22 @@ from pydantic import SecretStr
 FETCH_WAIT_MAX_MS = 50
 
 
-# librdkafka keys whose values are secrets (sasl.password, ssl.key.password, sasl.oauthbearer.client.secret,
-# sasl.jaas.config, ...): they travel as SecretStr, whose repr and str never show the value.
-_SECRET_WORDS = ("password", "secret", "jaas", "token")
+# The one list of client settings whose values are secrets; they travel as SecretStr, whose repr and
+# str never show the value, and the settings' log lines mask them. A word anywhere in the dotted name
+# catches the Java client's names and future librdkafka ones too (ssl.keystore.password,
+# sasl.oauthbearer.client.secret, sasl.jaas.config, ...). Not "key": ssl.key.location and
+# ssl.keystore.location are paths, which a log must show; a private key itself is a "key.pem". Not
+# "token": sasl.oauthbearer.token.endpoint.url is a URL. Public material (sasl.username, the CA's and
+# the client's certificate PEM) stays readable, though librdkafka's own sensitive list has some of it.
+SECRET_WORDS = frozenset({"password", "passphrase", "secret", "jaas"})
+# Secrets by name that no word gives away: the OAUTHBEARER unsecured-JWT config holds SASL extensions.
+SECRET_NAMES = frozenset({"sasl.oauthbearer.config"})
 
 
 def is_secret(key: str) -> bool:
-    return any(word in key.lower() for word in _SECRET_WORDS)
+    """Whether a client setting's value is a secret (a password, a private key, a client secret...)."""
+    name = key.lower()
+    return name in SECRET_NAMES or name.endswith("key.pem") or not SECRET_WORDS.isdisjoint(re.split(r"[._]", name))
 
 
 def base(bootstrap_servers: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -97,8 +107,14 @@ class TopicAccessError(KafkaException):
 # The only answers that mean a topic or partition is not there (deleted, or never created);
 # anything else (authorisation above all) is no evidence that records were lost and must never be
 # read as a deleted topic.
-NOT_THERE = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
-                       getattr(KafkaError, "UNKNOWN_TOPIC_ID", KafkaError.UNKNOWN_TOPIC_OR_PART)})
+NOT_THERE = frozenset(
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._UNKNOWN_PARTITION,
+        getattr(KafkaError, "UNKNOWN_TOPIC_ID", KafkaError.UNKNOWN_TOPIC_OR_PART),
+    }
+)
 
 
 def is_not_there(exc: BaseException) -> bool:
@@ -113,10 +129,18 @@ T = TypeVar("T")
 # librdkafka does not flag these as retriable, but they pass: a group coordinator or a partition
 # leader that is moving or still loading, as on a fresh cluster or right after a broker restart
 # (measured: FENCED_LEADER_EPOCH from ListOffsets for ~1 s after one).
-TRANSIENT = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                       KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.FENCED_LEADER_EPOCH,
-                       KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.NOT_LEADER_FOR_PARTITION,
-                       KafkaError.LEADER_NOT_AVAILABLE, KafkaError.OFFSET_NOT_AVAILABLE})
+TRANSIENT = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+    }
+)
 
 
 def is_transient(exc: KafkaException) -> bool:
@@ -162,13 +186,15 @@ def topic_partitions(admin_or_consumer, topic: str, timeout: float) -> list[int]
     return sorted(entry.partitions)
 
 
-def create_topics(base_conf: Mapping[str, Any], topics: Mapping[str, int], timeout: float = 30.0,
-                  config: Mapping[str, str] | None = None) -> list[str]:
+def create_topics(
+    base_conf: Mapping[str, Any], topics: Mapping[str, int], timeout: float = 30.0, config: Mapping[str, str] | None = None
+) -> list[str]:
     """Create the topics that do not exist yet, with topic `config`; returns the ones created."""
     admin = new_admin(base_conf)
     existing = admin.list_topics(timeout=timeout).topics
-    wanted = [NewTopic(name, num_partitions=n, replication_factor=-1, config=dict(config or {}))
-              for name, n in topics.items() if name not in existing]
+    wanted = [
+        NewTopic(name, num_partitions=n, replication_factor=-1, config=dict(config or {})) for name, n in topics.items() if name not in existing
+    ]
     if not wanted:
         return []
     created = []
