@@ -215,6 +215,81 @@ def test_a_query_that_died_is_never_dropped_silently_when_its_partitions_go():
     assert job.error() == "DataLossError: topic 'in' was deleted while the job read it"
 
 
+WORKER_TIMEOUT = "RuntimeError: Python worker failed to connect back."
+
+
+def restarts(job):
+    return {labels["error"]: value for labels, value in samples_of(job, "detector_query_restarts_total")}
+
+
+def samples_of(job, name):
+    return [(s.labels, s.value) for metric in job.metrics.registry.collect() for s in metric.samples if s.name == name]
+
+
+def test_a_query_that_fails_to_start_or_mid_batch_is_restarted_and_loses_nothing(spark, kafka_bootstrap_servers):
+    """Spark's Python worker not connecting back in time (seen when the diamond's four jobs start
+    side by side on 2 cores) killed the job; now the query starts again from the group's offsets."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "transient", partitions=2)
+    job = StreamJob(THRESHOLD, settings(bs, topics, query_restart_backoff_seconds=0.1), spark)
+    failures = {"start": 1, "commit": 1}
+
+    def failing_once(step, real):
+        def call(*args):
+            if failures[step] and (step == "start" or args[0]):
+                failures[step] -= 1
+                raise RuntimeError(WORKER_TIMEOUT.split(": ", 1)[1])
+            return real(*args)
+        return call
+
+    job._start_query = failing_once("start", job._start_query)
+    job.start()
+    try:
+        wait_for(lambda: job.is_reading() or job.terminated(0), what="the query to start on its second try")
+        job._member.commit = failing_once("commit", job._member.commit)
+        sent = produce(bs, topics.input, samples(1_000, seed=23, bad_every=0, high_share=0.2))
+        wait_for(lambda: job.stats.records >= 1_000 or job.terminated(0), what="every record, after the failed batch")
+    finally:
+        job.stop()
+    assert job.error() is None
+    assert failures == {"start": 0, "commit": 0}
+    assert restarts(job) == {"RuntimeError": 2.0}
+    found = detections_by_source(bs, topics.output)
+    # The failed batch had written its detections: they are written again, as after a crash.
+    assert set(found) == expected_detections(sent) and max(found.values()) <= 2
+    assert committed(bs, topics, range(2)) == {p: sum(1 for s in sent if s.partition == p) for p in range(2)}
+
+
+def test_a_failure_that_persists_stops_the_job_with_its_error_in_one_line(spark, kafka_bootstrap_servers):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "persistent", partitions=1)
+    job = StreamJob(THRESHOLD, settings(bs, topics, query_restart_attempts=2, query_restart_backoff_seconds=0.1), spark)
+
+    def never(owned, start):
+        raise RuntimeError(WORKER_TIMEOUT.split(": ", 1)[1])
+
+    job._start_query = never
+    job.start()
+    assert job.terminated(60)
+    job.close()
+    assert job.error() == f"{WORKER_TIMEOUT} (the query failed 3 times in a row; QUERY_RESTART_ATTEMPTS=2)"
+    assert restarts(job) == {"RuntimeError": 2.0}
+
+
+@pytest.mark.parametrize(("reason", "permanent"), [
+    ("DataLossError: partition t-0 no longer exists", True),
+    ("TopicAccessError: topic 'in': Broker: Topic authorization failed", True),
+    ("KafkaException: KafkaError{code=_AUTHENTICATION,val=-169,str=\"SASL authentication error: Authentication failed\"}", True),
+    ("NoCommittedOffsetsError: group g has no committed offsets", True),
+    (WORKER_TIMEOUT, False),
+    ("DeliveryError: 3 records not delivered: Local: Message timed out", False),
+])
+def test_only_errors_a_restart_cannot_mend_stop_the_job_at_once(reason, permanent):
+    from detectorkit.runtime.job import is_permanent
+
+    assert is_permanent(reason) is permanent
+
+
 @pytest.mark.parametrize("bad", ["not_an_int"])
 def test_explain_picks_our_error_out_of_a_spark_stack(bad):
     text = (

@@ -127,6 +127,8 @@ class JobMetrics:
         self.handover = Histogram(f"{PREFIX}_handover_seconds", "From a rebalance's start to reading the new partitions.",
                                   buckets=BATCH_BUCKETS, registry=r)
         self.report_errors = Counter(f"{PREFIX}_metrics_report_errors", "Metric snapshots that could not be written to Kafka.", registry=r)
+        self.query_restarts = Counter(f"{PREFIX}_query_restarts", "Failed Spark queries restarted from the group's offsets, by error.",
+                                      ["error"], registry=r)
         self.executors = ExecutorProcesses()
         r.register(self.executors)
         if process_tree:

@@ -51,6 +51,12 @@ from detectorkit.settings import Settings
 
 log = structlog.get_logger("detectorkit.job")
 
+# Errors no restart mends: the job stops with them at once. Anything else that kills the query (a
+# Python worker that did not connect back in time on a busy machine, a broker that went away) is
+# retried from the group's committed offsets, with backoff, until it persists.
+PERMANENT_ERRORS = ("DataLossError", "NoCommittedOffsetsError", "TopicAccessError", "SettingsError")
+RESTART_BACKOFF_CAP_SECONDS = 30.0
+
 
 @dataclass
 class BatchResult:
@@ -78,7 +84,8 @@ class StreamJob:
         if not settings.kafka_bootstrap_servers:
             raise ValueError("settings.kafka_bootstrap_servers must be set (the command line starts the embedded broker)")
         self.stage = as_stage(stage)
-        self.settings = settings.for_service(self.stage.name)
+        # The command line specialises and logs them once; only a caller that has not gets them filled here.
+        self.settings = settings if settings.consumer_group and settings.dlq_topic else settings.for_service(self.stage.name)
         self.spark = spark
         self.config = self.stage.load_config() if config is None else config
         self.stats = JobStats()
@@ -115,6 +122,7 @@ class StreamJob:
         self._ready = threading.Event()  # the first assignment is applied (or the job failed)
         self._ended = threading.Event()
         self._failure: str | None = None
+        self._failures = 0  # query failures in a row: since the last batch that processed records
         self._serving: threading.Thread | None = None
         self.progress = Progress()  # for liveness: when a batch last completed
         # How long a worker keeps an unused Kafka client (tests shorten it).
@@ -210,15 +218,40 @@ class StreamJob:
                     self._fail(member.fatal)
                     return
                 if member.joined and self._running != member.owned and not self._leaving.is_set():
-                    self._apply(member.owned)
+                    try:
+                        self._apply(member.owned)
+                    except Exception as exc:  # noqa: BLE001 - classified by _recover: retried, or the job fails
+                        if not self._recover(describe(exc)):
+                            return
+                        continue
                 if member.joined:
                     self._ready.set()
                 reason = self._query_failure()
-                if reason is not None:
-                    self._fail(reason)
+                if reason is not None and not self._recover(reason):
                     return
         except Exception as exc:  # noqa: BLE001 - whatever it is, the job has failed and must say why
-            self._fail(explain(exc) if "pyspark" in type(exc).__module__ else f"{type(exc).__name__}: {exc}")
+            self._fail(describe(exc))
+
+    def _recover(self, reason: str) -> bool:
+        """The query died, or could not start: start it again after a backoff, from the group's
+        committed offsets, so what the failed batch wrote is written again, as after a crash.
+        False once the job has failed instead: an error no restart mends, or one that persists."""
+        self._failures += 1
+        attempts = self.settings.query_restart_attempts
+        if is_permanent(reason):
+            self._fail(reason)
+            return False
+        if self._failures > attempts:
+            self._fail(f"{reason} (the query failed {self._failures} times in a row; QUERY_RESTART_ATTEMPTS={attempts})")
+            return False
+        delay = min(RESTART_BACKOFF_CAP_SECONDS, self.settings.query_restart_backoff_seconds * 2 ** (self._failures - 1))
+        self.metrics.query_restarts.labels(error=reason.split(":", 1)[0]).inc()
+        log.warning("query failed; restarting it from the group's committed offsets", error=reason, attempt=self._failures,
+                    attempts=attempts, retry_in_seconds=delay)
+        self._running = None  # a dead query reads nothing: the serving loop starts one again
+        self._stop_query()
+        self._leaving.wait(delay)
+        return True
 
     def _query_failure(self) -> str | None:
         """Why the query this instance runs has died; None while it runs, or when none does."""
@@ -307,10 +340,12 @@ class StreamJob:
         if self.query is None:
             return
         reason = self._query_failure()
-        if reason is not None:
+        if reason is not None and is_permanent(reason):
             # It died before the serving loop saw it: when the group takes the partitions away
             # for the same cause (a deleted topic), its error must not go with them.
             self._fail(reason)
+        elif reason is not None:
+            log.warning("query had failed; what this instance still owns starts again", error=reason)
         if self._acquire_serving(timeout):
             self._token += 1  # later batches of this query are skipped, and never committed
             self._lock.release()
@@ -350,7 +385,8 @@ class StreamJob:
             started = time.monotonic()
             structlog.contextvars.bind_contextvars(batch=batch_id)
             try:
-                self._process(frame, batch_id, started)
+                if self._process(frame, batch_id, started).records:
+                    self._failures = 0
                 self.progress.mark()
             finally:
                 structlog.contextvars.unbind_contextvars("batch")
@@ -538,6 +574,19 @@ class StreamJob:
 
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
 _OUR_ERRORS = ("DataLossError", "NoCommittedOffsetsError", "DeliveryError", "TimeoutError", "KafkaException", "LookupError")
+
+
+def describe(exc: BaseException) -> str:
+    """One line for an error raised in the driver: Spark's own reduced to what went wrong."""
+    return explain(exc) if "pyspark" in type(exc).__module__ else f"{type(exc).__name__}: {exc}"
+
+
+# Refusals by the broker are settings to fix, whatever error class carries them.
+_REFUSED = re.compile(r"authori[sz]ation failed|authentication failed|SASL authentication error", re.IGNORECASE)
+
+
+def is_permanent(reason: str) -> bool:
+    return reason.split(":", 1)[0] in PERMANENT_ERRORS or _REFUSED.search(reason) is not None
 
 
 def explain(exc: BaseException) -> str:
