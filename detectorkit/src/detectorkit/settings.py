@@ -93,6 +93,25 @@ class Settings(BaseModel):
         45.0, ge=1, description="How long the consumer group waits for a silent instance before giving its partitions to the others; "
         "with INSTANCE_ID set, also how long a restarted instance has to get its own partitions back."
     )
+    metrics_topic: str = Field("metrics", description="Topic the job's metric snapshots are written to.")
+    metrics_bootstrap_servers: str | None = Field(None, description="Kafka cluster of the metrics topic. Default: KAFKA_BOOTSTRAP_SERVERS.")
+    metrics_interval_seconds: float = Field(10.0, gt=0, description="How often the job publishes a metrics snapshot.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level of the job's own logs (any case).")
+    kafka_broker_kind: Literal["auto", "kafka", "tansu"] = Field(
+        "auto", description="auto: detect; kafka: read_committed, end offsets from ListOffsets; tansu (the embedded broker): "
+        "read_uncommitted, end offsets from Fetch responses."
+    )
+    commit_refresh_seconds: float = Field(
+        3600.0, gt=0, description="Commit every partition's position again this often, so the group's offsets never expire "
+        "(offsets.retention.minutes)."
+    )
+    health_port: int | None = Field(
+        None, ge=0, le=65535, description="Serve /ready and /live over HTTP on this port (0: any free port); unset: no health endpoint."
+    )
+    health_host: str = Field("0.0.0.0", description="Address the health endpoint listens on.")
+    health_stall_seconds: float = Field(
+        300.0, gt=0, description="/live fails when no batch has completed for this long while records wait."
+    )
     query_restart_attempts: int = Field(
         5, ge=0, description="Restarts of a failed Spark query (from the group's committed offsets) before the job stops; "
         "a batch with records resets the count. A data loss, a refused topic or a bad setting stops it at once."

@@ -1,0 +1,51 @@
+"""run_detector, the start path every service takes: its settings, then the job."""
+
+import signal
+
+import pytest
+import structlog
+
+from detectorkit.cli import run as run_mod
+from detectorkit.runtime.job import StreamJob
+from detectorkit.settings import Settings
+
+from ..detectors import THRESHOLD
+
+
+class Started(Exception):
+    """Raised where the job would join its group: the start path is complete."""
+
+
+class NoSpark:
+    def stop(self):
+        pass
+
+
+def test_the_start_path_specialises_the_settings_once(monkeypatch):
+    calls = []
+    for_service = Settings.for_service
+
+    def counted(self, service):
+        calls.append(service)
+        return for_service(self, service)
+
+    jobs = []
+
+    def start(job):
+        jobs.append(job)
+        raise Started
+
+    monkeypatch.setattr(Settings, "for_service", counted)
+    monkeypatch.setattr(StreamJob, "start", start)
+    monkeypatch.setattr(run_mod, "check_kafka", lambda settings: None)
+    # No Spark, and this process keeps its own logging and signal handlers.
+    monkeypatch.setattr("detectorkit.runtime.spark.session", lambda *args, **kwargs: NoSpark())
+    monkeypatch.setattr("detectorkit.runtime.shipping.stage_packages", lambda stage: [])
+    monkeypatch.setattr(run_mod.logs, "setup", lambda *args, **kwargs: structlog.get_logger("test"))
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
+
+    with pytest.raises(Started):
+        run_mod.run_detector(THRESHOLD, [])
+    assert calls == [THRESHOLD.name]
+    assert (jobs[0].settings.consumer_group, jobs[0].settings.dlq_topic) == (THRESHOLD.name, f"{THRESHOLD.name}.dlq")
