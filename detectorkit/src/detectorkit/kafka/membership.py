@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import structlog
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from detectorkit.kafka import clients
+from detectorkit.kafka import clients, offset_store
 from detectorkit.kafka.clients import retrying
 
 log = structlog.get_logger("detectorkit.membership")
@@ -212,11 +212,9 @@ class GroupMember:
     # ---- offsets --------------------------------------------------------------------------------
 
     def committed(self, partitions: Iterable[int]) -> dict[int, int | None]:
-        tps = [TopicPartition(self.topic, p) for p in partitions]
-        if not tps:
-            return {}
-        result = self._run(lambda: retrying(lambda: self._consumer.committed(tps, timeout=self.timeout), self.timeout))
-        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
+        """The group's committed offset of each partition, None where it has none."""
+        partitions = list(partitions)
+        return self._run(lambda: offset_store.committed(self._consumer, self.topic, partitions, self.timeout))
 
     def commit(self, offsets: Mapping[int, int]) -> None:
         """Commit as the group member, only partitions it owns when the commit runs (the release of
@@ -247,8 +245,8 @@ class GroupMember:
         """Commit the group's positions of the owned `partitions` again, read and written in one
         call on the serving thread, so no batch's commit can come in between."""
         def again():
-            tps = [TopicPartition(self.topic, p) for p in partitions if p in self.owned]
-            known = {tp.partition: tp.offset for tp in self._consumer.committed(tps, timeout=self.timeout) if tp.offset >= 0} if tps else {}
+            owned = [p for p in partitions if p in self.owned]
+            known = {p: o for p, o in offset_store.committed(self._consumer, self.topic, owned, self.timeout).items() if o is not None}
             self._commit(known)
             return known
 

@@ -1,8 +1,10 @@
-"""The offset store: the job's position lives in Kafka as consumer-group commits.
+"""A consumer group's committed offsets: the only record of a job's position (no Spark checkpoint
+is kept to resume from).
 
-No Spark checkpoint is needed to resume: a job started with an empty checkpoint directory reads its
-position here. The group never subscribes; it is only a place to keep offsets, so committing needs
-no group membership and no rebalance ever happens.
+`committed` is the one reader of them, used by the group member that owns the partitions and
+commits as it reads them (`membership`), and by `OffsetStore`, a client outside the group for the
+dev tools and the tests: it reads a group's position, and sets one (which Kafka accepts only while
+the group has no members).
 """
 
 from __future__ import annotations
@@ -10,10 +12,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from detectorkit.kafka import clients
 from detectorkit.kafka.clients import retrying
+
+
+def committed(consumer: Consumer, topic: str, partitions: Iterable[int], timeout: float) -> dict[int, int | None]:
+    """The group's committed offset of each of `topic`'s `partitions`, None where it has none;
+    asked again while the broker answers with a transient error (a coordinator moving or loading)."""
+    tps = [TopicPartition(topic, p) for p in partitions]
+    if not tps:
+        return {}
+    result = retrying(lambda: consumer.committed(tps, timeout=timeout), timeout)
+    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
 
 
 class OffsetStore:
@@ -25,11 +37,7 @@ class OffsetStore:
 
     def committed(self, partitions: Iterable[int]) -> dict[int, int | None]:
         """The committed offset of each partition, None where the group has none."""
-        tps = [TopicPartition(self.topic, p) for p in partitions]
-        if not tps:
-            return {}
-        result = retrying(lambda: self._consumer.committed(tps, timeout=self.timeout), self.timeout)
-        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
+        return committed(self._consumer, self.topic, partitions, self.timeout)
 
     def commit(self, offsets: Mapping[int, int]) -> None:
         """Commit synchronously; raises KafkaException if any partition's commit failed."""
