@@ -12,7 +12,7 @@ from detectorkit.kafka import clients
 from detectorkit.kafka.end_offsets import EndOffsetProbe
 from detectorkit.kafka.offset_store import OffsetStore
 from detectorkit.kafka.planning import DataLossError, PartitionRange
-from detectorkit.kafka.source import read_ranges
+from detectorkit.kafka.source import KafkaStreamReader, SourceOptions, read_ranges
 
 
 @pytest.fixture
@@ -117,6 +117,14 @@ def test_deleted_topic_is_data_loss(base, topic):
     with pytest.raises(DataLossError, match=topic):
         list(read_ranges(consumer, [PartitionRange(topic, 0, 0, 10)], True, 10))
     consumer.close()
+
+
+def test_a_reader_without_start_offsets_refuses_to_start():
+    """The group's member (the job) resolves where a query starts; the source never reads the
+    group's offsets itself."""
+    options = SourceOptions(topic="t", client_conf=clients.base("127.0.0.1:9"), group="g", broker_kind="kafka", timeout=1)
+    with pytest.raises(ValueError, match="no start offsets for 't'"):
+        KafkaStreamReader(options).initialOffset()
 
 
 def test_offset_store_round_trip(base, topic):

@@ -98,12 +98,13 @@ def test_the_password_is_nowhere_to_be_read(spark, kafka_bootstrap_servers, capf
     failing.close()
     texts["job error"] = failing.error()
     assert failing.error().startswith("NoCommittedOffsetsError")
-    # A failed query, the same way: its error travels through Spark's planner and JVM.
-    bad = dataclasses.replace(job.source_options(), group=no_offsets.group, starting_offsets="error")
+    # A failed query: its error travels through Spark's planner and JVM. Its input topic does not exist.
+    missing = f"missing-{uuid.uuid4().hex[:6]}"
+    bad = dataclasses.replace(job.source_options(), topic=missing, partitions=[0], start_offsets={0: 0})
     query = spark.readStream.format(NAME).options(**bad.to_options()).load().writeStream.format("noop").start()
     wait_for(lambda: not query.isActive, what="the failing query to end")
     texts["query error"] = str(query.exception())
-    assert "NoCommittedOffsetsError" in texts["query error"]
+    assert "LookupError" in texts["query error"] and missing in texts["query error"]
 
     captured = capfd.readouterr()
     texts["logs"] = captured.out + captured.err

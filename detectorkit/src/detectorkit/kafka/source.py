@@ -10,10 +10,11 @@ Broker kinds: on Apache Kafka the source reads read_committed with end offsets f
 (the last stable offset); on the embedded Tansu, read_uncommitted with end offsets from the Fetch
 high watermark (see `broker_kind` and `end_offsets`).
 
-Offsets: the job starts at the consumer group's committed offsets (the job commits them after each
-batch's output is flushed, see `job.py`); where the group has none, at the end of the partition by
-default. The reader's `commit(end)` is deliberately not used to commit: Spark calls it one batch
-late, so a redeploy would replay the last batch.
+Offsets: a query starts where `SourceOptions.start_offsets` says. The job resolves them as the
+consumer group's member, from the group's committed offsets (which it commits after each batch's
+output is flushed, see `job.py`) and STARTING_OFFSETS where the group has none; the source never
+reads the group's offsets itself. The reader's `commit(end)` is deliberately not used to commit:
+Spark calls it one batch late, so a redeploy would replay the last batch.
 """
 
 from __future__ import annotations
@@ -37,8 +38,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from detectorkit.kafka import broker_kind as kinds
 from detectorkit.kafka import clients
-from detectorkit.kafka.end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets, start_positions
-from detectorkit.kafka.offset_store import OffsetStore
+from detectorkit.kafka.end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets
 from detectorkit.kafka.planning import (
     MIN_TASK_RECORDS,
     DataLossError,
@@ -59,14 +59,16 @@ SCHEMA = "key binary, value binary, topic string, partition int, offset long, ti
 # deliver="ranges": one row per task naming the offset ranges it owns, for a stage that reads them
 # itself (the detector job does), so records never cross into the JVM and back.
 RANGES_SCHEMA = "ranges string"
-ARROW_SCHEMA = pa.schema([
-    ("key", pa.binary()),
-    ("value", pa.binary()),
-    ("topic", pa.string()),
-    ("partition", pa.int32()),
-    ("offset", pa.int64()),
-    ("timestamp", pa.timestamp("us", tz="UTC")),
-])
+ARROW_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+    ]
+)
 
 # How many records one Arrow batch from `read` holds: big enough to amortise the per-batch cost of
 # the detector, small enough to keep a worker's memory flat.
@@ -86,15 +88,14 @@ class SourceOptions:
     topic: str
     client_conf: dict[str, Any]
     group: str
-    starting_offsets: str = "latest"
     max_records_per_batch: int | None = None
     fail_on_data_loss: bool = True
     timeout: float = 30.0
     partition_refresh_seconds: float = 5.0
     # The partitions this instance owns; None: all of the topic's, including ones added later.
     partitions: list[int] | None = None
-    # Where to start each partition (the job resolves them as the group's member); None: the
-    # source reads the group's committed offsets itself (a standalone query).
+    # Where to start each partition, resolved by the group's member (the job); a reader refuses to
+    # start without them.
     start_offsets: dict[int, int] | None = None
     # Spark tasks per batch at most: the job passes its parallelism (cores).
     max_tasks: int = 2
@@ -129,7 +130,7 @@ class SourceOptions:
         if fields.get("start_offsets") is not None:  # JSON made the partition numbers strings
             fields["start_offsets"] = {int(p): o for p, o in fields["start_offsets"].items()}
         # Spark may hand the options back with lower-cased keys; librdkafka's keys are lower case.
-        secrets = {k[len(_SECRET_OPTION):]: SecretStr(v) for k, v in options.items() if k.lower().startswith(_SECRET_OPTION)}
+        secrets = {k[len(_SECRET_OPTION) :]: SecretStr(v) for k, v in options.items() if k.lower().startswith(_SECRET_OPTION)}
         return cls(**{**fields, "client_conf": {**fields["client_conf"], **secrets}})
 
 
@@ -200,7 +201,6 @@ class KafkaStreamReader(DataSourceStreamReader):
     # A pickled TaskFunction (see task_source); None: the source yields what `deliver` says.
     task: bytes | None = field(default=None, repr=False)
     _probe: ListOffsetsEnds | EndOffsetProbe | None = field(default=None, repr=False)
-    _store: OffsetStore | None = field(default=None, repr=False)
     _partitions: list[int] = field(default_factory=list, repr=False)
     _partitions_at: float = field(default=0.0, repr=False)
 
@@ -212,29 +212,27 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     # ---- planner side -------------------------------------------------------------------------
 
-    def _consumer_conf(self, **extra: Any) -> dict[str, Any]:
-        return _consumer_conf(self.options, **extra)
-
-    def _clients(self) -> tuple[ListOffsetsEnds | EndOffsetProbe, OffsetStore]:
+    def _ends(self) -> ListOffsetsEnds | EndOffsetProbe:
         if self._probe is None:
             self.options = o = self.options.resolved()
             self._probe = open_end_offsets(o.broker_kind, o.client_conf, o.group, o.topic, o.timeout)
-            self._store = OffsetStore(self._consumer_conf(), o.topic, o.timeout)
-        return self._probe, self._store
+        return self._probe
 
     def _topic_partitions(self, force: bool = False) -> list[int]:
         # Partitions added to the topic are picked up within the refresh interval.
         now = time.monotonic()
         if force or now - self._partitions_at > self.options.partition_refresh_seconds:
-            probe, _ = self._clients()
+            probe = self._ends()
             try:
                 partitions = probe.topic_partitions()
             except LookupError as exc:
                 if not self._partitions and not self._partitions_at:
                     raise  # at start: the topic was never there
                 if self.options.fail_on_data_loss:
-                    raise DataLossError(f"{exc}: it was deleted while the job read it. Some records may never have been processed. "
-                                        "Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
+                    raise DataLossError(
+                        f"{exc}: it was deleted while the job read it. Some records may never have been processed. "
+                        "Set FAIL_ON_DATA_LOSS=false to skip ahead."
+                    ) from None
                 # Skipping: wait for the topic to come back, then read it from its first record.
                 if self._partitions:
                     log.warning("skipping lost records: %s: it was deleted while the job read it", exc)
@@ -248,16 +246,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         return self._partitions
 
     def initialOffset(self) -> dict:
-        if self.options.start_offsets is not None:
-            return to_spark(self.options.topic, self.options.start_offsets)
-        probe, store = self._clients()
-        partitions = self._topic_partitions(force=True)
-        committed = store.committed(partitions)
-        start = start_positions(probe, committed, self.options.starting_offsets, self.options.topic, self.options.group)
-        # Record where the job starts, so a restart before any record arrives starts there too
-        # instead of at a later "latest" that would skip what came in between.
-        store.commit({p: o for p, o in start.items() if committed[p] is None})
-        return to_spark(self.options.topic, start)
+        if self.options.start_offsets is None:
+            raise ValueError(f"no start offsets for {self.options.topic!r}: the group's member resolves them (SourceOptions.start_offsets)")
+        return to_spark(self.options.topic, self.options.start_offsets)
 
     def getDefaultReadLimit(self):
         if self.options.max_records_per_batch:
@@ -265,7 +256,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
-        probe, _ = self._clients()
+        probe = self._ends()
         partitions = self._topic_partitions()
         # Confirmed: a partition's first answer on Tansu comes from ListOffsets, which is low, and
         # a low end below the job's start reads as a deleted topic. Once a fetch has answered for
@@ -293,10 +284,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         """Nothing to do: the job commits each batch's offsets itself once its output is flushed."""
 
     def stop(self) -> None:
-        for client in (self._probe, self._store):
-            if client is not None:
-                client.close()
-        self._probe = self._store = None
+        if self._probe is not None:
+            self._probe.close()
+        self._probe = None
 
     # ---- worker side --------------------------------------------------------------------------
 
@@ -337,8 +327,7 @@ def read_ranges(consumer: Consumer, ranges: list[PartitionRange], fail_on_data_l
         consumer.unassign()
 
 
-def _read_assigned(consumer: Consumer, ranges: dict[int, PartitionRange], fail_on_data_loss: bool,
-                   timeout: float) -> Iterator[pa.RecordBatch]:
+def _read_assigned(consumer: Consumer, ranges: dict[int, PartitionRange], fail_on_data_loss: bool, timeout: float) -> Iterator[pa.RecordBatch]:
     topic = next(iter(ranges.values())).topic
     keys: list[bytes | None] = []
     values: list[bytes | None] = []
@@ -367,8 +356,9 @@ def _read_assigned(consumer: Consumer, ranges: dict[int, PartitionRange], fail_o
                         position[p] = r.end
             if now > deadline:
                 late = {p: (position[p], r.end) for p, r in ranges.items() if position[p] < r.end}
-                raise TimeoutError(f"no records from {topic} partition(s) {late} (position, planned end) for {timeout:.0f} s; "
-                                   "is the broker reachable?")
+                raise TimeoutError(
+                    f"no records from {topic} partition(s) {late} (position, planned end) for {timeout:.0f} s; is the broker reachable?"
+                )
             continue
         deadline = time.monotonic() + timeout
         for message in messages:
@@ -388,8 +378,7 @@ def _read_assigned(consumer: Consumer, ranges: dict[int, PartitionRange], fail_o
                     # the partition's fetcher refuses seek(); a new assignment at every unfinished
                     # partition's position restarts it (records already queued are fetched again
                     # and skipped by offset).
-                    consumer.assign([TopicPartition(topic, q, moved if q == p else position[q])
-                                     for q, rq in ranges.items() if position[q] < rq.end])
+                    consumer.assign([TopicPartition(topic, q, moved if q == p else position[q]) for q, rq in ranges.items() if position[q] < rq.end])
                 remaining -= moved - position[p]
                 position[p] = moved
                 continue

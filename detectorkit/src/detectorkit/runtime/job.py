@@ -134,7 +134,6 @@ class StreamJob:
             topic=s.input_topic,
             client_conf=self._base,
             group=s.consumer_group,
-            starting_offsets=s.starting_offsets,
             max_records_per_batch=s.max_records_per_batch,
             fail_on_data_loss=s.fail_on_data_loss,
             timeout=s.connect_timeout_seconds,
