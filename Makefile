@@ -35,7 +35,7 @@ scale-demo: setup
 # The dashboard test queries a real Prometheus: Debian's package, installed where we are root.
 tools:
 	@command -v prometheus >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; } || \
 		echo "prometheus is not installed: the dashboard test will be skipped (apt-get install prometheus)"
 
 # Two pytest runs on Apache Kafka (the runtime's tests and the template's each have a `tests`
