@@ -69,15 +69,24 @@ def check_detector_kind(kind: str) -> str | None:
 
 
 # PEP 508, the two shapes a team uses: a version range from its package index, or a direct reference.
-REQUIREMENT = re.compile(r"^detectorkit(\[[\w,\s-]*\])?\s*(@\s*\S+|(\s*(===|==|!=|~=|<=|>=|<|>)\s*[\w.*+!-]+\s*,?)*)$")
+# No quote, backslash, `$` or line break: the answer is written verbatim between double quotes in the
+# Dockerfile (an ARG, where Docker expands `$`) and pyproject.toml, and must mean the same in both.
+REQUIREMENT = re.compile(r"detectorkit(\[[\w, -]*\])? *(@ *[^\s\"\\$`]+|( *(===|==|!=|~=|<=|>=|<|>) *[\w.*+!-]+ *,?)*)")
 
 
 def check_detectorkit_requirement(requirement: str) -> str | None:
-    if REQUIREMENT.match(requirement.strip()):
+    if REQUIREMENT.fullmatch(requirement):
         return None
-    return (f"detectorkit_requirement {requirement!r} is not a requirement on detectorkit: type a version range from your "
-            "package index, e.g. 'detectorkit>=0.1,<0.2', or a direct reference, e.g. "
-            "'detectorkit @ git+https://git.example.com/diamond-template.git#subdirectory=detectorkit'")
+    if re.search(r"[\"\\$`]|[^\S ]", requirement):
+        return (
+            f"detectorkit_requirement {requirement!r} holds a quote, backslash, '$', backtick, tab or line break, which the "
+            "Dockerfile cannot carry as typed: percent-encode it in a URL (e.g. '$' as %24)"
+        )
+    return (
+        f"detectorkit_requirement {requirement!r} is not a requirement on detectorkit: type a version range from your "
+        "package index, e.g. 'detectorkit>=0.1,<0.2', or a direct reference, e.g. "
+        "'detectorkit @ git+https://git.example.com/diamond-template.git#subdirectory=detectorkit'"
+    )
 
 
 def problems(answers: dict[str, str]) -> list[str]:
@@ -92,14 +101,15 @@ def problems(answers: dict[str, str]) -> list[str]:
     # Kafka allows any group id, but this one also names metrics and files: keep it topic-safe.
     found.append(check_topic("consumer_group", answers["consumer_group"]))
     if len({answers["input_topic"], answers["output_topic"], answers["dlq_topic"]}) < 3:
-        found.append("input_topic, output_topic and dlq_topic must be three different topics: "
-                     "a detector reading its own output would loop forever")
+        found.append("input_topic, output_topic and dlq_topic must be three different topics: a detector reading its own output would loop forever")
     return [p for p in found if p]
 
 
 def rendered_answers() -> dict[str, str]:
     # tojson makes each answer a valid string literal whatever it holds (quotes, backslashes).
     # Before rendering this body is an odd but valid expression, so tests can import the module.
+    # The formatter would take the Jinja for Python sets and squeeze out its spaces.
+    # fmt: off
     return {
         "service_name": {{ cookiecutter.service_name | tojson }},
         "package_name": {{ cookiecutter.package_name | tojson }},
@@ -111,6 +121,7 @@ def rendered_answers() -> dict[str, str]:
         "author_email": {{ cookiecutter.author_email | tojson }},
         "detectorkit_requirement": {{ cookiecutter.detectorkit_requirement | tojson }},
     }
+    # fmt: on
 
 
 def main() -> int:

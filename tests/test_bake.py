@@ -1,12 +1,18 @@
 """Generating services from the template (pytest-cookies), as cookiecutter-django tests itself."""
 
+import os
 import pathlib
 import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
-import tomllib
+import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # Unrendered template code. Not any "{{": the baked CI workflow legitimately holds GitHub's ${{ }}.
 LEFTOVER = re.compile(r"\{\{-?\s*cookiecutter\.|\{%-?\s*(if|elif|else|endif|for|endfor|set|raw)\b")
@@ -39,9 +45,20 @@ def test_bake_renders_everything(cookies, extra):
         text = path.read_text(errors="replace")
         assert not LEFTOVER.search(text), f"unrendered template code in {path.relative_to(project)}"
 
-    for name in ("pyproject.toml", "README.md", "Dockerfile", ".env.example", f"src/{package}/detector.py",
-                 f"src/{package}/__main__.py", "tests/test_detector.py", "tests/test_integration.py", ".gitignore", "Makefile",
-                 ".github/workflows/ci.yml", "deploy/k8s/deployment.yaml"):
+    for name in (
+        "pyproject.toml",
+        "README.md",
+        "Dockerfile",
+        ".env.example",
+        f"src/{package}/detector.py",
+        f"src/{package}/__main__.py",
+        "tests/test_detector.py",
+        "tests/test_integration.py",
+        ".gitignore",
+        "Makefile",
+        ".github/workflows/ci.yml",
+        "deploy/k8s/deployment.yaml",
+    ):
         assert (project / name).is_file(), name
 
     meta = tomllib.loads((project / "pyproject.toml").read_text())
@@ -53,8 +70,9 @@ def test_bake_renders_everything(cookies, extra):
     assert meta["project"]["scripts"] == {service: f"{package}.__main__:main"}
     main = (project / "src" / package / "__main__.py").read_text()
     for answer in ("input_topic", "output_topic", "dlq_topic", "consumer_group"):
-        default = {"input_topic": "records.normalized", "output_topic": "detections",
-                   "dlq_topic": f"{service}.dlq", "consumer_group": service}[answer]
+        default = {"input_topic": "records.normalized", "output_topic": "detections", "dlq_topic": f"{service}.dlq", "consumer_group": service}[
+            answer
+        ]
         assert f'"{answer}": "{extra.get(answer, default)}"' in main
 
 
@@ -68,18 +86,101 @@ def test_baked_project_passes_ruff_check_and_format(cookies, extra):
 
 def test_baked_ci_workflow_is_a_valid_github_workflow_with_githubs_own_expressions(cookies):
     result = cookies.bake()
-    workflow = pathlib.Path(result.project_path) / ".github" / "workflows" / "ci.yml"
-    run = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(workflow)],
-                         capture_output=True, text=True)
+    project = pathlib.Path(result.project_path)
+    path = project / ".github" / "workflows" / "ci.yml"
+    run = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(path)], capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stdout + run.stderr
-    text = workflow.read_text()
-    assert "${{ secrets.PIP_EXTRA_INDEX_URL }}" in text  # left to GitHub, not rendered by cookiecutter
-    # It runs what the Makefile runs, so a developer reproduces CI with make.
-    makefile = (pathlib.Path(result.project_path) / "Makefile").read_text()
-    for target in ("install", "test-unit"):
-        assert f"make {target}" in text and f"{target}:" in makefile
-    assert "ruff format --check ." in text and "ruff format --check ." in makefile
-    assert "cruft check" in text
+    workflow = yaml.safe_load(path.read_text())
+    jobs = workflow["jobs"]
+    steps = [step for job in jobs.values() for step in job["steps"]]
+    commands = "\n".join(step.get("run", "") for step in steps)
+
+    # detectorkit from the team's index alone (--index-url semantics), left to GitHub, not rendered by
+    # cookiecutter; never an extra index beside PyPI, where a package of the same name would win.
+    assert workflow["env"]["PIP_INDEX_URL"] == "${{ secrets.PIP_INDEX_URL }}"
+    environments = [workflow.get("env", {})] + [job.get("env", {}) for job in jobs.values()] + [s.get("env", {}) for s in steps]
+    assert not any("PIP_EXTRA_INDEX_URL" in env for env in environments)
+    assert "extra-index-url" not in commands and "PIP_EXTRA_INDEX_URL" not in commands
+    # An unset secret stops the jobs that install detectorkit instead of falling back to public PyPI.
+    for name in ("unit", "integration"):
+        assert jobs[name]["steps"][0]["if"] == "env.PIP_INDEX_URL == ''" and "exit 1" in jobs[name]["steps"][0]["run"]
+
+    # It runs what a developer runs: make targets the Makefile has, the same four a developer uses.
+    makefile = (project / "Makefile").read_text()
+    called = set(re.findall(r"\bmake ([\w-]+)", commands))
+    assert called == {"install", "lint", "test-unit", "test"}, called
+    for target in called:
+        assert re.search(rf"^{target}:", makefile, re.M), f"CI calls make {target}, which the Makefile lacks"
+    assert "cruft check" in commands
+
+    # The unit tests on the oldest and the newest Python the service declares.
+    classifiers = tomllib.loads((project / "pyproject.toml").read_text())["project"]["classifiers"]
+    declared = sorted((c.rsplit(" ", 1)[1] for c in classifiers if re.fullmatch(r".* :: 3\.\d+", c)), key=lambda v: int(v.split(".")[1]))
+    assert jobs["unit"]["strategy"]["matrix"]["python-version"] == [declared[0], declared[-1]] == ["3.11", "3.13"]
+    setup = next(step for step in jobs["unit"]["steps"] if step.get("uses", "").startswith("actions/setup-python"))
+    assert setup["with"]["python-version"] == "${{ matrix.python-version }}"
+    assert "make test" in [step.get("run") for step in jobs["integration"]["steps"]]
+
+
+def test_one_apache_kafka_version_in_the_tests_the_baked_ci_and_compose(cookies):
+    # The version the runtime's tests start (jars from Maven Central) is the one every image names.
+    from detectorkit.devtools.kafka_broker import KAFKA_VERSION
+
+    result = cookies.bake()
+    workflow = yaml.safe_load((pathlib.Path(result.project_path) / ".github" / "workflows" / "ci.yml").read_text())
+    assert workflow["jobs"]["integration"]["services"]["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    compose = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())
+    assert compose["services"]["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+
+
+def test_baked_project_declares_python_3_11_and_newer_everywhere(cookies):
+    # detectorkit uses datetime.UTC (3.11): the service cannot promise an older Python.
+    project = pathlib.Path(cookies.bake().project_path)
+    meta = tomllib.loads((project / "pyproject.toml").read_text())
+    python = SpecifierSet(meta["project"]["requires-python"])
+    assert not python.contains("3.10.13") and all(python.contains(f"3.{minor}.0") for minor in (11, 12, 13))
+    assert {f"Programming Language :: Python :: 3.{minor}" for minor in (11, 12, 13)} <= set(meta["project"]["classifiers"])
+    assert not any(":: 3.10" in c for c in meta["project"]["classifiers"])
+    assert meta["tool"]["ruff"]["target-version"] == "py311"
+
+
+def test_baked_pre_commit_config_is_valid_and_its_ruff_passes_the_bake_and_stops_a_bad_commit(cookies, tmp_path):
+    project = pathlib.Path(cookies.bake().project_path)
+    pre_commit = [sys.executable, "-m", "pre_commit"]
+    run = subprocess.run([*pre_commit, "validate-config", ".pre-commit-config.yaml"], cwd=project, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    config = yaml.safe_load((project / ".pre-commit-config.yaml").read_text())
+    hooks = {hook["id"]: hook for repo in config["repos"] for hook in repo["hooks"]}
+    assert {"ruff-check", "ruff-format"} <= hooks.keys()
+    # The pinned ruff is one `make lint` also accepts (the test extra's floor).
+    floor = next(
+        Requirement(r)
+        for r in tomllib.loads((project / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+        if r.startswith("ruff")
+    )
+    for hook in hooks.values():
+        pinned = Requirement(hook["additional_dependencies"][0])
+        assert pinned.name == "ruff" and str(pinned.specifier).startswith("==")
+        assert floor.specifier.contains(str(pinned.specifier)[2:]), f"pre-commit's {pinned} is below the test extra's {floor}"
+
+    # The hooks themselves, ruff installed from the package index by pre-commit, on a fresh git repository.
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    for command in (["init", "-q", "-b", "main"], ["add", "-A"]):
+        subprocess.run(["git", *command], cwd=project, check=True, env=env)
+    run = subprocess.run([*pre_commit, "run", "--all-files"], cwd=project, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    detector = next(project.glob("src/*/detector.py"))
+    detector.write_text("import sys\nimport os\n" + detector.read_text())
+    run = subprocess.run([*pre_commit, "run", "--files", str(detector)], cwd=project, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode != 0 and "ruff check" in run.stdout, run.stdout
 
 
 @pytest.mark.parametrize(
@@ -95,6 +196,8 @@ def test_baked_ci_workflow_is_a_valid_github_workflow_with_githubs_own_expressio
         ({"output_topic": "records.normalized"}, "three different topics"),
         ({"author_email": "nobody"}, "is not an e-mail address"),
         ({"detectorkit_requirement": "pandas>=2"}, "is not a requirement on detectorkit: type a version range"),
+        ({"detectorkit_requirement": "detectorkit @ https://x.example.com/$TOKEN/detectorkit.whl"}, "percent-encode it"),
+        ({"detectorkit_requirement": 'detectorkit>=0.1"'}, "which the Dockerfile cannot carry"),
         ({"description": 'quote " and \\ backslash', "service_name": "Bad Name"}, "is not a kebab-case slug"),
     ],
 )

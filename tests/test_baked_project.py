@@ -2,6 +2,8 @@
 practice): install it beside detectorkit, then `pytest` in its folder. Its integration test runs
 the service's command on the test broker."""
 
+import functools
+import http.server
 import json
 import os
 import pathlib
@@ -9,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -36,14 +39,23 @@ def installed(cookies):
         subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", name], check=False)
 
 
-@pytest.mark.parametrize("extra", [{}, {"service_name": "order-bursts", "package_name": "bursts", "input_topic": "orders",
-                                       "detector_kind": "burst"}], ids=["threshold", "burst"])
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"service_name": "order-bursts", "package_name": "bursts", "input_topic": "orders", "detector_kind": "burst"}],
+    ids=["threshold", "burst"],
+)
 def test_baked_project_test_suite_passes(installed, extra, kafka_bootstrap_servers, tmp_path):
     project = installed(**extra)
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap_servers}
     report = tmp_path / "report.xml"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"], cwd=project,
-                         env=env, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     outcome = junit(report)
     assert outcome["failed"] == outcome["skipped"] == [], outcome
@@ -62,36 +74,65 @@ def junit(report: pathlib.Path) -> dict[str, list[str]]:
     return outcome
 
 
+class TeamIndex(http.server.SimpleHTTPRequestHandler):
+    """A team's package index as teams run one (devpi, Artifactory, Nexus): it serves its own uploads
+    (detectorkit's wheel, PEP 503 layout, the directory listing as the project page) and proxies every
+    other project to the upstream index, here by redirecting to it."""
+
+    upstream = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+    requested: list[str] = []
+
+    def do_GET(self):
+        self.requested.append(self.path)
+        project = re.fullmatch(r"/simple/([^/]+)/?", self.path)
+        if project and not (pathlib.Path(self.directory) / "simple" / project[1]).is_dir():
+            self.send_response(302)
+            self.send_header("Location", f"{self.upstream}/{project[1]}/")
+            self.end_headers()
+            return
+        super().do_GET()
+
+    def log_message(self, *args):
+        pass
+
+
 @pytest.fixture
 def package_index(tmp_path):
-    """A team's package index holding detectorkit's wheel, served over HTTP (PEP 503 layout; the
-    server's directory listing is the project page)."""
+    """The team's index holding detectorkit's wheel, served over HTTP; its `requested` paths say what pip asked."""
     simple = tmp_path / "index" / "simple" / "detectorkit"
     simple.mkdir(parents=True)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(simple), str(REPO / "detectorkit")], check=True)
-    server = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", str(tmp_path / "index")],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    handler = type("Index", (TeamIndex,), {"requested": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(tmp_path / "index")))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
     try:
-        port = int(re.search(r"port (\d+)", server.stdout.readline()).group(1))
-        yield f"http://127.0.0.1:{port}/simple/"
+        yield f"http://127.0.0.1:{server.server_port}/simple/", handler.requested
     finally:
-        server.terminate()
-        server.wait(10)
+        server.shutdown()
+        server.server_close()
 
 
 def test_baked_project_installs_detectorkit_from_the_teams_index_with_its_own_makefile(cookies, package_index):
-    # As a team's CI does: a fresh checkout, `make test-unit` and `make lint`, detectorkit from the
-    # index the answer names (the default: a version range), everything else from the usual index.
+    # As a team's CI does: a fresh checkout, `make test-unit` and `make lint`, every package from the
+    # one index PIP_INDEX_URL names (no extra index beside it), detectorkit from the team's own uploads.
+    url, requested = package_index
     result = cookies.bake()
     project = pathlib.Path(result.project_path)
-    usual = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple")
-    env = {**os.environ, "PIP_INDEX_URL": package_index, "PIP_EXTRA_INDEX_URL": usual, "PYTHON": sys.executable}
+    env = {key: value for key, value in os.environ.items() if key != "PIP_EXTRA_INDEX_URL"}
+    env.update(PIP_INDEX_URL=url, PYTHON=sys.executable)
     for target in ("test-unit", "lint"):
         run = subprocess.run(["make", target], cwd=project, env=env, capture_output=True, text=True, timeout=900)
         assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    where = subprocess.run([str(project / ".venv" / "bin" / "python"), "-c", "import detectorkit; print(detectorkit.__file__)"],
-                           capture_output=True, text=True, check=True).stdout
-    assert str(project / ".venv") in where  # installed from the index into the project's own environment
+    where = subprocess.run(
+        [str(project / ".venv" / "bin" / "python"), "-c", "import detectorkit; print(detectorkit.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert str(project / ".venv") in where  # installed into the project's own environment
+    assert any(path.startswith("/simple/detectorkit/detectorkit-") and path.endswith(".whl") for path in requested), requested
+    assert any(path.startswith("/simple/pytest/") for path in requested), "the other packages did not come through the team's index"
 
 
 def test_console_script_lists_every_setting(installed):
@@ -100,8 +141,18 @@ def test_console_script_lists_every_setting(installed):
     assert script, "the service's console script was not installed"
     run = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    for flag in ("--kafka-bootstrap-servers", "--input-topic", "--output-topic", "--dlq-topic", "--consumer-group",
-                 "--instance-id", "--starting-offsets", "--max-records-per-batch", "--spark-master", "--kafka-option"):
+    for flag in (
+        "--kafka-bootstrap-servers",
+        "--input-topic",
+        "--output-topic",
+        "--dlq-topic",
+        "--consumer-group",
+        "--instance-id",
+        "--starting-offsets",
+        "--max-records-per-batch",
+        "--spark-master",
+        "--kafka-option",
+    ):
         assert flag in run.stdout
     assert project.name == "fraud-velocity"
 
@@ -112,9 +163,7 @@ def test_console_script_refuses_a_bad_setting_in_one_line(installed):
     env = {**os.environ, "STARTING_OFFSETS": "yesterday"}
     run = subprocess.run([script], capture_output=True, text=True, timeout=60, env=env)
     assert run.returncode == 2
-    assert run.stderr.strip().splitlines() == [
-        "error: invalid setting STARTING_OFFSETS='yesterday': Input should be 'latest', 'earliest' or 'error'"
-    ]
+    assert run.stderr.strip().splitlines() == ["error: invalid setting STARTING_OFFSETS='yesterday': Input should be 'latest', 'earliest' or 'error'"]
 
 
 def test_cruft_update_brings_a_template_change_into_a_baked_project(tmp_path):
@@ -156,6 +205,11 @@ def test_cruft_update_brings_a_template_change_into_a_baked_project(tmp_path):
 
 
 def git(where: pathlib.Path, *args: str) -> None:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.com"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
     subprocess.run(["git", *args], cwd=where, env=env, check=True)
