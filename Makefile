@@ -52,6 +52,12 @@ test-tansu: setup
 	DETECTORKIT_TEST_BROKER=tansu $(PYTEST) "detectorkit/tests/runtime/test_restart.py::test_graceful_stop_and_restart_lose_and_duplicate_nothing[15]"
 	bash scripts/demo.sh
 
+# The declared Pythons: detectorkit's import and a baked service's unit tests on the oldest and the
+# newest (pyenv's 3.11 and 3.13; PYTHONS="3.12 ..." for others), a minute or two each.
+.PHONY: test-pythons
+test-pythons: setup
+	bash scripts/test-pythons.sh
+
 lint: setup
 	$(PY) -m ruff check detectorkit hooks tests bench
 
