@@ -63,7 +63,12 @@ def test_bake_renders_everything(cookies, extra):
 
     meta = tomllib.loads((project / "pyproject.toml").read_text())
     assert meta["project"]["name"] == service
-    assert meta["project"]["dependencies"] == [extra.get("detectorkit_requirement", "detectorkit>=0.1,<0.2")]
+    requirement = Requirement(extra.get("detectorkit_requirement", "detectorkit>=0.1,<0.2"))
+    assert [Requirement(r) for r in meta["project"]["dependencies"]] == [requirement]
+    # Developing it needs detectorkit's test extra (the plugin's brokers, the embedded one for `make run`),
+    # from the same place as the dependency; the image installs the dependency alone.
+    tested = Requirement(meta["project"]["optional-dependencies"]["test"][0])
+    assert (tested.name, tested.extras, tested.specifier, tested.url) == ("detectorkit", {"test"}, requirement.specifier, requirement.url)
     # Nothing points back into this repository: the project lives in a repository of its own.
     readme = (project / "README.md").read_text()
     assert "../" not in readme
