@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -37,8 +38,24 @@ class AggregatorProcess:
     def __init__(self, bootstrap, metrics_topic):
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="aggregator-", suffix=".log", delete=False)
-        command = [sys.executable, "-m", "detectorkit", "aggregate", "--bootstrap-servers", bootstrap, "--metrics-topic", metrics_topic,
-                   "--aggregate-topic", f"{metrics_topic}-agg", "--port", str(self.port), "--interval-seconds", "1", "--ttl-seconds", "4"]
+        command = [
+            sys.executable,
+            "-m",
+            "detectorkit",
+            "aggregate",
+            "--bootstrap-servers",
+            bootstrap,
+            "--metrics-topic",
+            metrics_topic,
+            "--aggregate-topic",
+            f"{metrics_topic}-agg",
+            "--port",
+            str(self.port),
+            "--interval-seconds",
+            "1",
+            "--ttl-seconds",
+            "4",
+        ]
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         wait_for(self.answers, timeout=30, what="the aggregator's /metrics")
 
@@ -71,8 +88,15 @@ class AggregatorProcess:
 def instance_env(bootstrap, topics, metrics_topic, instance):
     # The instances share the partitions through the group; a set INSTANCE_ID makes b a static
     # member, so its restart below gets its own partitions back.
-    return job_env(bootstrap, topics, starting_offsets="earliest", metrics_topic=metrics_topic, metrics_interval_seconds=1,
-                   instance_id=instance, group_session_timeout_seconds=10)
+    return job_env(
+        bootstrap,
+        topics,
+        starting_offsets="earliest",
+        metrics_topic=metrics_topic,
+        metrics_interval_seconds=1,
+        instance_id=instance,
+        group_session_timeout_seconds=10,
+    )
 
 
 def test_two_instances_aggregate_across_stop_restart_and_aggregator_restart(kafka_bootstrap_servers):
@@ -85,8 +109,9 @@ def test_two_instances_aggregate_across_stop_restart_and_aggregator_restart(kafk
     b = Job(instance_env(bs, topics, metrics_topic, "instance-b"))
     try:
         read = lambda: aggregator.value("detector_records_read_total") or 0  # noqa: E731
-        wait_for(lambda: read() == 2_000 and aggregator.value("detector_instances_up") == 2, timeout=180,
-                 what="both instances' counts in the aggregate")
+        wait_for(
+            lambda: read() == 2_000 and aggregator.value("detector_instances_up") == 2, timeout=180, what="both instances' counts in the aggregate"
+        )
         dead = sum(v for (name, _), v in aggregator.scrape().items() if name == "detector_dead_letters_total")
         assert dead == sum(1 for s in sent if s.sample.kind != "valid")
 
@@ -107,8 +132,7 @@ def test_two_instances_aggregate_across_stop_restart_and_aggregator_restart(kafk
 
         # Whichever instance reads the new records (b's partitions wait for it within the session
         # timeout, or move to a), the total only grows.
-        wait_for(lambda: caught_up() and aggregator.value("detector_instances_up") == 2, timeout=180,
-                 what="the new records counted and b up again")
+        wait_for(lambda: caught_up() and aggregator.value("detector_instances_up") == 2, timeout=180, what="the new records counted and b up again")
         assert min(seen) >= 2_000, f"the total dropped: {seen}"
 
         # The aggregate also goes to the aggregated topic, keyed by service.
@@ -125,7 +149,8 @@ def test_two_instances_aggregate_across_stop_restart_and_aggregator_restart(kafk
         wait_for(lambda: read() == before, timeout=30, what="the same totals after the aggregator restart")
         assert before == len(sent) + len(more)
         assert aggregator.value("detector_detections_written_total") == sum(
-            1 for s in sent + more if s.sample.kind == "valid" and s.sample.amount > 1000)
+            1 for s in sent + more if s.sample.kind == "valid" and s.sample.amount > 1000
+        )
     finally:
         for job in (a, b):
             if job.process.poll() is None:
@@ -139,10 +164,83 @@ def dashboard_queries():
     return [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel["targets"]]
 
 
+def dashboard_variables():
+    return {v["name"]: v for v in json.loads(DASHBOARD.read_text())["templating"]["list"]}
+
+
+# A metric selector in a PromQL expression: a detector_* name and its label matchers, if any.
+SELECTOR = re.compile(r"\b(detector_[a-z_]+)(\{[^}]*\})?")
+
+
+def test_one_dashboard_serves_every_detector_through_its_variables():
+    """The datasource, service and instance are variables, and every panel and query uses them."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = dashboard_variables()
+    assert set(variables) >= {"datasource", "service", "instance"}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for name in ("service", "instance"):
+        variable = variables[name]
+        assert variable["type"] == "query", name
+        assert variable["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, name
+        assert variable["multi"] and variable["includeAll"] and variable["allValue"] == ".*", name
+        assert re.fullmatch(rf"label_values\(detector_\w+(\{{.*\}})?, {name}\)", variable["definition"]), variable["definition"]
+        assert variable["query"]["query"] == variable["definition"], name
+    # The instances offered are those of the services chosen.
+    assert "$service" in variables["instance"]["definition"]
+    problems = []
+    for panel in dashboard["panels"]:
+        if panel.get("datasource") != {"type": "prometheus", "uid": "${datasource}"}:
+            problems.append(f"{panel['title']}: panel datasource {panel.get('datasource')}")
+        for target in panel["targets"]:
+            if target.get("datasource") != {"type": "prometheus", "uid": "${datasource}"}:
+                problems.append(f"{panel['title']}: query datasource {target.get('datasource')}")
+            selectors = SELECTOR.findall(target["expr"])
+            if not selectors:
+                problems.append(f"{panel['title']}: no detector metric in {target['expr']}")
+            for metric, matchers in selectors:
+                if 'service=~"$service"' not in matchers or 'instance=~"$instance"' not in matchers:
+                    problems.append(f"{panel['title']}: {metric}{matchers} is not filtered by $service and $instance")
+    assert not problems, "\n".join(problems)
+
+
+ALL = None  # the variable's "All": its allValue, ".*"
+
+
+def as_grafana_would(expr, chosen):
+    """`expr` with $service and $instance replaced as Grafana's Prometheus data source does for a
+    multi-value variable in a regex matcher: the values regex-escaped (in a PromQL string, so the
+    backslash doubled) and joined as (a|b); "All" as the variable's allValue."""
+
+    def value(name):
+        values = chosen.get(name, ALL)
+        if values is ALL:
+            return ".*"
+        escaped = [re.sub(r"([\\$^*{}\[\]'+?.()|])", r"\\\\\1", v) for v in values]
+        return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
+
+    return re.sub(r"\$(\w+)|\$\{(\w+)\}", lambda m: value(m.group(1) or m.group(2)), expr)
+
+
+def test_the_variables_are_substituted_as_grafana_does():
+    expr = 'sum(x{service=~"$service", instance=~"$instance"})'
+    assert as_grafana_would(expr, {"service": ["a.b"], "instance": ALL}) == 'sum(x{service=~"a\\\\.b", instance=~".*"})'
+    assert as_grafana_would(expr, {"service": ["a", "b"], "instance": ["h:1"]}) == 'sum(x{service=~"(a|b)", instance=~"h:1"})'
+
+
 def test_dashboard_covers_what_sres_read():
     titles = " ".join(title.lower() for title, _ in dashboard_queries())
-    for subject in ("records in", "detections", "dead letters", "lag", "batch duration p50", "batch duration p99",
-                    "end-to-end latency p99", "instances up", "cpu", "memory"):
+    for subject in (
+        "records in",
+        "detections",
+        "dead letters",
+        "lag",
+        "batch duration p50",
+        "batch duration p99",
+        "end-to-end latency p99",
+        "instances up",
+        "cpu",
+        "memory",
+    ):
         assert subject in titles
 
 
@@ -167,8 +265,11 @@ def test_every_dashboard_panel_returns_data_from_a_real_prometheus(kafka_bootstr
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"scrape_configs: [{{job_name: aggregator, static_configs: [{{targets: ['127.0.0.1:{aggregator.port}']}}]}}]\n"
     )
-    prometheus = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                                   f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prometheus = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     job = Job(job_env(bs, topics, starting_offsets="latest", metrics_topic=metrics_topic, metrics_interval_seconds=1))
 
     def query(expr):
@@ -178,6 +279,15 @@ def test_every_dashboard_panel_returns_data_from_a_real_prometheus(kafka_bootstr
         assert body["status"] == "success", body
         return body["data"]["result"]
 
+    def label_values(definition, chosen):
+        """A query variable's values, as Grafana's Prometheus data source asks for them."""
+        selector, label = re.fullmatch(r"label_values\((.+), (\w+)\)", definition).groups()
+        url = f"http://127.0.0.1:{prom_port}/api/v1/label/{label}/values?" + urllib.parse.urlencode({"match[]": as_grafana_would(selector, chosen)})
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.loads(response.read())
+        assert body["status"] == "success", body
+        return body["data"]
+
     def prometheus_has(expr):
         try:
             return bool(query(expr))
@@ -185,7 +295,13 @@ def test_every_dashboard_panel_returns_data_from_a_real_prometheus(kafka_bootstr
             return False
 
     try:
-        wait_for(lambda: aggregator.value("detector_instances_up") == 1, timeout=120, what="the job to report")
+        # Reading, not only reporting: it starts at the latest offsets, so what is sent before it
+        # owns its partitions is never read (on Tansu the group's join takes ~25 s).
+        wait_for(
+            lambda: aggregator.value("detector_instances_up") == 1 and aggregator.value("detector_assigned_partitions") == 2,
+            timeout=120,
+            what="the job to report and own both partitions",
+        )
         # Records keep arriving during the scrape window, so rates and latencies have something to show.
         deadline = time.monotonic() + 25
         seed = 0
@@ -195,14 +311,27 @@ def test_every_dashboard_panel_returns_data_from_a_real_prometheus(kafka_bootstr
             time.sleep(1)  # a steady trickle, one second apart, as a live stream would be
             if seed > 8 and prometheus_has("rate(detector_end_to_end_latency_seconds_count[1m]) > 0"):
                 break
+        # The variables' own queries, as Grafana sends them: the label-values API of the series matched.
+        variables = dashboard_variables()
+        assert SERVICE in label_values(variables["service"]["definition"], {})
+        instances = label_values(variables["instance"]["definition"], {"service": [SERVICE]})
+        assert instances == [f"127.0.0.1:{aggregator.port}"]  # the aggregator Prometheus scraped
+        assert label_values(variables["instance"]["definition"], {"service": ["no-such-service"]}) == []
+        # Every panel with the service chosen and every instance (All), then one chosen by name.
         failures = []
         for title, expr in dashboard_queries():
-            result = query(expr)
-            if not result:
-                failures.append(f"{title}: {expr} returned no data")
+            for chosen in ({"service": [SERVICE], "instance": ALL}, {"service": [SERVICE, "another-service"], "instance": instances}):
+                result = query(as_grafana_would(expr, chosen))
+                if not result:
+                    failures.append(f"{title}: {as_grafana_would(expr, chosen)} returned no data")
+                elif {r["metric"].get("service") for r in result} != {SERVICE}:
+                    failures.append(f"{title}: {[r['metric'] for r in result]} is not only {SERVICE}")
+            # The filters filter: another service's dashboard shows none of this one's data.
+            if query(as_grafana_would(expr, {"service": ["no-such-service"], "instance": ALL})):
+                failures.append(f"{title}: data for a service nobody runs")
         assert not failures, "\n".join(failures)
         records_in = query("sum by (service) (rate(detector_records_read_total[1m]))")
-        assert float(records_in[0]["value"][1]) > 0
+        assert float(records_in[0]["value"][1]) > 0, f"no records read in the last minute; the job said:\n{job.output()[-3000:]}"
         p99 = query("histogram_quantile(0.99, sum by (service, le) (rate(detector_end_to_end_latency_seconds_bucket[5m])))")
         assert float(p99[0]["value"][1]) > 0
     finally:
