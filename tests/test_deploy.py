@@ -1,8 +1,9 @@
 """The deployment kit, checked by real tools since Docker and Kubernetes do not run here: the alert
 rules by promtool (checked and unit-tested), the Prometheus configurations by promtool, the Compose
 file against the Compose specification, the Kubernetes manifests (the repository's and a baked
-detector's) against the schemas of a pinned Kubernetes version and KEDA's own CRD, the Dockerfiles
-for what makes them portable and safe."""
+detector's) against the schemas of a pinned Kubernetes version and KEDA's own CRDs and against the
+restricted Pod Security Standard by the Pod Security Admission's own code, the Dockerfiles for what
+makes them portable and safe."""
 
 from __future__ import annotations
 
@@ -21,10 +22,17 @@ import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
-KUBERNETES = "1.31.0"
-# KEDA's ScaledObject schema, from the Go module proxy the way a Go user gets KEDA's source.
-KEDA = "v2.16.1"
-KEDA_CRD = "config/crd/bases/keda.sh_scaledobjects.yaml"
+# The newest Kubernetes whose schemas kubernetes-validate ships.
+KUBERNETES = "1.37.0"
+# KEDA's CRDs, from the Go module proxy the way a Go user gets KEDA's source.
+KEDA = "v2.21.0"
+KEDA_CRDS = {
+    "ScaledObject": "config/crd/bases/keda.sh_scaledobjects.yaml",
+    "TriggerAuthentication": "config/crd/bases/keda.sh_triggerauthentications.yaml",
+}
+CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "detectorkit"
+# The Pod Security Admission's checks in a small Go program (`make tools` builds it first).
+PSA_CHECK_SOURCE = REPO / "tests" / "tools" / "psa-check"
 
 promtool = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool is not installed (apt-get install prometheus)")
@@ -81,26 +89,64 @@ def test_compose_mounts_what_exists_and_gives_every_job_settings_it_accepts():
 
 
 @pytest.fixture(scope="module")
-def keda_schema():
-    """KEDA's ScaledObject openAPIV3Schema, from its Go module at a pinned version (cached)."""
-    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "detectorkit" / f"keda-{KEDA}.yaml"
-    if not cache.exists():
+def keda_schemas():
+    """KEDA's openAPIV3Schema of each CRD we use, by kind, from its Go module at a pinned version (cached)."""
+    cached = {kind: CACHE / f"keda-{KEDA}-{pathlib.PurePosixPath(crd).name}" for kind, crd in KEDA_CRDS.items()}
+    if not all(path.exists() for path in cached.values()):
         url = f"https://proxy.golang.org/github.com/kedacore/keda/v2/@v/{KEDA}.zip"
         with urllib.request.urlopen(url, timeout=120) as response:
             archive = zipfile.ZipFile(io.BytesIO(response.read()))
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_bytes(archive.read(f"github.com/kedacore/keda/v2@{KEDA}/{KEDA_CRD}"))
-    crd = yaml.safe_load(cache.read_text())
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
-    return version["schema"]["openAPIV3Schema"]
+        CACHE.mkdir(parents=True, exist_ok=True)
+        for kind, crd in KEDA_CRDS.items():
+            cached[kind].write_bytes(archive.read(f"github.com/kedacore/keda/v2@{KEDA}/{crd}"))
+    schemas = {}
+    for kind, path in cached.items():
+        crd = yaml.safe_load(path.read_text())
+        (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+        schemas[kind] = strict(version["schema"]["openAPIV3Schema"])
+    return schemas
+
+
+def strict(schema):
+    """The schema refusing fields it does not name, as `kubectl apply` does (field validation Strict):
+    a CRD's own schema would let a misspelt field through, and the API server would refuse it."""
+    if isinstance(schema, dict):
+        schema = {key: strict(value) for key, value in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+    elif isinstance(schema, list):
+        schema = [strict(item) for item in schema]
+    return schema
+
+
+@pytest.fixture(scope="session")
+def psa_check():
+    """The psa-check binary: the Pod Security Admission's own checks (k8s.io/pod-security-admission),
+    built from tests/tools/psa-check with Go (modules from the Go module proxy) and cached; a build
+    with nothing changed takes a second or two."""
+    go = shutil.which("go")
+    if go is None:
+        if os.environ.get("CI"):
+            pytest.fail("go is not installed: CI must check the manifests against the restricted Pod Security Standard")
+        pytest.skip("go is not installed: the restricted Pod Security check builds tests/tools/psa-check with it")
+    binary = CACHE / "psa-check"
+    build = subprocess.run(
+        [go, "build", "-trimpath", "-buildvcs=false", "-o", str(binary), "."], cwd=PSA_CHECK_SOURCE, capture_output=True, text=True
+    )
+    if build.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"tests/tools/psa-check did not build: {build.stderr}")
+        pytest.skip(f"tests/tools/psa-check did not build (offline? its modules come from the Go module proxy): {build.stderr.strip()}")
+    return binary
 
 
 @pytest.fixture(scope="module")
 def baked_manifests(tmp_path_factory):
     from cookiecutter.main import cookiecutter
 
-    project = pathlib.Path(cookiecutter(str(REPO), no_input=True, output_dir=str(tmp_path_factory.mktemp("bake")),
-                                        extra_context={"service_name": "high-value-orders"}))
+    project = pathlib.Path(
+        cookiecutter(str(REPO), no_input=True, output_dir=str(tmp_path_factory.mktemp("bake")), extra_context={"service_name": "high-value-orders"})
+    )
     return project / "deploy" / "k8s"
 
 
@@ -111,23 +157,84 @@ def documents(folder: pathlib.Path):
                 yield path.name, doc
 
 
-def test_kubernetes_manifests_validate_against_pinned_schemas(baked_manifests, keda_schema):
+def manifests(*folders: pathlib.Path) -> dict[tuple[str, str], dict]:
+    """The folders' objects by (kind, name); the same kind and name twice is an error."""
+    found: dict[tuple[str, str], dict] = {}
+    for folder in folders:
+        for name, doc in documents(folder):
+            key = (doc["kind"], doc["metadata"]["name"])
+            assert key not in found, f"{name}: a second {key}"
+            found[key] = doc
+    return found
+
+
+def shown(folder: pathlib.Path) -> str:
+    return "deploy/k8s" if folder == DEPLOY / "k8s" else "the bake's deploy/k8s"
+
+
+def of_kind(objects: dict, kind: str) -> list[dict]:
+    return [doc for (k, _), doc in objects.items() if k == kind]
+
+
+def container_env(container: dict, configmaps: dict[str, dict], secrets: dict[str, dict]) -> dict[str, str]:
+    """A container's environment as the kubelet gives it (and KEDA resolves it): a value, or a key of
+    a ConfigMap or Secret; an optional key that is not there leaves the variable unset, a missing
+    required one fails the pod's start (and the test)."""
+    assert "envFrom" not in container, f"{container['name']}: envFrom hides which names the job gets; name each variable"
+    env = {}
+    for entry in container.get("env", []):
+        source = entry.get("valueFrom")
+        if source is None:
+            env[entry["name"]] = entry["value"]
+            continue
+        ((kind, ref),) = source.items()
+        data = {"configMapKeyRef": configmaps, "secretKeyRef": secrets}[kind].get(ref["name"])
+        if data is not None and ref["key"] in data:
+            env[entry["name"]] = data[ref["key"]]
+        else:
+            assert ref.get("optional"), f"{container['name']}: {entry['name']} needs {ref['name']}/{ref['key']}, which is not there"
+    return env
+
+
+def only_container(deployment: dict) -> dict:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+# What the process reads besides detectorkit's settings: where its temporary files go, and Python's.
+PROCESS_ENV = {"TMPDIR", "HOME", "SPARK_LOCAL_DIRS", "PYTHONDONTWRITEBYTECODE"}
+# A secured cluster's Secret (never in the repository): what the Deployments and KEDA read from it.
+CREDENTIALS = {"KAFKA_SASL_USERNAME": "detector", "KAFKA_SASL_PASSWORD": "s3cret", "ca.crt": "-----BEGIN CERTIFICATE-----"}
+
+
+def keda_spelling(security_protocol: str, sasl_mechanism: str | None) -> tuple[str, str]:
+    """KEDA's Kafka scaler's tls and sasl for librdkafka's security.protocol and sasl.mechanism (the
+    values KEDA's pkg/scalers/kafka_scaler.go accepts: tls enable or disable, sasl plaintext,
+    scram_sha256 or scram_sha512 for SASL/PLAIN and SCRAM, empty for none)."""
+    tls = "enable" if security_protocol.upper() in ("SSL", "SASL_SSL") else "disable"
+    if not security_protocol.upper().startswith("SASL_"):
+        return tls, ""
+    return tls, {"PLAIN": "plaintext", "SCRAM-SHA-256": "scram_sha256", "SCRAM-SHA-512": "scram_sha512"}[sasl_mechanism]
+
+
+def test_kubernetes_manifests_validate_against_pinned_schemas(baked_manifests, keda_schemas):
     import jsonschema
     import kubernetes_validate
 
     seen = []
     for name, doc in [*documents(DEPLOY / "k8s"), *documents(baked_manifests)]:
-        if doc["kind"] == "ScaledObject":
-            jsonschema.validate(doc, keda_schema)
+        if doc["kind"] in keda_schemas:
+            jsonschema.validate(doc, keda_schemas[doc["kind"]])
         else:
             kubernetes_validate.validate(doc, KUBERNETES, strict=True)
         seen.append((name, doc["kind"]))
     kinds = {kind for _, kind in seen}
-    assert {"Deployment", "Service", "PodDisruptionBudget", "ScaledObject"} <= kinds, seen
+    assert {"Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "ScaledObject", "TriggerAuthentication"} <= kinds, seen
 
 
-def test_a_wrong_manifest_is_refused(keda_schema):
-    # The checks above can fail: a misspelt field and a lag threshold of the wrong type.
+def test_a_wrong_manifest_is_refused(baked_manifests, keda_schemas):
+    # The checks above can fail: a misspelt field, a lag threshold of the wrong type, a misspelt
+    # TriggerAuthentication field and one without the key it reads.
     import jsonschema
     import kubernetes_validate
 
@@ -136,15 +243,29 @@ def test_a_wrong_manifest_is_refused(keda_schema):
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, KUBERNETES, strict=True)
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "x"},
-                             "spec": {"scaleTargetRef": {"name": "x"}, "minReplicaCount": "one", "triggers": []}}, keda_schema)
+        jsonschema.validate(
+            {
+                "apiVersion": "keda.sh/v1alpha1",
+                "kind": "ScaledObject",
+                "metadata": {"name": "x"},
+                "spec": {"scaleTargetRef": {"name": "x"}, "minReplicaCount": "one", "triggers": []},
+            },
+            keda_schemas["ScaledObject"],
+        )
+    (auth,) = of_kind(manifests(baked_manifests), "TriggerAuthentication")
+    misspelt = {**auth, "spec": {"secretTargetRefs": auth["spec"]["secretTargetRef"]}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(misspelt, keda_schemas["TriggerAuthentication"])
+    keyless = {**auth, "spec": {"secretTargetRef": [{"parameter": "username", "name": "x"}]}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(keyless, keda_schemas["TriggerAuthentication"])
 
 
 def test_each_detector_deployment_is_wired_to_its_group_probes_and_budget(baked_manifests):
     docs = dict((doc["kind"], doc) for _, doc in documents(baked_manifests))
-    deployment, pdb, scaled = docs["Deployment"], docs["PodDisruptionBudget"], docs["ScaledObject"]
+    deployment, pdb = docs["Deployment"], docs["PodDisruptionBudget"]
     pod = deployment["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    container = only_container(deployment)
     env = {e["name"]: e.get("value") for e in container["env"]}
     # Longer than a batch: the job finishes and commits its batch in flight on SIGTERM.
     assert pod["terminationGracePeriodSeconds"] >= 120
@@ -153,10 +274,159 @@ def test_each_detector_deployment_is_wired_to_its_group_probes_and_budget(baked_
     assert env["HEALTH_PORT"] == str(container["ports"][0]["containerPort"])
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    # KEDA reads the lag of the group the job commits to, on the topic it reads.
-    trigger = scaled["spec"]["triggers"][0]["metadata"]
-    assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
-    assert (trigger["consumerGroup"], trigger["topic"]) == (env["CONSUMER_GROUP"], env["INPUT_TOPIC"])
+    # A rolling update starts the replacement before it stops an old pod.
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+def test_every_job_gets_settings_detectorkit_accepts_as_a_dynamic_group_member(baked_manifests):
+    """Each streaming job's environment, resolved from its ConfigMap and a secured cluster's Secret:
+    every name one detectorkit reads (a misspelt one would be ignored without a word), values it
+    accepts, and no INSTANCE_ID: a Deployment's pods get new names at every rollout, and a static
+    member does not leave the group when it stops, so its partitions would wait for the session
+    timeout at every rolling update."""
+    from detectorkit.settings import Settings, kafka_options_from_env, load
+
+    for folder in (baked_manifests, DEPLOY / "k8s"):
+        objects = manifests(folder)
+        configmaps = {doc["metadata"]["name"]: doc["data"] for doc in of_kind(objects, "ConfigMap")}
+        secured = {
+            name: {**data, "KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "KAFKA_SSL_CA_LOCATION": "/ca.crt"}
+            for name, data in configmaps.items()
+        }
+        jobs = [d for d in of_kind(objects, "Deployment") if only_container(d).get("args", [""])[0] != "aggregate"]
+        assert jobs, folder
+        for deployment in jobs:
+            container = only_container(deployment)
+            where = f"{shown(folder)}: {deployment['metadata']['name']}"
+            for entry in container["env"]:
+                name = entry["name"]
+                assert name.lower() in Settings.model_fields or kafka_options_from_env({name: "x"}) or name in PROCESS_ENV, (
+                    f"{where}: {name} is not a setting detectorkit reads"
+                )
+            assert "INSTANCE_ID" not in {e["name"] for e in container["env"]}, f"{where}: INSTANCE_ID makes each pod a static member"
+            secrets = {ref["secretKeyRef"]["name"]: CREDENTIALS for e in container["env"] if (ref := e.get("valueFrom", {})).get("secretKeyRef")}
+            plain = load(environ=container_env(container, configmaps, {}))
+            assert plain.static_instance_id() is None, where
+            assert plain.kafka_options == {"security.protocol": "PLAINTEXT"}, where
+            settings = load(environ=container_env(container, secured, secrets))
+            assert settings.kafka_options == {
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": "detector",
+                "sasl.password": "s3cret",
+                "ssl.ca.location": "/ca.crt",
+            }, where
+            (source,) = {ref["configMapKeyRef"]["name"] for e in container["env"] if (ref := e.get("valueFrom", {})).get("configMapKeyRef")}
+            assert settings.kafka_bootstrap_servers == configmaps[source]["KAFKA_BOOTSTRAP_SERVERS"], where
+    # The aggregator takes its brokers from the same ConfigMap, through the variable its flag defaults to.
+    import argparse
+
+    from detectorkit.metrics.aggregator_service import add_arguments
+
+    objects = manifests(DEPLOY / "k8s")
+    configmaps = {doc["metadata"]["name"]: doc["data"] for doc in of_kind(objects, "ConfigMap")}
+    container = only_container(objects["Deployment", "metrics-aggregator"])
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, container_env(container, configmaps, {}))
+    args = parser.parse_args(container["args"][1:])
+    assert args.bootstrap_servers == configmaps["diamond-kafka"]["KAFKA_BOOTSTRAP_SERVERS"]
+
+
+def test_a_scaled_deployment_leaves_its_replica_count_to_keda(baked_manifests):
+    # A count in the Deployment would reset KEDA's at every `kubectl apply`.
+    for folder in (baked_manifests, DEPLOY / "k8s"):
+        objects = manifests(folder)
+        for scaled in of_kind(objects, "ScaledObject"):
+            target = objects["Deployment", scaled["spec"]["scaleTargetRef"]["name"]]
+            assert "replicas" not in target["spec"], f"{shown(folder)}: {target['metadata']['name']} sets replicas under a ScaledObject"
+    assert of_kind(manifests(baked_manifests), "ScaledObject")
+
+
+def test_keda_reads_the_brokers_group_topic_and_credentials_the_job_uses(baked_manifests):
+    """KEDA's Kafka scaler resolves bootstrapServersFromEnv, consumerGroupFromEnv and topicFromEnv
+    from the scale target container's environment, and its TriggerAuthentication from the same
+    ConfigMap (KEDA's spelling of the security choice) and the same Secret as the job."""
+    from detectorkit.settings import load
+
+    objects = manifests(baked_manifests)
+    (scaled,) = of_kind(objects, "ScaledObject")
+    deployment = objects["Deployment", scaled["spec"]["scaleTargetRef"]["name"]]
+    (container,) = [
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == scaled["spec"]["scaleTargetRef"]["envSourceContainerName"]
+    ]
+    configmaps = {doc["metadata"]["name"]: doc["data"] for doc in of_kind(objects, "ConfigMap")}
+    (trigger,) = scaled["spec"]["triggers"]
+    metadata = trigger["metadata"]
+    assert not {"bootstrapServers", "consumerGroup", "topic", "sasl", "tls"} & set(metadata), "a second place for what the job is given"
+    env = container_env(container, configmaps, {})
+    settings = load(environ=env).for_service(deployment["metadata"]["name"])
+    assert env[metadata["bootstrapServersFromEnv"]] == settings.kafka_bootstrap_servers
+    assert env[metadata["consumerGroupFromEnv"]] == settings.consumer_group
+    assert env[metadata["topicFromEnv"]] == settings.input_topic
+
+    auth = objects["TriggerAuthentication", trigger["authenticationRef"]["name"]]
+    from_secret = {ref["parameter"]: (ref["name"], ref["key"]) for ref in auth["spec"]["secretTargetRef"]}
+    job_secrets = {e["name"]: (ref["name"], ref["key"]) for e in container["env"] if (ref := e.get("valueFrom", {}).get("secretKeyRef"))}
+    assert from_secret["username"] == job_secrets["KAFKA_SASL_USERNAME"]
+    assert from_secret["password"] == job_secrets["KAFKA_SASL_PASSWORD"]
+    # The CA KEDA trusts is the file the job's KAFKA_SSL_CA_LOCATION would name.
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    (mount,) = [m for m in container["volumeMounts"] if "secret" in volumes[m["name"]]]
+    secret = volumes[mount["name"]]["secret"]
+    (item,) = secret["items"]
+    assert from_secret["ca"] == (secret["secretName"], item["key"])
+    ca_location = f"{mount['mountPath']}/{item['path']}"
+    assert any(ca_location in line for line in (baked_manifests / "configmap.yaml").read_text().splitlines() if "KAFKA_SSL_CA_LOCATION" in line)
+
+    from_configmap = {ref["parameter"]: configmaps[ref["name"]][ref["key"]] for ref in auth["spec"]["configMapTargetRef"]}
+    assert (from_configmap["tls"], from_configmap["sasl"]) == keda_spelling(env["KAFKA_SECURITY_PROTOCOL"], env.get("KAFKA_SASL_MECHANISM"))
+
+
+def workload_files(baked_manifests) -> list[pathlib.Path]:
+    return sorted([*(DEPLOY / "k8s").glob("*.yaml"), *baked_manifests.glob("*.yaml")])
+
+
+def test_every_pod_meets_the_restricted_pod_security_standard(baked_manifests, psa_check):
+    result = subprocess.run([psa_check, *workload_files(baked_manifests)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # It saw every Deployment: a manifest it could not read would not pass unseen.
+    passed = set(re.findall(r": Deployment/(\S+): ok$", result.stdout, re.M))
+    deployments = {name for (kind, name) in {**manifests(DEPLOY / "k8s"), **manifests(baked_manifests)} if kind == "Deployment"}
+    assert passed == deployments, result.stdout
+
+
+def test_the_pod_security_check_refuses_a_weakened_pod(baked_manifests, psa_check, tmp_path):
+    deployment = manifests(baked_manifests)["Deployment", "high-value-orders"]
+    pod = deployment["spec"]["template"]["spec"]
+    pod.setdefault("securityContext", {}).pop("seccompProfile", None)
+    pod["containers"][0].setdefault("securityContext", {})["privileged"] = True
+    weakened = tmp_path / "weakened.yaml"
+    weakened.write_text(yaml.safe_dump(deployment))
+    result = subprocess.run([psa_check, weakened], capture_output=True, text=True)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "privileged" in result.stdout and "seccompProfile" in result.stdout, result.stdout
+
+
+def test_every_container_writes_only_to_its_scratch_volume(baked_manifests):
+    """A read-only root filesystem, and every place a job writes on an emptyDir: Spark's local
+    directory, Python's and the JVM's temporary files (java.io.tmpdir and hsperfdata are /tmp
+    whatever TMPDIR says), the checkpoint (a temporary directory) and the home directory."""
+    for folder in (baked_manifests, DEPLOY / "k8s"):
+        for deployment in of_kind(manifests(folder), "Deployment"):
+            pod = deployment["spec"]["template"]["spec"]
+            volumes = {v["name"]: v for v in pod.get("volumes", [])}
+            for container in pod["containers"]:
+                where = f"{shown(folder)}: {deployment['metadata']['name']}/{container['name']}"
+                assert container["securityContext"]["readOnlyRootFilesystem"] is True, where
+                writable = [m["mountPath"] for m in container.get("volumeMounts", []) if "emptyDir" in volumes[m["name"]] and not m.get("readOnly")]
+                assert "/tmp" in writable, f"{where}: the JVM writes to /tmp"
+                env = {e["name"]: e.get("value") for e in container.get("env", [])}
+                spark = container.get("args", [""])[0] != "aggregate"
+                for name in ("TMPDIR", *(("SPARK_LOCAL_DIRS", "HOME") if spark else ())):
+                    path = pathlib.PurePosixPath(env.get(name) or "/unset")
+                    assert any(path.is_relative_to(w) for w in writable), f"{where}: {name}={env.get(name)} is not on a writable volume"
+                assert env.get("PYTHONDONTWRITEBYTECODE") == "1", where
+                assert "CHECKPOINT_DIR" not in env or any(pathlib.PurePosixPath(env["CHECKPOINT_DIR"]).is_relative_to(w) for w in writable)
 
 
 @pytest.mark.parametrize("dockerfile", ["{{cookiecutter.service_name}}/Dockerfile", "deploy/docker/Dockerfile"])
