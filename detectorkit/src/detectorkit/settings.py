@@ -93,6 +93,10 @@ class Settings(BaseModel):
         45.0, ge=1, description="How long the consumer group waits for a silent instance before giving its partitions to the others; "
         "with INSTANCE_ID set, also how long a restarted instance has to get its own partitions back."
     )
+    group_protocol: Literal["classic", "consumer"] = Field(
+        "classic", description="The consumer group's rebalance protocol: classic (any broker, the embedded one too) or consumer "
+        "(KIP-848, Kafka 4.0+: the broker assigns, and its group.consumer.session.timeout.ms replaces GROUP_SESSION_TIMEOUT_SECONDS)."
+    )
     metrics_topic: str = Field("metrics", description="Topic the job's metric snapshots are written to.")
     metrics_bootstrap_servers: str | None = Field(None, description="Kafka cluster of the metrics topic. Default: KAFKA_BOOTSTRAP_SERVERS.")
     metrics_interval_seconds: float = Field(10.0, gt=0, description="How often the job publishes a metrics snapshot.")
@@ -121,7 +125,7 @@ class Settings(BaseModel):
     )
     kafka_options: dict[str, str] = Field(default_factory=dict, description="librdkafka settings passed through (security.protocol, sasl.*, ssl.*).")
 
-    @field_validator("log_level", "kafka_broker_kind", "starting_offsets", mode="before")
+    @field_validator("log_level", "kafka_broker_kind", "starting_offsets", "group_protocol", mode="before")
     @classmethod
     def _any_case(cls, value: Any, info) -> Any:
         # Only a known choice is normalised: a wrong one is reported as it was typed.

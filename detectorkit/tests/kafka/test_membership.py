@@ -1,5 +1,6 @@
 """The group member on its own, without Spark: commits from other threads during a hand-over, and
-two instances given the same INSTANCE_ID."""
+two instances given the same INSTANCE_ID; under each group protocol (classic, and KIP-848's
+consumer protocol, which Kafka 4.0+ serves)."""
 
 import threading
 import time
@@ -8,7 +9,7 @@ import uuid
 import pytest
 
 from detectorkit.kafka import clients
-from detectorkit.kafka.membership import CommitRefused, GroupMember
+from detectorkit.kafka.membership import PROTOCOLS, CommitRefused, GroupMember
 from detectorkit.testing import KAFKA
 
 from ..jobs import wait_for
@@ -18,6 +19,11 @@ from ..jobs import wait_for
 def real_kafka(kafka_broker_kind):
     if kafka_broker_kind not in (KAFKA, "external"):
         pytest.skip("group rebalances are proven on Apache Kafka")
+
+
+@pytest.fixture(params=PROTOCOLS)
+def protocol(request):
+    return request.param
 
 
 class Members:
@@ -63,7 +69,7 @@ def polling(member):
     member.thread.start()
 
 
-def test_a_batch_commits_from_its_own_thread_while_its_partitions_are_being_revoked(kafka_bootstrap_servers, real_kafka):
+def test_a_batch_commits_from_its_own_thread_while_its_partitions_are_being_revoked(kafka_bootstrap_servers, real_kafka, protocol):
     """The revoke callback waits for the batch in flight, which commits from another thread: the
     commit must run on the polling thread (directly, librdkafka waits for the rebalance to end,
     which waits for the callback: 40 s, then ILLEGAL_GENERATION)."""
@@ -88,11 +94,11 @@ def test_a_batch_commits_from_its_own_thread_while_its_partitions_are_being_revo
 
     owner = BatchInFlight()
     members = Members()
-    one = owner.member = members.add(GroupMember(base, group, topic, owner, session_timeout=6, timeout=20).subscribe())
+    one = owner.member = members.add(GroupMember(base, group, topic, owner, session_timeout=6, protocol=protocol, timeout=20).subscribe())
     polling(one)
     try:
         wait_for(lambda: len(one.owned) == 4, timeout=60, what="the first member to own everything")
-        two = members.add(GroupMember(base, group, topic, IDLE, session_timeout=6).subscribe())
+        two = members.add(GroupMember(base, group, topic, IDLE, session_timeout=6, protocol=protocol).subscribe())
         polling(two)
         wait_for(lambda: len(two.owned) == 2 and len(one.owned) == 2, timeout=60, what="the partitions to split")
         assert len(took) == 1 and took[0] < 5, took
@@ -102,6 +108,7 @@ def test_a_batch_commits_from_its_own_thread_while_its_partitions_are_being_revo
 
 
 def test_an_instance_id_taken_by_another_instance_stops_the_older_one_with_a_message(kafka_bootstrap_servers, real_kafka):
+    """The classic protocol fences the member that held the id."""
     base, topic, group = new_topic_and_group(kafka_bootstrap_servers, 2)
     members = Members()
     older = members.add(GroupMember(base, group, topic, IDLE, static_id="orders-1", session_timeout=6).subscribe())
@@ -111,20 +118,43 @@ def test_an_instance_id_taken_by_another_instance_stops_the_older_one_with_a_mes
         newer = members.add(GroupMember(base, group, topic, IDLE, static_id="orders-1", session_timeout=6).subscribe())
         polling(newer)
         wait_for(lambda: older.fatal is not None, timeout=60, what="the older instance to be fenced")
-        assert older.fatal == (f"another instance joined consumer group {group!r} with INSTANCE_ID='orders-1'; "
-                               "each instance of a service needs its own INSTANCE_ID")
+        assert older.fatal == (
+            f"another instance joined consumer group {group!r} with INSTANCE_ID='orders-1'; each instance of a service needs its own INSTANCE_ID"
+        )
     finally:
         members.close()
 
 
-def test_a_member_keeping_its_partitions_through_rebalances_never_has_a_commit_refused(kafka_bootstrap_servers, real_kafka):
+def test_under_the_consumer_protocol_an_instance_id_in_use_stops_the_newer_one_with_a_message(kafka_bootstrap_servers, real_kafka):
+    """KIP-848 refuses the newcomer (UNRELEASED_INSTANCE_ID) and the member holding the id reads on;
+    so does a crashed member until the broker's session timeout drops it."""
+    base, topic, group = new_topic_and_group(kafka_bootstrap_servers, 2)
+    members = Members()
+    older = members.add(GroupMember(base, group, topic, IDLE, static_id="orders-1", protocol="consumer").subscribe())
+    polling(older)
+    try:
+        wait_for(lambda: len(older.owned) == 2, timeout=60, what="the first instance to join")
+        newer = members.add(GroupMember(base, group, topic, IDLE, static_id="orders-1", protocol="consumer").subscribe())
+        polling(newer)
+        wait_for(lambda: newer.fatal is not None, timeout=60, what="the newer instance to be refused")
+        assert newer.fatal == (
+            f"INSTANCE_ID='orders-1' is still held in consumer group {group!r}: by a running instance (each "
+            "instance of a service needs its own INSTANCE_ID), or by one that crashed, until the broker's "
+            "session timeout (group.consumer.session.timeout.ms) drops it"
+        )
+        assert older.fatal is None and len(older.owned) == 2
+    finally:
+        members.close()
+
+
+def test_a_member_keeping_its_partitions_through_rebalances_never_has_a_commit_refused(kafka_bootstrap_servers, real_kafka, protocol):
     """A batch's commit can be sent under the generation that a rebalance is just replacing; the
     broker refuses it (ILLEGAL_GENERATION) though the member stays in the group and, with the
     cooperative protocol, keeps what it is not told to revoke. Seen in a rolling redeploy: the
     batch was refused, and the next owner wrote its records again."""
     base, topic, group = new_topic_and_group(kafka_bootstrap_servers, 4)
     members = Members()
-    one = members.add(GroupMember(base, group, topic, IDLE, session_timeout=6, timeout=20).subscribe())
+    one = members.add(GroupMember(base, group, topic, IDLE, session_timeout=6, protocol=protocol, timeout=20).subscribe())
     polling(one)
     refused, commits = [], [0]
 
@@ -141,7 +171,7 @@ def test_a_member_keeping_its_partitions_through_rebalances_never_has_a_commit_r
         committing = threading.Thread(target=batches, daemon=True)
         committing.start()
         for _ in range(3):  # instances coming and going: each join and each leave is a rebalance
-            other = GroupMember(base, group, topic, IDLE, session_timeout=6)
+            other = GroupMember(base, group, topic, IDLE, session_timeout=6, protocol=protocol)
             other.stop = threading.Event()
             other.subscribe()
             polling(other)

@@ -44,8 +44,7 @@ log = structlog.get_logger("detectorkit.membership")
 
 # The broker's answers to a commit from a member whose generation is over: the partitions are,
 # or may be, someone else's now. The group's offsets stay where their owner put them.
-_NOT_OWNER = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.FENCED_INSTANCE_ID,
-              KafkaError._FENCED}
+_NOT_OWNER = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.FENCED_INSTANCE_ID, KafkaError._FENCED}
 # Answers that a rebalance is under way, given to a member still in the group, so the commit is
 # tried again once the rebalance's callbacks have run. ILLEGAL_GENERATION is one of them: a commit
 # built under the generation the rebalance is replacing reaches the broker after the member has
@@ -54,6 +53,11 @@ _NOT_OWNER = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, Kafka
 # the revoke runs on the thread that retries, which drops what is no longer owned: the retry can
 # never move another owner's offsets.
 _AFTER_REBALANCE = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION}
+
+# group.protocol: "classic" (JoinGroup/SyncGroup, any broker) or "consumer" (KIP-848, Kafka 4.0+).
+PROTOCOLS = ("classic", "consumer")
+# Settings of the classic protocol that librdkafka refuses under the consumer protocol.
+CLASSIC_ONLY = ("partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms")
 
 
 class CommitRefused(KafkaException):
@@ -87,22 +91,49 @@ class Owner(Protocol):
 
 
 class GroupMember:
-    def __init__(self, base_conf: Mapping[str, Any], group: str, topic: str, owner: Owner, *,
-                 static_id: str | None = None, session_timeout: float = 45.0, timeout: float = 30.0):
+    def __init__(
+        self,
+        base_conf: Mapping[str, Any],
+        group: str,
+        topic: str,
+        owner: Owner,
+        *,
+        static_id: str | None = None,
+        session_timeout: float = 45.0,
+        protocol: str = "classic",
+        timeout: float = 30.0,
+    ):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown group protocol {protocol!r}: one of {', '.join(PROTOCOLS)}")
         self.group, self.topic, self.owner, self.timeout = group, topic, owner, timeout
-        self.static_id = static_id
-        conf = clients.consumer(base_conf, group, **{
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": int(session_timeout * 1000),
-            "heartbeat.interval.ms": int(min(3000, session_timeout * 1000 / 4)),
-            # Never fetches, so polls are short; a hand-over (a batch finishing) must fit in it.
-            "max.poll.interval.ms": 600_000,
-            # Partitions are paused the moment they arrive; keep what a fetch may still bring small.
-            "queued.max.messages.kbytes": 1024,
-            # Partitions added to the topic join the assignment within this (librdkafka: 5 min).
-            "topic.metadata.refresh.interval.ms": 5000,
-            "error_cb": self._on_error,
-        })
+        self.static_id, self.protocol = static_id, protocol
+        if protocol == "consumer":
+            # KIP-848: the broker assigns (always incrementally) and times members out
+            # (group.consumer.session.timeout.ms); librdkafka refuses the classic keys.
+            membership = {"group.protocol": "consumer"}
+        else:
+            membership = {
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": int(session_timeout * 1000),
+                "heartbeat.interval.ms": int(min(3000, session_timeout * 1000 / 4)),
+            }
+        conf = clients.consumer(
+            base_conf,
+            group,
+            **membership,
+            **{
+                # Never fetches, so polls are short; a hand-over (a batch finishing) must fit in it.
+                "max.poll.interval.ms": 600_000,
+                # Partitions are paused the moment they arrive; keep what a fetch may still bring small.
+                "queued.max.messages.kbytes": 1024,
+                # Partitions added to the topic join the assignment within this (librdkafka: 5 min).
+                "topic.metadata.refresh.interval.ms": 5000,
+                "error_cb": self._on_error,
+            },
+        )
+        if protocol == "consumer":
+            for key in CLASSIC_ONLY:
+                conf.pop(key, None)
         if static_id:
             conf["group.instance.id"] = static_id
         self._consumer = clients.new_consumer(conf)
@@ -141,8 +172,7 @@ class GroupMember:
                     continue
                 call.run()
                 error = call.error
-                if (isinstance(error, KafkaException) and error.args[0].code() in _AFTER_REBALANCE
-                        and call.attempts < 200):
+                if isinstance(error, KafkaException) and error.args[0].code() in _AFTER_REBALANCE and call.attempts < 200:
                     call.error = None
                     call._claimed = False
                     retry.append(call)  # again after the next poll
@@ -203,9 +233,19 @@ class GroupMember:
     def _on_error(self, error: KafkaError) -> None:
         # librdkafka reports the fencing as code _FATAL, with fatal() False (measured, 2.16).
         fatal = error.fatal() or error.code() == KafkaError._FATAL
-        if error.code() == KafkaError.FENCED_INSTANCE_ID or (fatal and "fenced" in error.str().lower()):
-            self.fatal = (f"another instance joined consumer group {self.group!r} with INSTANCE_ID={self.static_id!r}; "
-                          "each instance of a service needs its own INSTANCE_ID")
+        if error.code() == KafkaError.UNRELEASED_INSTANCE_ID or (fatal and "instance id is still used" in error.str().lower()):
+            # The consumer protocol refuses the newcomer, not the member holding the id (seen: code
+            # _FATAL, "The instance ID is still used by another member in the consumer group").
+            self.fatal = (
+                f"INSTANCE_ID={self.static_id!r} is still held in consumer group {self.group!r}: by a running instance (each "
+                "instance of a service needs its own INSTANCE_ID), or by one that crashed, until the broker's session "
+                "timeout (group.consumer.session.timeout.ms) drops it"
+            )
+        elif error.code() == KafkaError.FENCED_INSTANCE_ID or (fatal and "fenced" in error.str().lower()):
+            self.fatal = (
+                f"another instance joined consumer group {self.group!r} with INSTANCE_ID={self.static_id!r}; "
+                "each instance of a service needs its own INSTANCE_ID"
+            )
         elif fatal:
             self.fatal = f"consumer group {self.group!r}: {error.str()}"
 
@@ -244,6 +284,7 @@ class GroupMember:
     def recommit(self, partitions: Iterable[int]) -> dict[int, int]:
         """Commit the group's positions of the owned `partitions` again, read and written in one
         call on the serving thread, so no batch's commit can come in between."""
+
         def again():
             owned = [p for p in partitions if p in self.owned]
             known = {p: o for p, o in offset_store.committed(self._consumer, self.topic, owned, self.timeout).items() if o is not None}

@@ -189,7 +189,8 @@ class StreamJob:
         self._reporter = MetricsReporter(self.metrics, metrics_conf, s.metrics_topic, self.stage.name, s.instance_id,
                                          s.metrics_interval_seconds, before_report=self.maintain_offsets).start()
         self._member = GroupMember(self._base, s.consumer_group, s.input_topic, self, static_id=s.static_instance_id(),
-                                   session_timeout=s.group_session_timeout_seconds, timeout=timeout).subscribe()
+                                   session_timeout=s.group_session_timeout_seconds, protocol=s.group_protocol,
+                                   timeout=timeout).subscribe()
         log.info("job started", input_topic=s.input_topic, output_topic=s.output_topic, dlq_topic=s.dlq_topic,
                  consumer_group=s.consumer_group, group_instance_id=s.static_instance_id(),
                  starting_offsets=s.starting_offsets, broker_kind=self.broker_kind)
