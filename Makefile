@@ -32,20 +32,22 @@ diamond: setup
 scale-demo: setup
 	bash scripts/scale-demo.sh
 
-# The dashboard test queries a real Prometheus: Debian's package, installed where we are root.
+# The dashboard test queries a real Prometheus, the Alertmanager example is checked by amtool:
+# Debian's packages, installed where we are root.
 # The Kubernetes manifests' Pod Security check is the Pod Security Admission's own code, built with
 # Go from the Go module proxy (about a minute the first time, then cached; tests/test_deploy.py).
 tools:
-	@command -v prometheus >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	@{ command -v prometheus && command -v amtool; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; } || \
-		echo "prometheus is not installed: the dashboard test will be skipped (apt-get install prometheus)"
+		echo "prometheus or amtool is not installed: their tests will be skipped (apt-get install prometheus prometheus-alertmanager)"
 	@if command -v go >/dev/null 2>&1; then \
 		cd tests/tools/psa-check && go build -trimpath -buildvcs=false -o "$${XDG_CACHE_HOME:-$$HOME/.cache}/detectorkit/psa-check" .; \
 	else echo "go is not installed: the Pod Security check of the Kubernetes manifests will be skipped"; fi
 
-# Two pytest runs on Apache Kafka (the runtime's tests and the template's each have a `tests`
-# package), then the embedded broker's smoke: the demo and a graceful stop and restart on Tansu.
-test: setup tools lint test-runtime test-template test-tansu
+# The declared Pythons, then two pytest runs on Apache Kafka (the runtime's tests and the template's
+# each have a `tests` package), then the embedded broker's smoke: the demo and a graceful stop and
+# restart on Tansu.
+test: setup tools lint test-pythons test-runtime test-template test-tansu
 
 test-runtime: setup
 	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PYTEST) detectorkit/tests --durations=20
@@ -64,7 +66,8 @@ test-pythons: setup
 	bash scripts/test-pythons.sh
 
 lint: setup
-	$(PY) -m ruff check detectorkit hooks tests bench
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # The benchmark: 1,000,000 records and 60 s of latency per contender (several minutes).
 bench: setup
