@@ -82,8 +82,7 @@ def ensure_kafka_streams() -> list[str]:
     jar = project / "target" / "kafka-streams-detector-1.jar"
     sources = [project / "pom.xml", *(project / "src").rglob("*.java")]
     if not jar.exists() or any(s.stat().st_mtime > jar.stat().st_mtime for s in sources):
-        subprocess.run(["mvn", "-q", "-B", "-f", str(project / "pom.xml"), "package", "dependency:copy-dependencies", "-DskipTests"],
-                       check=True)
+        subprocess.run(["mvn", "-q", "-B", "-f", str(project / "pom.xml"), "package", "dependency:copy-dependencies", "-DskipTests"], check=True)
     return ["java", "-cp", f"{jar}:{project / 'target' / 'lib'}/*", "bench.Detector"]
 
 
@@ -113,8 +112,7 @@ def sample_values(count: int, seed: int = 42) -> list[tuple[bytes, bytes, bool]]
         high = rng.random() < 0.05
         amount = round(rng.uniform(1000.01, 5000), 2) if high else round(rng.uniform(0, 1000), 2)
         key = f"c{rng.randrange(100_000):05d}".encode()
-        value = json.dumps({"id": i, "customer": key.decode(), "amount": amount, "currency": "EUR", "channel": "web",
-                            "country": "DE"}).encode()
+        value = json.dumps({"id": i, "customer": key.decode(), "amount": amount, "currency": "EUR", "channel": "web", "country": "DE"}).encode()
         out.append((key, value, high))
     return out
 
@@ -219,33 +217,69 @@ def contenders(service_cmd: str, quix_python: str, bootstrap: str, in_topic: str
         return f"{prefix}.{slug}.out", f"{prefix}-{slug}"
 
     out, group = names("service")
-    service_env = {"KAFKA_BOOTSTRAP_SERVERS": bootstrap, "INPUT_TOPIC": in_topic, "OUTPUT_TOPIC": out,
-                   "DLQ_TOPIC": f"{out}.dlq", "CONSUMER_GROUP": group, "STARTING_OFFSETS": "earliest",
-                   "METRICS_TOPIC": f"{prefix}.metrics", "LOG_LEVEL": "WARNING"}
+    service_env = {
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "INPUT_TOPIC": in_topic,
+        "OUTPUT_TOPIC": out,
+        "DLQ_TOPIC": f"{out}.dlq",
+        "CONSUMER_GROUP": group,
+        "STARTING_OFFSETS": "earliest",
+        "METRICS_TOPIC": f"{prefix}.metrics",
+        "LOG_LEVEL": "WARNING",
+    }
     service = Contender("detector service (this project)", out, [service_cmd], service_env)
     out, group = names("plain")
-    plain = Contender("plain confluent-kafka loop", out, [sys.executable, str(HERE / "contenders" / "plain_loop.py"), bootstrap,
-                                                          in_topic, out, group, f"{PACKAGE}.detector:DETECTOR"])
+    plain = Contender(
+        "plain confluent-kafka loop",
+        out,
+        [sys.executable, str(HERE / "contenders" / "plain_loop.py"), bootstrap, in_topic, out, group, f"{PACKAGE}.detector:DETECTOR"],
+    )
     out, group = names("plain-processes")
-    processes = Contender(f"multi-process plain loop ({CORES} processes, one group)", out,
-                          [sys.executable, COPIES, str(CORES), sys.executable, str(HERE / "contenders" / "plain_loop.py"), bootstrap,
-                           in_topic, out, group, f"{PACKAGE}.detector:DETECTOR"])
+    processes = Contender(
+        f"multi-process plain loop ({CORES} processes, one group)",
+        out,
+        [
+            sys.executable,
+            COPIES,
+            str(CORES),
+            sys.executable,
+            str(HERE / "contenders" / "plain_loop.py"),
+            bootstrap,
+            in_topic,
+            out,
+            group,
+            f"{PACKAGE}.detector:DETECTOR",
+        ],
+    )
     # Scale on this machine: as many instances of one core as the single instance has cores, one
     # group, so both spend the same cores.
     out, group = names("service-instances")
     instances_env = {**service_env, "OUTPUT_TOPIC": out, "DLQ_TOPIC": f"{out}.dlq", "CONSUMER_GROUP": group, "SPARK_MASTER": "local[1]"}
-    instances = Contender(f"detector service, {CORES} instances of 1 core (one group)", out, [sys.executable, COPIES, str(CORES), service_cmd],
-                          instances_env)
+    instances = Contender(
+        f"detector service, {CORES} instances of 1 core (one group)", out, [sys.executable, COPIES, str(CORES), service_cmd], instances_env
+    )
     out, group = names("quix")
-    quix = Contender("Quix Streams", out, [quix_python, str(HERE / "contenders" / "quix_app.py"), bootstrap, in_topic, out, group,
-                                           str(THRESHOLD)])
+    quix = Contender("Quix Streams", out, [quix_python, str(HERE / "contenders" / "quix_app.py"), bootstrap, in_topic, out, group, str(THRESHOLD)])
     out, group = names("spark-kafka")
-    spark_kafka = Contender("Spark's Kafka connector (spark-sql-kafka, mapInArrow, foreachBatch commits)", out,
-                            [sys.executable, str(HERE / "contenders" / "spark_kafka.py"), bootstrap, in_topic, out, group,
-                             f"{PACKAGE}.detector:DETECTOR", str(CORES), ensure_spark_kafka_jars()])
+    spark_kafka = Contender(
+        "Spark's Kafka connector (spark-sql-kafka, mapInArrow, foreachBatch commits)",
+        out,
+        [
+            sys.executable,
+            str(HERE / "contenders" / "spark_kafka.py"),
+            bootstrap,
+            in_topic,
+            out,
+            group,
+            f"{PACKAGE}.detector:DETECTOR",
+            str(CORES),
+            ensure_spark_kafka_jars(),
+        ],
+    )
     out, group = names("kafka-streams")
-    streams = Contender("Kafka Streams (the talk's choice)", out, [*ensure_kafka_streams(), bootstrap, in_topic, out, group, str(THRESHOLD),
-                                                                    str(CORES)])
+    streams = Contender(
+        "Kafka Streams (the talk's choice)", out, [*ensure_kafka_streams(), bootstrap, in_topic, out, group, str(THRESHOLD), str(CORES)]
+    )
     return [service, instances, plain, processes, quix, spark_kafka, streams]
 
 
@@ -387,7 +421,7 @@ def paced(producer: Producer, topic: str, records: list[tuple[bytes, bytes, bool
     per_step = max(1, int(rate * step))
     started = time.perf_counter()
     for i in range(0, len(records), per_step):
-        for key, value, _ in records[i:i + per_step]:
+        for key, value, _ in records[i : i + per_step]:
             producer.produce(topic, key=key, value=value)
         producer.poll(0)
         delay = started + (i // per_step + 1) * step - time.perf_counter()
@@ -396,8 +430,7 @@ def paced(producer: Producer, topic: str, records: list[tuple[bytes, bytes, bool
     producer.flush(30)
 
 
-def latency_run(c: Contender, base: dict, in_topic: str, out_topic: str, rate: int, seconds: float, logs: pathlib.Path,
-                warmup: float) -> dict:
+def latency_run(c: Contender, base: dict, in_topic: str, out_topic: str, rate: int, seconds: float, logs: pathlib.Path, warmup: float) -> dict:
     tail = OutputTail(base, out_topic)
     tail.start()
     proc = launch(c, logs / f"latency-{c.name.split()[0].lower()}.log")
@@ -405,8 +438,12 @@ def latency_run(c: Contender, base: dict, in_topic: str, out_topic: str, rate: i
     warm = [(b"warm", json.dumps({"id": -1, "customer": "warm", "amount": 5000.0, "currency": "EUR"}).encode(), True)]
     try:
         # Ready means a detection came out; warm-up records trickle in until then.
-        ready = wait_until(lambda: (producer.produce(in_topic, key=warm[0][0], value=warm[0][1]), producer.flush(5))
-                           and tail.count > 0, timeout=240, proc=proc, what=c.name)
+        ready = wait_until(
+            lambda: (producer.produce(in_topic, key=warm[0][0], value=warm[0][1]), producer.flush(5)) and tail.count > 0,
+            timeout=240,
+            proc=proc,
+            what=c.name,
+        )
         if not ready:
             raise RuntimeError(f"{c.name} produced no detection within 240 s")
         # Latency is a steady-state figure (start-up is reported as time to first detection): the
@@ -423,8 +460,14 @@ def latency_run(c: Contender, base: dict, in_topic: str, out_topic: str, rate: i
         stop(proc)
         tail.stop()
     return {
-        "name": c.name, "rate": rate, "received": len(values), "expected": expected, "latencies_ms": sorted(values),
-        "p50_ms": percentile(values, 0.5), "p99_ms": percentile(values, 0.99), "max_ms": max(values) if values else float("nan"),
+        "name": c.name,
+        "rate": rate,
+        "received": len(values),
+        "expected": expected,
+        "latencies_ms": sorted(values),
+        "p50_ms": percentile(values, 0.5),
+        "p99_ms": percentile(values, 0.99),
+        "max_ms": max(values) if values else float("nan"),
     }
 
 
@@ -432,9 +475,13 @@ def machine() -> dict:
     import pyspark
 
     return {
-        "platform": platform.platform(), "cpus": os.cpu_count(), "memory_bytes": psutil.virtual_memory().total,
-        "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
-        "pyspark": pyspark.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "pyspark": pyspark.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
 
 
@@ -444,26 +491,38 @@ def ratio(value: float, peer: float) -> float:
 
 def markdown(result: dict, charts: list[str] = ()) -> str:
     p = result["params"]
-    lines = [f"# Benchmark results ({result['machine']['date']})", "",
-             f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['memory_bytes'] / 2**30:.0f} GiB, "
-             f"{result['machine']['platform']}, Python {result['machine']['python']}, PySpark {result['machine']['pyspark']}; "
-             f"broker: {result['broker']}. The service and the peers that can use several cores get {p['cores']}.", "",
-             f"## Throughput: {p['records']:,} records of ~{p['record_bytes']} bytes, {PARTITIONS} partitions, ~5% detections", "",
-             "| contender | records/s | × plain loop | × multi-process loop | peak memory (PSS) | peak RSS sum | CPU s per 1M records "
-             "(steady) | CPU s per 1M records (total) | first detection after launch | complete |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"# Benchmark results ({result['machine']['date']})",
+        "",
+        f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['memory_bytes'] / 2**30:.0f} GiB, "
+        f"{result['machine']['platform']}, Python {result['machine']['python']}, PySpark {result['machine']['pyspark']}; "
+        f"broker: {result['broker']}. The service and the peers that can use several cores get {p['cores']}.",
+        "",
+        f"## Throughput: {p['records']:,} records of ~{p['record_bytes']} bytes, {PARTITIONS} partitions, ~5% detections",
+        "",
+        "| contender | records/s | × plain loop | × multi-process loop | peak memory (PSS) | peak RSS sum | CPU s per 1M records "
+        "(steady) | CPU s per 1M records (total) | first detection after launch | complete |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in result["throughput"]:
-        lines.append(f"| {r['name']} | {r['records_per_s']:,.0f} | {r['ratio_to_plain']:.2f} | {r['ratio_to_processes']:.2f} | "
-                     f"{r.get('peak_memory_bytes', 0) / 2**20:,.0f} MiB | {r.get('peak_rss_sum_bytes', 0) / 2**20:,.0f} MiB | "
-                     f"{r.get('steady_cpu_seconds_per_million', float('nan')):.1f} | {r.get('cpu_seconds_per_million', float('nan')):.1f} | "
-                     f"{r.get('first_detection_s', float('nan')):.1f} s | {'yes' if r['complete'] else 'NO'} |")
-    lines += ["", f"## Latency: each rate for {p['latency_seconds']:g} s after {p['warmup_seconds']:g} s of warm-up, "
-              "producer timestamp to detection received", "",
-              "| rate | contender | p50 ms | p99 ms | max ms | p50 × plain loop | p99 × plain loop | detections |",
-              "|---:|---|---:|---:|---:|---:|---:|---|"]
+        lines.append(
+            f"| {r['name']} | {r['records_per_s']:,.0f} | {r['ratio_to_plain']:.2f} | {r['ratio_to_processes']:.2f} | "
+            f"{r.get('peak_memory_bytes', 0) / 2**20:,.0f} MiB | {r.get('peak_rss_sum_bytes', 0) / 2**20:,.0f} MiB | "
+            f"{r.get('steady_cpu_seconds_per_million', float('nan')):.1f} | {r.get('cpu_seconds_per_million', float('nan')):.1f} | "
+            f"{r.get('first_detection_s', float('nan')):.1f} s | {'yes' if r['complete'] else 'NO'} |"
+        )
+    lines += [
+        "",
+        f"## Latency: each rate for {p['latency_seconds']:g} s after {p['warmup_seconds']:g} s of warm-up, producer timestamp to detection received",
+        "",
+        "| rate | contender | p50 ms | p99 ms | max ms | p50 × plain loop | p99 × plain loop | detections |",
+        "|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
     for r in result["latency"]:
-        lines.append(f"| {r['rate']:,}/s | {r['name']} | {r['p50_ms']:,.0f} | {r['p99_ms']:,.0f} | {r['max_ms']:,.0f} | "
-                     f"{r['p50_ratio_to_plain']:.2f} | {r['p99_ratio_to_plain']:.2f} | {r['received']}/{r['expected']} |")
+        lines.append(
+            f"| {r['rate']:,}/s | {r['name']} | {r['p50_ms']:,.0f} | {r['p99_ms']:,.0f} | {r['max_ms']:,.0f} | "
+            f"{r['p50_ratio_to_plain']:.2f} | {r['p99_ratio_to_plain']:.2f} | {r['received']}/{r['expected']} |"
+        )
     lines += ["", "## Targets (the detector service, ratios within this run)", "", "| target | measured | met |", "|---|---:|---|"]
     for t in result["targets"]:
         lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |")
@@ -491,17 +550,21 @@ def targets(result: dict) -> list[dict]:
         met = value == value and (value <= limit if at_most else value >= limit)
         return {"target": target, "measured": f"{value:.2f}{unit}" if unit == "×" else f"{value:,.0f} {unit}", "met": bool(met)}
 
-    out = [check("CPU per record in steady state ≤ 1.5× the plain loop's",
-                 ratio(service["steady_cpu_seconds_per_million"], plain["steady_cpu_seconds_per_million"]), 1.5, True)]
+    out = [
+        check(
+            "CPU per record in steady state ≤ 1.5× the plain loop's",
+            ratio(service["steady_cpu_seconds_per_million"], plain["steady_cpu_seconds_per_million"]),
+            1.5,
+            True,
+        )
+    ]
     if "Spark's" in by:
-        out.append(check("throughput ≥ the Spark-connector job's", ratio(service["records_per_s"], by["Spark's"]["records_per_s"]), 1.0,
-                         False))
+        out.append(check("throughput ≥ the Spark-connector job's", ratio(service["records_per_s"], by["Spark's"]["records_per_s"]), 1.0, False))
     out.append(check("throughput ≥ 0.8× the multi-process loop's", service["ratio_to_processes"], 0.8, False))
     if "detector" in lat and "plain" in lat:
         out.append(check(f"p99 latency at {low_rate:,} records/s ≤ 2× the plain loop's", lat["detector"]["p99_ratio_to_plain"], 2.0, True))
     out.append(check("peak PSS under 1 GiB", service["peak_memory_bytes"] / 2**20, 1024, True, unit="MiB"))
-    out.append(check("first detection ≤ 2.5× the plain loop's time", ratio(service["first_detection_s"], plain["first_detection_s"]), 2.5,
-                     True))
+    out.append(check("first detection ≤ 2.5× the plain loop's time", ratio(service["first_detection_s"], plain["first_detection_s"]), 2.5, True))
     return out
 
 
@@ -550,17 +613,31 @@ def draw_charts(result: dict, out: pathlib.Path) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--rate", "--rates", dest="rates", type=int, nargs="+", default=[1_000, 10_000],
-                        help="records per second of the latency runs, one run per rate")
+    parser.add_argument(
+        "--rate",
+        "--rates",
+        dest="rates",
+        type=int,
+        nargs="+",
+        default=[1_000, 10_000],
+        help="records per second of the latency runs, one run per rate",
+    )
     parser.add_argument("--latency-seconds", type=float, default=60.0)
     parser.add_argument("--warmup-seconds", type=float, default=10.0, help="unmeasured paced traffic before each latency run")
     parser.add_argument("--out", type=pathlib.Path, default=HERE / "results", help="where latest.json and latest.md go")
     parser.add_argument("--only", nargs="*", default=None, help="run only contenders whose name starts with these words")
-    parser.add_argument("--latency-only", nargs="*", default=None,
-                        help="latency runs only for contenders whose name starts with these words (the smoke run's shortcut)")
-    parser.add_argument("--engine", choices=ENGINES, default="kafka",
-                        help="the broker started for the run: kafka (Apache Kafka, default) or tansu (embedded); "
-                        "KAFKA_BOOTSTRAP_SERVERS uses a running one instead")
+    parser.add_argument(
+        "--latency-only",
+        nargs="*",
+        default=None,
+        help="latency runs only for contenders whose name starts with these words (the smoke run's shortcut)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="kafka",
+        help="the broker started for the run: kafka (Apache Kafka, default) or tansu (embedded); KAFKA_BOOTSTRAP_SERVERS uses a running one instead",
+    )
     args = parser.parse_args(argv)
 
     service_cmd, quix_python = ensure_service(), ensure_quix()
@@ -600,16 +677,24 @@ def main(argv=None) -> int:
             c = next(x for x in contenders(service_cmd, quix_python, bootstrap, in_t, f"bench.{run_id}.l{n}") if x.name == c.name)
             clients.create_topics(base, {in_t: PARTITIONS, **topics_of(c)})
             r = latency_run(c, base, in_t, c.output_topic, rate, args.latency_seconds, logs, args.warmup_seconds)
-            print(f"latency at {rate:,}/s {c.name}: p50 {r['p50_ms']:,.0f} ms, p99 {r['p99_ms']:,.0f} ms ({r['received']}/{r['expected']})",
-                  flush=True)
+            print(
+                f"latency at {rate:,}/s {c.name}: p50 {r['p50_ms']:,.0f} ms, p99 {r['p99_ms']:,.0f} ms ({r['received']}/{r['expected']})", flush=True
+            )
             latency.append(r)
     finally:
         if broker is not None:
             broker.stop()
 
-    throughput.append({"name": "raw broker (produce / consume, no processing)", "complete": consumed == args.records,
-                       "records_per_s": consume_rate,
-                       "produce_records_per_s": produce_rate, "detections": None, "expected": None})
+    throughput.append(
+        {
+            "name": "raw broker (produce / consume, no processing)",
+            "complete": consumed == args.records,
+            "records_per_s": consume_rate,
+            "produce_records_per_s": produce_rate,
+            "detections": None,
+            "expected": None,
+        }
+    )
     plain_t = next((r["records_per_s"] for r in throughput if r["name"].startswith("plain")), float("nan"))
     multi_t = next((r["records_per_s"] for r in throughput if r["name"].startswith("multi-process")), float("nan"))
     for r in throughput:
@@ -620,11 +705,19 @@ def main(argv=None) -> int:
         r["p50_ratio_to_plain"] = ratio(r["p50_ms"], plain_l["p50_ms"] if plain_l else float("nan"))
         r["p99_ratio_to_plain"] = ratio(r["p99_ms"], plain_l["p99_ms"] if plain_l else float("nan"))
     result = {
-        "machine": machine(), "broker": where,
-        "params": {"records": args.records, "record_bytes": round(statistics.mean(len(v) for _, v, _ in values[:1000])),
-                   "rates": args.rates, "latency_seconds": args.latency_seconds, "warmup_seconds": args.warmup_seconds,
-                   "partitions": PARTITIONS, "cores": CORES},
-        "throughput": throughput, "latency": latency,
+        "machine": machine(),
+        "broker": where,
+        "params": {
+            "records": args.records,
+            "record_bytes": round(statistics.mean(len(v) for _, v, _ in values[:1000])),
+            "rates": args.rates,
+            "latency_seconds": args.latency_seconds,
+            "warmup_seconds": args.warmup_seconds,
+            "partitions": PARTITIONS,
+            "cores": CORES,
+        },
+        "throughput": throughput,
+        "latency": latency,
     }
     result["targets"] = targets(result)
     args.out.mkdir(parents=True, exist_ok=True)

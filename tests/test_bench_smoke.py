@@ -10,8 +10,23 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_benchmark_smoke_run_processes_every_record(tmp_path):
-    command = [sys.executable, str(REPO / "bench" / "run.py"), "--records", "20000", "--latency-seconds", "5", "--warmup-seconds", "2",
-               "--rate", "200", "--out", str(tmp_path), "--latency-only", "detector service (this", "plain confluent"]
+    command = [
+        sys.executable,
+        str(REPO / "bench" / "run.py"),
+        "--records",
+        "20000",
+        "--latency-seconds",
+        "5",
+        "--warmup-seconds",
+        "2",
+        "--rate",
+        "200",
+        "--out",
+        str(tmp_path),
+        "--latency-only",
+        "detector service (this",
+        "plain confluent",
+    ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=1500)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads((tmp_path / "latest.json").read_text())

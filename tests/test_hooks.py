@@ -48,28 +48,34 @@ def test_bad_service_names_say_what_to_type(name, suggestion):
     assert message and "kebab-case" in message and suggestion in message
 
 
-@pytest.mark.parametrize(("name", "fragment"), [
-    ("high-value", "'high_value'"),
-    ("2fast", "'detector_2fast'"),
-    ("class", "is a Python keyword"),
-    ("match", "is a Python keyword"),
-    ("HighValue", "type 'highvalue'"),
-    ("", "not a Python identifier"),
-])
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("high-value", "'high_value'"),
+        ("2fast", "'detector_2fast'"),
+        ("class", "is a Python keyword"),
+        ("match", "is a Python keyword"),
+        ("HighValue", "type 'highvalue'"),
+        ("", "not a Python identifier"),
+    ],
+)
 def test_bad_package_names_say_what_to_type(name, fragment):
     message = hook.check_package_name(name)
     assert message and fragment in message
 
 
-@pytest.mark.parametrize(("name", "fragment"), [
-    ("", "empty"),
-    (".", "not allowed"),
-    ("..", "not allowed"),
-    ("a" * 250, "at most 249"),
-    ("bad topic", "'bad-topic'"),
-    ("détections", "letters, digits"),
-    ("a/b", "'a-b'"),
-])
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("", "empty"),
+        (".", "not allowed"),
+        ("..", "not allowed"),
+        ("a" * 250, "at most 249"),
+        ("bad topic", "'bad-topic'"),
+        ("détections", "letters, digits"),
+        ("a/b", "'a-b'"),
+    ],
+)
 def test_bad_topics_say_what_to_type(name, fragment):
     message = hook.check_topic("output_topic", name)
     assert message and "output_topic" in message and fragment in message

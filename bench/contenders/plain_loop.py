@@ -48,8 +48,11 @@ def main(bootstrap, input_topic, output_topic, group, detector_path):
             out = detector.detect(pd.DataFrame.from_records(rows, index=positions), config)
             for position, fields in zip(out.index, out.to_dict(orient="records"), strict=True):
                 m = messages[position]
-                value = {"service": "plain-loop", "detection": fields,
-                         "source": {"topic": m.topic(), "partition": m.partition(), "offset": m.offset(), "timestamp_ms": m.timestamp()[1]}}
+                value = {
+                    "service": "plain-loop",
+                    "detection": fields,
+                    "source": {"topic": m.topic(), "partition": m.partition(), "offset": m.offset(), "timestamp_ms": m.timestamp()[1]},
+                }
                 producer.produce(output_topic, key=m.key(), value=json.dumps(value).encode())
         producer.flush()
         ends = {}

@@ -15,8 +15,7 @@ def main(bootstrap, input_topic, output_topic, group, threshold):
         broker_address=bootstrap,
         consumer_group=group,
         auto_offset_reset="earliest",
-        consumer_extra_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "fetch.queue.backoff.ms": 10,
-                               "fetch.wait.max.ms": 50},
+        consumer_extra_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "fetch.queue.backoff.ms": 10, "fetch.wait.max.ms": 50},
         producer_extra_config={"linger.ms": 5, "batch.size": 1024 * 1024},
         auto_create_topics=False,
     )

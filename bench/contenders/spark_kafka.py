@@ -36,12 +36,23 @@ def main(bootstrap, input_topic, output_topic, group, detector_path, cores, jars
     starting = json.dumps({input_topic: {str(p): (o if o >= 0 else -2) for p, o in committed.items()}})
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the workers import the detector from here
-    spark = (SparkSession.builder.master(f"local[{cores}]").appName("spark-kafka-peer")
-             .config("spark.jars", jars).config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", str(cores)).config("spark.python.worker.reuse", "true").getOrCreate())
+    spark = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName("spark-kafka-peer")
+        .config("spark.jars", jars)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(cores))
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("WARN")
-    stream = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", input_topic)
-              .option("startingOffsets", starting).load())
+    stream = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", input_topic)
+        .option("startingOffsets", starting)
+        .load()
+    )
 
     def detect(batches):
         for batch in batches:
@@ -61,8 +72,12 @@ def main(bootstrap, input_topic, output_topic, group, detector_path, cores, jars
             keys, outs = [], []
             partition, offset, stamp, key = (batch.column(c) for c in ("partition", "offset", "timestamp", "key"))
             for i, fields in zip(found.index, found.to_dict(orient="records"), strict=True):
-                source = {"topic": input_topic, "partition": partition[i].as_py(), "offset": offset[i].as_py(),
-                          "timestamp_ms": int(stamp[i].as_py().timestamp() * 1000)}
+                source = {
+                    "topic": input_topic,
+                    "partition": partition[i].as_py(),
+                    "offset": offset[i].as_py(),
+                    "timestamp_ms": int(stamp[i].as_py().timestamp() * 1000),
+                }
                 keys.append(key[i].as_py())
                 outs.append(json.dumps({"service": "spark-kafka", "detection": fields, "source": source}, default=str).encode())
             yield pa.RecordBatch.from_arrays([pa.array(keys, pa.binary()), pa.array(outs, pa.binary())], names=["key", "value"])
@@ -70,16 +85,21 @@ def main(bootstrap, input_topic, output_topic, group, detector_path, cores, jars
     def on_batch(frame, batch_id):
         frame.persist()
         try:
-            (frame.select("key", "value", "partition", "offset", "timestamp").mapInArrow(detect, "key binary, value binary")
-             .write.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", output_topic).save())
+            (
+                frame.select("key", "value", "partition", "offset", "timestamp")
+                .mapInArrow(detect, "key binary, value binary")
+                .write.format("kafka")
+                .option("kafka.bootstrap.servers", bootstrap)
+                .option("topic", output_topic)
+                .save()
+            )
             ends = frame.groupBy("partition").agg(F.max("offset").alias("last")).collect()
         finally:
             frame.unpersist()
         if ends:  # written: the group's position may move
             committer.commit(offsets=[TopicPartition(input_topic, r.partition, r.last + 1) for r in ends], asynchronous=False)
 
-    query = (stream.writeStream.foreachBatch(on_batch).option("checkpointLocation", tempfile.mkdtemp(prefix="spark-kafka-peer-"))
-             .start())
+    query = stream.writeStream.foreachBatch(on_batch).option("checkpointLocation", tempfile.mkdtemp(prefix="spark-kafka-peer-")).start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

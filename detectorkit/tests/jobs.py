@@ -16,14 +16,16 @@ COMMAND = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.dete
 
 def job_env(bootstrap_servers, topics, **settings):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DETECTOR_", "NOTIFIER_", "SPARK_"))}
-    env.update({
-        "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p),
-        "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers,
-        "INPUT_TOPIC": topics.input,
-        "OUTPUT_TOPIC": topics.output,
-        "DLQ_TOPIC": topics.dlq,
-        "CONSUMER_GROUP": topics.group,
-    })
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p),
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers,
+            "INPUT_TOPIC": topics.input,
+            "OUTPUT_TOPIC": topics.output,
+            "DLQ_TOPIC": topics.dlq,
+            "CONSUMER_GROUP": topics.group,
+        }
+    )
     env.update({k.upper(): str(v) for k, v in settings.items()})
     return env
 

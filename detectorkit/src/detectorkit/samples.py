@@ -79,9 +79,16 @@ class RawSample:
     burst: bool = False  # one of BURST_RECORDS records of one customer within seconds
 
 
-def raw_samples(count: int, seed: int = 7, anomaly_share: float = 0.02, malformed_share: float = 0.02,
-                customers: int = 1_000, burst_share: float = 0.0, start_s: int = _START_S,
-                per_second: float = 1.0) -> Iterator[RawSample]:
+def raw_samples(
+    count: int,
+    seed: int = 7,
+    anomaly_share: float = 0.02,
+    malformed_share: float = 0.02,
+    customers: int = 1_000,
+    burst_share: float = 0.0,
+    start_s: int = _START_S,
+    per_second: float = 1.0,
+) -> Iterator[RawSample]:
     """`count` raw records in the spellings of several source systems (field names, amounts with
     symbols, thousands separators and decimal commas, four timestamp formats); a `malformed_share`
     cannot be normalised (each bad kind in turn), an `anomaly_share` of the rest has an amount
@@ -103,8 +110,13 @@ def raw_samples(count: int, seed: int = 7, anomaly_share: float = 0.02, malforme
         amount = round(rng.uniform(1000.01, 5000), 2) if anomaly else round(rng.uniform(0.01, 1000), 2)
         currency = rng.choice(("EUR", "EUR", "USD", "GBP"))
         seconds = start_s + int(i / per_second)
-        truth = {"id": f"raw-{seed}-{i}", "customer": customer, "amount": amount, "currency": currency,
-                 "timestamp": datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")}
+        truth = {
+            "id": f"raw-{seed}-{i}",
+            "customer": customer,
+            "amount": amount,
+            "currency": currency,
+            "timestamp": datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        }
         raw = {rng.choice(_SPELLINGS["id"]): truth["id"], rng.choice(_SPELLINGS["customer"]): customer}
         amount_text, says_currency = _render_amount(rng, amount, currency)
         raw[rng.choice(_SPELLINGS["amount"])] = amount_text

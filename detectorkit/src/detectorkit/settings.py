@@ -58,67 +58,74 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
 
-    kafka_bootstrap_servers: str | None = Field(
-        None, description="Kafka bootstrap servers, host:port[,host:port]. Unset: start the embedded broker."
-    )
+    kafka_bootstrap_servers: str | None = Field(None, description="Kafka bootstrap servers, host:port[,host:port]. Unset: start the embedded broker.")
     input_topic: str = Field("records.normalized", description="Topic of normalised records to read.")
     output_topic: str = Field("detections", description="Topic the detections are written to.")
     dlq_topic: str | None = Field(None, description="Dead-letter topic. Default: <service>.dlq.")
     consumer_group: str | None = Field(None, description="Consumer group holding the job's offsets. Default: the service name.")
     instance_id: str = Field(
-        default_factory=default_instance_id, description="This instance's id, unique among the service's instances. Set: also its "
+        default_factory=default_instance_id,
+        description="This instance's id, unique among the service's instances. Set: also its "
         "group.instance.id (static membership: a restart within GROUP_SESSION_TIMEOUT_SECONDS keeps its partitions). Default: host-pid, "
-        "a dynamic member that hands its partitions over at once when it stops."
+        "a dynamic member that hands its partitions over at once when it stops.",
     )
     starting_offsets: Literal["latest", "earliest", "error"] = Field(
         "latest", description="Where to start when the group has no committed offset: latest, earliest or error."
     )
     max_records_per_batch: int = Field(250_000, gt=0, description="At most this many records in one micro-batch.")
     min_records_per_task: int = Field(
-        MIN_TASK_RECORDS, gt=0, description="A micro-batch gets one Spark task per this many records at most, up to the cores: a caught-up job's "
-        "small batches run in one task, which costs less than several."
+        MIN_TASK_RECORDS,
+        gt=0,
+        description="A micro-batch gets one Spark task per this many records at most, up to the cores: a caught-up job's "
+        "small batches run in one task, which costs less than several.",
     )
     fail_on_data_loss: bool = Field(True, description="Stop when planned records are gone (retention, deleted topic); false skips ahead.")
     spark_master: str = Field("local[2]", description="Spark master URL.")
     trigger_interval_seconds: float = Field(0.0, ge=0, description="Minimum time between micro-batch starts; 0 starts the next one at once.")
     checkpoint_dir: str | None = Field(
-        None, description="Where Spark's checkpoint goes: a subdirectory per instance, emptied at every start, since the consumer group "
-        "holds the position. Default: a temporary directory."
+        None,
+        description="Where Spark's checkpoint goes: a subdirectory per instance, emptied at every start, since the consumer group "
+        "holds the position. Default: a temporary directory.",
     )
     connect_timeout_seconds: float = Field(30.0, gt=0, description="How long to wait for the broker at start before giving up.")
     stop_after_idle_seconds: float = Field(0.0, ge=0, description="Stop gracefully after this long with no new records; 0 runs until stopped.")
     create_topics: bool = Field(False, description="Create missing input, output and dead-letter topics at start.")
     topic_partitions: int = Field(8, gt=0, description="Partitions of topics created by CREATE_TOPICS.")
     group_session_timeout_seconds: float = Field(
-        45.0, ge=1, description="How long the consumer group waits for a silent instance before giving its partitions to the others; "
-        "with INSTANCE_ID set, also how long a restarted instance has to get its own partitions back."
+        45.0,
+        ge=1,
+        description="How long the consumer group waits for a silent instance before giving its partitions to the others; "
+        "with INSTANCE_ID set, also how long a restarted instance has to get its own partitions back.",
     )
     group_protocol: Literal["classic", "consumer"] = Field(
-        "classic", description="The consumer group's rebalance protocol: classic (any broker, the embedded one too) or consumer "
-        "(KIP-848, Kafka 4.0+: the broker assigns, and its group.consumer.session.timeout.ms replaces GROUP_SESSION_TIMEOUT_SECONDS)."
+        "classic",
+        description="The consumer group's rebalance protocol: classic (any broker, the embedded one too) or consumer "
+        "(KIP-848, Kafka 4.0+: the broker assigns, and its group.consumer.session.timeout.ms replaces GROUP_SESSION_TIMEOUT_SECONDS).",
     )
     metrics_topic: str = Field("metrics", description="Topic the job's metric snapshots are written to.")
     metrics_bootstrap_servers: str | None = Field(None, description="Kafka cluster of the metrics topic. Default: KAFKA_BOOTSTRAP_SERVERS.")
     metrics_interval_seconds: float = Field(10.0, gt=0, description="How often the job publishes a metrics snapshot.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level of the job's own logs (any case).")
     kafka_broker_kind: Literal["auto", "kafka", "tansu"] = Field(
-        "auto", description="auto: detect; kafka: read_committed, end offsets from ListOffsets; tansu (the embedded broker): "
-        "read_uncommitted, end offsets from Fetch responses."
+        "auto",
+        description="auto: detect; kafka: read_committed, end offsets from ListOffsets; tansu (the embedded broker): "
+        "read_uncommitted, end offsets from Fetch responses.",
     )
     commit_refresh_seconds: float = Field(
-        3600.0, gt=0, description="Commit every partition's position again this often, so the group's offsets never expire "
-        "(offsets.retention.minutes)."
+        3600.0,
+        gt=0,
+        description="Commit every partition's position again this often, so the group's offsets never expire (offsets.retention.minutes).",
     )
     health_port: int | None = Field(
         None, ge=0, le=65535, description="Serve /ready and /live over HTTP on this port (0: any free port); unset: no health endpoint."
     )
     health_host: str = Field("0.0.0.0", description="Address the health endpoint listens on.")
-    health_stall_seconds: float = Field(
-        300.0, gt=0, description="/live fails when no batch has completed for this long while records wait."
-    )
+    health_stall_seconds: float = Field(300.0, gt=0, description="/live fails when no batch has completed for this long while records wait.")
     query_restart_attempts: int = Field(
-        5, ge=0, description="Restarts of a failed Spark query (from the group's committed offsets) before the job stops; "
-        "a batch with records resets the count. A data loss, a refused topic or a bad setting stops it at once."
+        5,
+        ge=0,
+        description="Restarts of a failed Spark query (from the group's committed offsets) before the job stops; "
+        "a batch with records resets the count. A data loss, a refused topic or a bad setting stops it at once.",
     )
     query_restart_backoff_seconds: float = Field(
         1.0, gt=0, description="Wait before the first restart of a failed query; doubled for each next one, up to 30 s."
@@ -154,10 +161,12 @@ class Settings(BaseModel):
 
     def for_service(self, service: str) -> Settings:
         """Fill the defaults that depend on the service's name."""
-        return self.model_copy(update={
-            "dlq_topic": self.dlq_topic or check_topic_name(f"{service}.dlq"),
-            "consumer_group": self.consumer_group or service,
-        })
+        return self.model_copy(
+            update={
+                "dlq_topic": self.dlq_topic or check_topic_name(f"{service}.dlq"),
+                "consumer_group": self.consumer_group or service,
+            }
+        )
 
     def __repr_args__(self):
         for name, value in super().__repr_args__():
@@ -176,7 +185,7 @@ def kafka_options_from_env(environ: Mapping[str, str]) -> dict[str, str]:
         upper = name.upper()
         for prefix in ("KAFKA_SECURITY_", "KAFKA_SASL_", "KAFKA_SSL_"):
             if upper.startswith(prefix):
-                options[upper[len("KAFKA_"):].lower().replace("_", ".")] = value
+                options[upper[len("KAFKA_") :].lower().replace("_", ".")] = value
     return options
 
 
@@ -188,7 +197,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=f"{field.description} (env {name.upper()})")
     parser.add_argument(
-        "--kafka-option", dest="kafka_options", action="append", default=[], metavar="KEY=VALUE",
+        "--kafka-option",
+        dest="kafka_options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="librdkafka setting passed to every client, e.g. sasl.mechanism=PLAIN (repeatable)",
     )
 
@@ -202,8 +215,10 @@ def load(
     documented defaults; or SettingsError with one clear line."""
     environ = os.environ if environ is None else environ
     if "INPUT_PARTITIONS" in environ:
-        raise SettingsError("INPUT_PARTITIONS is no longer read: the instances of a service share the input partitions through "
-                            "their consumer group, also partitions added later; remove it and start as many instances as you need")
+        raise SettingsError(
+            "INPUT_PARTITIONS is no longer read: the instances of a service share the input partitions through "
+            "their consumer group, also partitions added later; remove it and start as many instances as you need"
+        )
     overrides: dict[str, Any] = {}
     options = kafka_options_from_env(environ)
     if args is not None:
@@ -219,8 +234,7 @@ def load(
                 overrides[name] = value
     overrides["kafka_options"] = options
     env_values = {
-        name: environ[name.upper()] for name in Settings.model_fields
-        if name.upper() in environ and name not in overrides and name != "kafka_options"
+        name: environ[name.upper()] for name in Settings.model_fields if name.upper() in environ and name not in overrides and name != "kafka_options"
     }
     try:
         return Settings.model_validate({**(defaults or {}), **env_values, **overrides})

@@ -59,6 +59,7 @@ def produce(bootstrap_servers: str, topic: str, samples: Iterable[Sample]) -> li
                 errors.append(error.str())
             else:
                 sent[index] = Sent(sample, message.partition(), message.offset())
+
         return callback
 
     for index, sample in enumerate(samples):

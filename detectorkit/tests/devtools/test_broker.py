@@ -80,8 +80,9 @@ def test_kafka_engine_keeps_its_log_and_address_across_restarts_on_a_data_dir(tm
             while "kept" not in AdminClient({"bootstrap.servers": addresses[-1]}).list_topics(timeout=5).topics:
                 assert time.monotonic() < deadline, "the topic was not created"
                 time.sleep(0.1)
-            described = run_tool("topics", ["--bootstrap-server", addresses[-1], "--describe", "--topic", "kept"],
-                                 capture_output=True, text=True, timeout=60)
+            described = run_tool(
+                "topics", ["--bootstrap-server", addresses[-1], "--describe", "--topic", "kept"], capture_output=True, text=True, timeout=60
+            )
             assert "PartitionCount: 8" in described.stdout, described.stdout + described.stderr
             if len(addresses) == 1:
                 produce(addresses[-1], "kept", [Sample(b"k", b"written before the restart", "valid")])

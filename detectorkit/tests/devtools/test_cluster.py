@@ -30,8 +30,12 @@ def service(tmp_path_factory):
     """The template's threshold detector, baked and installed here (the driver's environment)."""
     from cookiecutter.main import cookiecutter
 
-    project = cookiecutter(str(REPO), no_input=True, output_dir=str(tmp_path_factory.mktemp("bake")),
-                           extra_context={"service_name": SERVICE, "detector_kind": "threshold"})
+    project = cookiecutter(
+        str(REPO),
+        no_input=True,
+        output_dir=str(tmp_path_factory.mktemp("bake")),
+        extra_context={"service_name": SERVICE, "detector_kind": "threshold"},
+    )
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", project], check=True)
     return [sys.executable, "-m", PACKAGE]
 
@@ -84,8 +88,9 @@ def test_spark_submit_runs_the_generated_detector_with_its_own_master(kafka_boot
     topics = create_test_topics(bs, "submit", partitions=PARTITIONS)
     sent = produce(bs, topics.input, samples(2_000, seed=32, bad_every=100, high_share=0.2))
     env = job_env(bs, topics, starting_offsets="earliest", stop_after_idle_seconds=3)
-    main = subprocess.run([sys.executable, "-c", f"import {PACKAGE}.__main__ as m; print(m.__file__)"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    main = subprocess.run(
+        [sys.executable, "-c", f"import {PACKAGE}.__main__ as m; print(m.__file__)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     submit = pathlib.Path(pyspark.__file__).parent / "bin" / "spark-submit"
     command = [str(submit), "--master", cluster.master_url, "--conf", f"spark.pyspark.python={sys.executable}", main]
     before = set(cluster.executor_logs())
@@ -95,13 +100,20 @@ def test_spark_submit_runs_the_generated_detector_with_its_own_master(kafka_boot
     assert set(cluster.executor_logs()) - before, "the job must have run on the cluster's executors, not in local mode"
 
 
-def test_generated_detector_on_a_two_worker_cluster_loses_nothing_when_a_worker_dies(kafka_bootstrap_servers, service, cluster,
-                                                                                      workers_python):
+def test_generated_detector_on_a_two_worker_cluster_loses_nothing_when_a_worker_dies(kafka_bootstrap_servers, service, cluster, workers_python):
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "cluster", partitions=PARTITIONS)
     sent = produce(bs, topics.input, samples(RECORDS, seed=31, bad_every=100, high_share=0.2))
-    env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=400, spark_master=cluster.master_url,
-                  pyspark_python=workers_python, stop_after_idle_seconds=4, metrics_interval_seconds=1)
+    env = job_env(
+        bs,
+        topics,
+        starting_offsets="earliest",
+        max_records_per_batch=400,
+        spark_master=cluster.master_url,
+        pyspark_python=workers_python,
+        stop_after_idle_seconds=4,
+        metrics_interval_seconds=1,
+    )
     env.pop("PYTHONPATH")
     before = set(cluster.executor_logs())
     job = Job(env, command=service)
@@ -133,8 +145,10 @@ def test_generated_detector_on_a_two_worker_cluster_loses_nothing_when_a_worker_
     assert {p["kind"] for p in reported.values()} == {"python", "jvm"}
     assert set(reported) <= seen, (reported, seen)
     assert sum(p["cpu_seconds"] for p in reported.values()) > 0
-    print(f"worker killed with {at_kill:,} of {RECORDS:,} records committed; {sum(n > 1 for n in found.values())} detection(s) "
-          f"written twice by retried tasks; task processes {sorted((p['kind'], p['pid']) for p in reported.values())}")
+    print(
+        f"worker killed with {at_kill:,} of {RECORDS:,} records committed; {sum(n > 1 for n in found.values())} detection(s) "
+        f"written twice by retried tasks; task processes {sorted((p['kind'], p['pid']) for p in reported.values())}"
+    )
 
 
 def test_cluster_command_prints_the_master_url_and_stops_every_process_on_sigterm():

@@ -15,9 +15,30 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 
 def test_the_diamond_reconciles_through_every_stage_and_the_metrics_agree(kafka_bootstrap_servers, tmp_path):
     records, seed = 2_000, 11
-    command = [sys.executable, "-m", "detectorkit", "diamond", "--bootstrap-servers", kafka_bootstrap_servers, "--records", str(records),
-               "--rate", "400", "--seed", str(seed), "--partitions", "2", "--no-live", "--work", str(tmp_path), "--template", str(REPO),
-               "--timeout-seconds", "400", "--join-detector"]
+    command = [
+        sys.executable,
+        "-m",
+        "detectorkit",
+        "diamond",
+        "--bootstrap-servers",
+        kafka_bootstrap_servers,
+        "--records",
+        str(records),
+        "--rate",
+        "400",
+        "--seed",
+        str(seed),
+        "--partitions",
+        "2",
+        "--no-live",
+        "--work",
+        str(tmp_path),
+        "--template",
+        str(REPO),
+        "--timeout-seconds",
+        "400",
+        "--join-detector",
+    ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
@@ -38,9 +59,9 @@ def test_the_diamond_reconciles_through_every_stage_and_the_metrics_agree(kafka_
 
     # The third detector read exactly the records normalised after it joined (the feed held at the
     # middle of the planted records), and the first two every record, without a stop.
-    valid_after_join = sum(1 for s in planted[records // 2:] if s.kind == "valid")
+    valid_after_join = sum(1 for s in planted[records // 2 :] if s.kind == "valid")
     assert m["late-orders"]["detector_records_read_total"] == valid_after_join
-    assert m["late-orders"]["detector_detections_written_total"] == sum(s.anomaly for s in planted[records // 2:])
+    assert m["late-orders"]["detector_detections_written_total"] == sum(s.anomaly for s in planted[records // 2 :])
     assert any("late-orders deployed halfway" in line and line.endswith("yes") for line in result["lines"]), result["lines"]
     assert not result["failed_jobs"]
 
@@ -58,12 +79,17 @@ def test_the_live_table_shows_each_jobs_counts_and_a_job_that_exited(tmp_path):
         return j
 
     jobs = [job("aggregator", None), job("normaliser", None), job("high-value-orders", 1)]
-    table = {"normaliser": {"detector_records_read_total": 12_345, "detector_dead_letters_total": 7, "detector_consumer_lag_records": 3},
-             "high-value-orders": {"detector_records_read_total": 100, "detector_detections_written_total": 4}}
+    table = {
+        "normaliser": {"detector_records_read_total": 12_345, "detector_dead_letters_total": 7, "detector_consumer_lag_records": 3},
+        "high-value-orders": {"detector_records_read_total": 100, "detector_detections_written_total": 4},
+    }
     console = Console(record=True, width=120)
     console.print(summary_table(table, jobs))
-    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]] for line in console.export_text().splitlines()
-            if line.count("│") > 2 and "job" not in line}
+    rows = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+        for line in console.export_text().splitlines()
+        if line.count("│") > 2 and "job" not in line
+    }
     assert rows["normaliser"] == ["yes", "12,345", "0", "7", "3"]
     assert rows["high-value-orders"] == ["exited 1", "100", "4", "0", "0"]
     assert "aggregator" not in rows  # it serves the table; it is not a row of it

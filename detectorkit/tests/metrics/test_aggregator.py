@@ -17,12 +17,17 @@ UP = ("detector_instances_up", ())
 def snapshot(instance, *, service="svc", started_at=100.0, timestamp=110.0, read=0.0, lag=None, buckets=None):
     families = [snap.Family("detector_records_read", "counter", "Input records.", [("detector_records_read_total", {}, read)])]
     if lag is not None:
-        families.append(snap.Family("detector_consumer_lag_records", "gauge", "Lag.",
-                                    [("detector_consumer_lag_records", {"partition": p}, v) for p, v in lag.items()]))
+        families.append(
+            snap.Family(
+                "detector_consumer_lag_records", "gauge", "Lag.", [("detector_consumer_lag_records", {"partition": p}, v) for p, v in lag.items()]
+            )
+        )
     if buckets is not None:
         samples = [("detector_end_to_end_latency_seconds_bucket", {"le": le}, v) for le, v in buckets.items()]
-        samples += [("detector_end_to_end_latency_seconds_count", {}, buckets["+Inf"]),
-                    ("detector_end_to_end_latency_seconds_sum", {}, buckets["+Inf"] * 0.1)]
+        samples += [
+            ("detector_end_to_end_latency_seconds_count", {}, buckets["+Inf"]),
+            ("detector_end_to_end_latency_seconds_sum", {}, buckets["+Inf"] * 0.1),
+        ]
         families.append(snap.Family("detector_end_to_end_latency_seconds", "histogram", "Latency.", samples))
     return instance.encode(), snap.Snapshot(service, instance, started_at, timestamp, families).to_json()
 
@@ -77,8 +82,13 @@ def test_a_late_snapshot_of_an_earlier_run_is_ignored():
 
 
 def test_replaying_the_topic_gives_the_same_totals():
-    records = [snapshot("a", read=50), snapshot("b", read=5), snapshot("a", read=0, started_at=200, timestamp=201),
-               snapshot("a", read=9, started_at=200, timestamp=211), snapshot("b", read=8, timestamp=212)]
+    records = [
+        snapshot("a", read=50),
+        snapshot("b", read=5),
+        snapshot("a", read=0, started_at=200, timestamp=201),
+        snapshot("a", read=9, started_at=200, timestamp=211),
+        snapshot("b", read=8, timestamp=212),
+    ]
     first, second = Aggregator(), Aggregator()
     for r in records:
         first.apply(*r)
@@ -100,8 +110,7 @@ def test_gauges_expire_after_the_ttl():
 
 
 def gauge_snapshot(instance, gauges, timestamp=110.0):
-    families = [snap.Family(name, "gauge", "A gauge.", [(name, {"partition": "0"}, value)], aggregation)
-                for name, aggregation, value in gauges]
+    families = [snap.Family(name, "gauge", "A gauge.", [(name, {"partition": "0"}, value)], aggregation) for name, aggregation, value in gauges]
     return instance.encode(), snap.Snapshot("svc", instance, 100.0, timestamp, families).to_json()
 
 
@@ -179,9 +188,18 @@ def test_histograms_merge_bucket_by_bucket():
     assert series[("detector_end_to_end_latency_seconds_count", ())] == 9
 
 
-@pytest.mark.parametrize("value", [b"not json", b"[]", b'{"version": 99}', b'{"version": 1, "service": "s"}',
-                                   b'{"version": 1, "service": "s", "instance": "i", "started_at": 1, "timestamp": 1, '
-                                   b'"families": [{"name": "x", "type": "summary", "samples": []}]}', None])
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"not json",
+        b"[]",
+        b'{"version": 99}',
+        b'{"version": 1, "service": "s"}',
+        b'{"version": 1, "service": "s", "instance": "i", "started_at": 1, "timestamp": 1, '
+        b'"families": [{"name": "x", "type": "summary", "samples": []}]}',
+        None,
+    ],
+)
 def test_malformed_snapshots_are_counted_and_skipped(value):
     agg = Aggregator()
     agg.apply(*snapshot("a", read=3))

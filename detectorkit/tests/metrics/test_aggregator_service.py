@@ -26,8 +26,23 @@ DEAD = 50  # instances whose last snapshot is two days old
 class Aggregator:
     def __init__(self, bootstrap, metrics_topic, *extra):
         self.log = tempfile.NamedTemporaryFile(prefix="aggregator-", suffix=".log", delete=False)
-        command = [sys.executable, "-m", "detectorkit", "aggregate", "--bootstrap-servers", bootstrap, "--metrics-topic", metrics_topic,
-                   "--aggregate-topic", f"{metrics_topic}-agg", "--port", "0", "--interval-seconds", "1", *extra]
+        command = [
+            sys.executable,
+            "-m",
+            "detectorkit",
+            "aggregate",
+            "--bootstrap-servers",
+            bootstrap,
+            "--metrics-topic",
+            metrics_topic,
+            "--aggregate-topic",
+            f"{metrics_topic}-agg",
+            "--port",
+            "0",
+            "--interval-seconds",
+            "1",
+            *extra,
+        ]
         self.started = time.monotonic()
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         wait_for(lambda: self.event("aggregator started") or self.process.poll() is not None, timeout=60, what="the aggregator")
@@ -86,8 +101,7 @@ def test_a_restart_reads_the_changelog_not_the_history_and_retirement_keeps_the_
     first = Aggregator(bs, topic, *retire)
     wait_for(lambda: totals(first) == expected, timeout=300, what="the totals of 100,000 snapshots")
     replay_seconds = time.monotonic() - first.started
-    wait_for(lambda: first.scrape()[("detector_aggregator_instances", None)] == INSTANCES - DEAD, timeout=30,
-             what="the dead instances to be retired")
+    wait_for(lambda: first.scrape()[("detector_aggregator_instances", None)] == INSTANCES - DEAD, timeout=30, what="the dead instances to be retired")
     assert totals(first) == expected  # retiring changed no total
     first.stop()
 
@@ -96,8 +110,10 @@ def test_a_restart_reads_the_changelog_not_the_history_and_retirement_keeps_the_
     restart_seconds = time.monotonic() - restarted.started
     restored = restarted.event("table restored")
     resumed = restarted.event("aggregator started")["resumed_at"]
-    print(f"aggregator over {ROUNDS * INSTANCES:,} snapshots of {INSTANCES} instances: cold start {replay_seconds:.1f} s, "
-          f"restart {restart_seconds:.1f} s ({restored['changelog_records']} changelog records, restored in {restored['seconds']} s)")
+    print(
+        f"aggregator over {ROUNDS * INSTANCES:,} snapshots of {INSTANCES} instances: cold start {replay_seconds:.1f} s, "
+        f"restart {restart_seconds:.1f} s ({restored['changelog_records']} changelog records, restored in {restored['seconds']} s)"
+    )
     assert resumed == {"0": ROUNDS * INSTANCES}  # nothing of the history is read again
     assert restored["instances"] == INSTANCES - DEAD
     # In proportion to the instances: the first run checkpointed every second while it read.

@@ -17,12 +17,23 @@ def norm(raw):
     return n.normalise(raw, "in-0-7", KAFKA_MS)
 
 
-@pytest.mark.parametrize(("value", "amount", "currency"), [
-    (12, 12.0, None), (12.5, 12.5, None), ("12.50", 12.5, None), ("12,5", 12.5, None),
-    ("€1.234,50", 1234.5, "EUR"), ("1,234.50 USD", 1234.5, "USD"), ("EUR 1 234,5", 1234.5, "EUR"),
-    ("$12", 12.0, "USD"), ("£0.99", 0.99, "GBP"), ("1.234", 1234.0, None), ("-3,10", -3.1, None),
-    ("1'234.00 CHF", 1234.0, "CHF"),
-])
+@pytest.mark.parametrize(
+    ("value", "amount", "currency"),
+    [
+        (12, 12.0, None),
+        (12.5, 12.5, None),
+        ("12.50", 12.5, None),
+        ("12,5", 12.5, None),
+        ("€1.234,50", 1234.5, "EUR"),
+        ("1,234.50 USD", 1234.5, "USD"),
+        ("EUR 1 234,5", 1234.5, "EUR"),
+        ("$12", 12.0, "USD"),
+        ("£0.99", 0.99, "GBP"),
+        ("1.234", 1234.0, None),
+        ("-3,10", -3.1, None),
+        ("1'234.00 CHF", 1234.0, "CHF"),
+    ],
+)
 def test_amounts_in_every_spelling(value, amount, currency):
     assert n.parse_amount(value) == (pytest.approx(amount), currency)
 
@@ -34,10 +45,20 @@ def test_an_amount_that_is_no_number_is_refused(value):
     assert refused.value.reason == n.BAD_AMOUNT
 
 
-@pytest.mark.parametrize("value", [
-    "2026-11-22T13:45:00Z", "2026-11-22T14:45:00+01:00", "2026-11-22 13:45:00", "22/11/2026 13:45:00",
-    "2026-11-22T13:45:00", 1795355100, 1795355100000, "1795355100", "22.11.2026 13:45:00",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "2026-11-22T13:45:00Z",
+        "2026-11-22T14:45:00+01:00",
+        "2026-11-22 13:45:00",
+        "22/11/2026 13:45:00",
+        "2026-11-22T13:45:00",
+        1795355100,
+        1795355100000,
+        "1795355100",
+        "22.11.2026 13:45:00",
+    ],
+)
 def test_timestamps_in_every_format_mean_the_same_moment(value):
     assert n.iso(n.parse_timestamp(value)) == "2026-11-22T13:45:00.000Z"
 
@@ -63,14 +84,17 @@ def test_missing_id_and_timestamp_come_from_kafka():
     assert record["currency"] == "EUR"
 
 
-@pytest.mark.parametrize(("raw", "reason", "says"), [
-    ({"amount": 1}, rec.MISSING_FIELD, "customer"),
-    ({"customer": "c", "amount": None}, rec.MISSING_FIELD, "amount"),
-    ({"customer": "c", "amount": "lots"}, n.BAD_AMOUNT, "lots"),
-    ({"customer": "c", "amount": "$5", "currency": "EUR"}, n.BAD_CURRENCY, "disagree"),
-    ({"customer": "c", "amount": 5, "currency": "euros"}, n.BAD_CURRENCY, "euros"),
-    ({"customer": "c", "amount": 5, "ts": "soon"}, n.BAD_TIMESTAMP, "soon"),
-])
+@pytest.mark.parametrize(
+    ("raw", "reason", "says"),
+    [
+        ({"amount": 1}, rec.MISSING_FIELD, "customer"),
+        ({"customer": "c", "amount": None}, rec.MISSING_FIELD, "amount"),
+        ({"customer": "c", "amount": "lots"}, n.BAD_AMOUNT, "lots"),
+        ({"customer": "c", "amount": "$5", "currency": "EUR"}, n.BAD_CURRENCY, "disagree"),
+        ({"customer": "c", "amount": 5, "currency": "euros"}, n.BAD_CURRENCY, "euros"),
+        ({"customer": "c", "amount": 5, "ts": "soon"}, n.BAD_TIMESTAMP, "soon"),
+    ],
+)
 def test_what_cannot_be_normalised_is_refused_with_its_reason(raw, reason, says):
     with pytest.raises(n.NotNormalisable) as refused:
         norm(raw)
@@ -78,18 +102,20 @@ def test_what_cannot_be_normalised_is_refused_with_its_reason(raw, reason, says)
 
 
 def test_the_stage_keys_by_customer_and_dead_letters_the_rest():
-    values = pa.array([
-        json.dumps({"customerId": "c-9", "amount": "1.500,00 €", "ts": 1795355100}).encode(),
-        b"{not json",
-        b"[1, 2]",
-        None,
-        json.dumps({"customer": "c-1", "amount": "n/a"}).encode(),
-    ], pa.binary())
+    values = pa.array(
+        [
+            json.dumps({"customerId": "c-9", "amount": "1.500,00 €", "ts": 1795355100}).encode(),
+            b"{not json",
+            b"[1, 2]",
+            None,
+            json.dumps({"customer": "c-1", "amount": "n/a"}).encode(),
+        ],
+        pa.binary(),
+    )
     outputs, rejected = n.NORMALISER.run(values, None, lambda p: Source("raw", 0, 40 + p, KAFKA_MS), "normaliser")
     assert [(o.position, o.key, o.value["amount"], o.value["currency"], o.value["id"]) for o in outputs] == [(0, "c-9", 1500.0, "EUR", "raw-0-40")]
     assert outputs[0].timestamp_ms == 1795355100 * 1000  # the event's time becomes the Kafka timestamp
-    assert [(r.position, r.reason) for r in rejected] == [
-        (1, rec.MALFORMED_JSON), (2, rec.NOT_AN_OBJECT), (3, rec.NOT_AN_OBJECT), (4, n.BAD_AMOUNT)]
+    assert [(r.position, r.reason) for r in rejected] == [(1, rec.MALFORMED_JSON), (2, rec.NOT_AN_OBJECT), (3, rec.NOT_AN_OBJECT), (4, n.BAD_AMOUNT)]
     assert set(n.NORMALISER.reasons) >= {r.reason for r in rejected}
 
 

@@ -19,9 +19,30 @@ def test_raw_records_become_normalised_ones_or_dead_letters_and_nothing_is_lost(
     topics = create_test_topics(bs, "normalise", partitions=3)
     seed, count = 21, 3_000
     produced = subprocess.run(
-        [sys.executable, "-m", "detectorkit", "produce-raw", "--bootstrap-servers", bs, "--topic", topics.input,
-         "--count", str(count), "--seed", str(seed), "--anomaly-share", "0.05", "--malformed-share", "0.05", "--no-progress"],
-        capture_output=True, text=True, timeout=120, check=True)
+        [
+            sys.executable,
+            "-m",
+            "detectorkit",
+            "produce-raw",
+            "--bootstrap-servers",
+            bs,
+            "--topic",
+            topics.input,
+            "--count",
+            str(count),
+            "--seed",
+            str(seed),
+            "--anomaly-share",
+            "0.05",
+            "--malformed-share",
+            "0.05",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     summary = json.loads(produced.stdout)
     made = list(raw_samples(count, seed=seed, anomaly_share=0.05, malformed_share=0.05))
     assert summary["produced"] == count and summary["anomalies"] == sum(s.anomaly for s in made)

@@ -16,8 +16,11 @@ T0 = 1_795_000_000_000 // HOUR_MS * HOUR_MS
 
 
 def detection(service, offset, ts):
-    return {"service": service, "detection": {"amount": 2000.0},
-            "source": {"topic": "records.normalized", "partition": 0, "offset": offset, "timestamp_ms": ts}}
+    return {
+        "service": service,
+        "detection": {"amount": 2000.0},
+        "source": {"topic": "records.normalized", "partition": 0, "offset": offset, "timestamp_ms": ts},
+    }
 
 
 def send(bs, topic, items):
@@ -48,8 +51,9 @@ def test_one_notification_per_customer_and_window_a_replay_adds_none_and_failed_
     # Its delivery goes to a webhook nobody answers: retried, then a dead letter; the notification
     # is on the topic all the same.
     send(bs, topics.input, [("c-5", detection("threshold", 5, T0 + 5000)), ("c-7", detection("threshold", 777, T0 + 2 * HOUR_MS))])
-    code, output = run({**env, "NOTIFIER_DELIVERY": "webhook", "NOTIFIER_WEBHOOK_URL": "http://127.0.0.1:9/hook",
-                        "NOTIFIER_WEBHOOK_ATTEMPTS": "2"}, command=NOTIFY)
+    code, output = run(
+        {**env, "NOTIFIER_DELIVERY": "webhook", "NOTIFIER_WEBHOOK_URL": "http://127.0.0.1:9/hook", "NOTIFIER_WEBHOOK_ATTEMPTS": "2"}, command=NOTIFY
+    )
     assert code == 0, output
     assert '"notifier state restored"' in output
     notes = [json.loads(m["value"]) for m in read_all(bs, topics.output)]

@@ -19,8 +19,12 @@ from ..jobs import committed, wait_for
 
 def settings(bootstrap, topics, **extra):
     return Settings(
-        kafka_bootstrap_servers=bootstrap, input_topic=topics.input, output_topic=topics.output,
-        dlq_topic=topics.dlq, consumer_group=topics.group, **extra,
+        kafka_bootstrap_servers=bootstrap,
+        input_topic=topics.input,
+        output_topic=topics.output,
+        dlq_topic=topics.dlq,
+        consumer_group=topics.group,
+        **extra,
     )
 
 
@@ -240,6 +244,7 @@ def test_a_query_that_fails_to_start_or_mid_batch_is_restarted_and_loses_nothing
                 failures[step] -= 1
                 raise RuntimeError(WORKER_TIMEOUT.split(": ", 1)[1])
             return real(*args)
+
         return call
 
     job._start_query = failing_once("start", job._start_query)
@@ -276,14 +281,17 @@ def test_a_failure_that_persists_stops_the_job_with_its_error_in_one_line(spark,
     assert restarts(job) == {"RuntimeError": 2.0}
 
 
-@pytest.mark.parametrize(("reason", "permanent"), [
-    ("DataLossError: partition t-0 no longer exists", True),
-    ("TopicAccessError: topic 'in': Broker: Topic authorization failed", True),
-    ("KafkaException: KafkaError{code=_AUTHENTICATION,val=-169,str=\"SASL authentication error: Authentication failed\"}", True),
-    ("NoCommittedOffsetsError: group g has no committed offsets", True),
-    (WORKER_TIMEOUT, False),
-    ("DeliveryError: 3 records not delivered: Local: Message timed out", False),
-])
+@pytest.mark.parametrize(
+    ("reason", "permanent"),
+    [
+        ("DataLossError: partition t-0 no longer exists", True),
+        ("TopicAccessError: topic 'in': Broker: Topic authorization failed", True),
+        ('KafkaException: KafkaError{code=_AUTHENTICATION,val=-169,str="SASL authentication error: Authentication failed"}', True),
+        ("NoCommittedOffsetsError: group g has no committed offsets", True),
+        (WORKER_TIMEOUT, False),
+        ("DeliveryError: 3 records not delivered: Local: Message timed out", False),
+    ],
+)
 def test_only_errors_a_restart_cannot_mend_stop_the_job_at_once(reason, permanent):
     from detectorkit.runtime.job import is_permanent
 
@@ -334,8 +342,9 @@ def test_unreachable_metrics_topic_never_stops_the_job(spark, kafka_bootstrap_se
         closed = f"127.0.0.1:{s.getsockname()[1]}"
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "nometrics", partitions=2)
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_bootstrap_servers=closed,
-                                          metrics_interval_seconds=0.5), spark)
+    job = StreamJob(
+        THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_bootstrap_servers=closed, metrics_interval_seconds=0.5), spark
+    )
     job.start()
     sent = produce(bs, topics.input, samples(200, seed=12, bad_every=0, high_share=0.5))
     wait_for(lambda: job.stats.records >= 200 or job.terminated(0), what="records processed without metrics")

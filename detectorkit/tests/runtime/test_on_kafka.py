@@ -57,8 +57,9 @@ def secured_kafka():
 
 def sasl_env(broker, topics, password, **settings):
     env = job_env(broker.sasl_bootstrap_servers, topics, connect_timeout_seconds=10, **settings)
-    env.update({"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_MECHANISM": "PLAIN",
-                "KAFKA_SASL_USERNAME": "svc", "KAFKA_SASL_PASSWORD": password})
+    env.update(
+        {"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_MECHANISM": "PLAIN", "KAFKA_SASL_USERNAME": "svc", "KAFKA_SASL_PASSWORD": password}
+    )
     return env
 
 
@@ -89,14 +90,18 @@ def test_with_read_and_write_granted_the_secured_job_runs(secured_kafka):
     bs = secured_kafka.bootstrap_servers
     topics = create_test_topics(bs, "granted", partitions=2)
     admin = clients.new_admin(clients.base(bs))
-    acls = [AclBinding(kind, name, ResourcePatternType.LITERAL, "User:svc", "*", op, AclPermissionType.ALLOW)
-            for kind, name, ops in ((ResourceType.TOPIC, topics.input, (AclOperation.READ, AclOperation.DESCRIBE)),
-                                    (ResourceType.TOPIC, topics.output, (AclOperation.WRITE, AclOperation.DESCRIBE)),
-                                    (ResourceType.TOPIC, topics.dlq, (AclOperation.WRITE, AclOperation.DESCRIBE)),
-                                    (ResourceType.TOPIC, "metrics", (AclOperation.WRITE, AclOperation.DESCRIBE)),
-                                    (ResourceType.GROUP, topics.group, (AclOperation.READ, AclOperation.DESCRIBE)),
-                                    (ResourceType.BROKER, "kafka-cluster", (AclOperation.DESCRIBE_CONFIGS, AclOperation.IDEMPOTENT_WRITE)))
-            for op in ops]
+    acls = [
+        AclBinding(kind, name, ResourcePatternType.LITERAL, "User:svc", "*", op, AclPermissionType.ALLOW)
+        for kind, name, ops in (
+            (ResourceType.TOPIC, topics.input, (AclOperation.READ, AclOperation.DESCRIBE)),
+            (ResourceType.TOPIC, topics.output, (AclOperation.WRITE, AclOperation.DESCRIBE)),
+            (ResourceType.TOPIC, topics.dlq, (AclOperation.WRITE, AclOperation.DESCRIBE)),
+            (ResourceType.TOPIC, "metrics", (AclOperation.WRITE, AclOperation.DESCRIBE)),
+            (ResourceType.GROUP, topics.group, (AclOperation.READ, AclOperation.DESCRIBE)),
+            (ResourceType.BROKER, "kafka-cluster", (AclOperation.DESCRIBE_CONFIGS, AclOperation.IDEMPOTENT_WRITE)),
+        )
+        for op in ops
+    ]
     for future in admin.create_acls(acls).values():
         future.result()
     clients.create_topics(clients.base(bs), {"metrics": 1})
@@ -108,6 +113,7 @@ def test_with_read_and_write_granted_the_secured_job_runs(secured_kafka):
 
 
 # ---- transactions and Kafka's own tools ---------------------------------------------------------
+
 
 def produce_transactions(bs, topic, batches):
     """[(records, commit?)] in transactions; aborted ones are flushed first, so they are in the log."""
@@ -127,7 +133,7 @@ def describe_group(bs, group):
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line.split() for line in done.stdout.splitlines() if line.strip()]
     header = next(i for i, cells in enumerate(lines) if cells[:2] == ["GROUP", "TOPIC"])
-    return [dict(zip(lines[header], cells, strict=False)) for cells in lines[header + 1:]]
+    return [dict(zip(lines[header], cells, strict=False)) for cells in lines[header + 1 :]]
 
 
 def test_only_committed_transactions_are_detected_and_lag_reaches_zero(real_kafka):
@@ -170,6 +176,7 @@ def test_consumer_groups_tool_shows_the_offsets_of_a_job_that_caught_up(real_kaf
 
 # ---- records gone -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("skip", [False, True], ids=["fails", "skips"])
 def test_records_deleted_before_they_were_read(real_kafka, skip):
     bs = real_kafka
@@ -209,8 +216,9 @@ def test_input_topic_deleted_while_the_job_runs(real_kafka, skip):
     job = Job(env)
     try:
         first = produce(bs, topics.input, samples(200, seed=63, bad_every=0, high_share=0.5))
-        wait_for(lambda: set(detections(bs, topics.output)) == expected(first) or job.process.poll() is not None,
-                 timeout=180, what="the first records")
+        wait_for(
+            lambda: set(detections(bs, topics.output)) == expected(first) or job.process.poll() is not None, timeout=180, what="the first records"
+        )
         admin = clients.new_admin(clients.base(bs))
         admin.delete_topics([topics.input])[topics.input].result()
         if not skip:
@@ -220,13 +228,17 @@ def test_input_topic_deleted_while_the_job_runs(real_kafka, skip):
             assert len(errors) == 1 and "DataLossError" in errors[0] and "FAIL_ON_DATA_LOSS=false" in errors[0], job.output()
             return
         # Skipping: the job goes on, and reads the topic again from its start once it is back.
-        wait_for(lambda: "skipping lost records" in job.output() or job.process.poll() is not None, timeout=120,
-                 what="the job to notice the deletion")
+        wait_for(
+            lambda: "skipping lost records" in job.output() or job.process.poll() is not None, timeout=120, what="the job to notice the deletion"
+        )
         clients.create_topics(clients.base(bs), {topics.input: 2})
         again = produce(bs, topics.input, samples(200, seed=64, bad_every=0, high_share=0.5))
         high_again = sum(1 for s in again if s.sample.kind == "valid" and s.sample.amount > 1000)
-        wait_for(lambda: sum(detections(bs, topics.output).values()) == len(expected(first)) + high_again
-                 or job.process.poll() is not None, timeout=180, what="the re-created topic's records")
+        wait_for(
+            lambda: sum(detections(bs, topics.output).values()) == len(expected(first)) + high_again or job.process.poll() is not None,
+            timeout=180,
+            what="the re-created topic's records",
+        )
         assert job.process.poll() is None, job.output()
     finally:
         if job.process.poll() is None:
@@ -235,6 +247,7 @@ def test_input_topic_deleted_while_the_job_runs(real_kafka, skip):
 
 
 # ---- offsets that must not expire ---------------------------------------------------------------
+
 
 @needs_own_broker
 def test_quiet_partitions_keep_their_committed_offsets_past_the_retention():
@@ -257,11 +270,13 @@ def test_quiet_partitions_keep_their_committed_offsets_past_the_retention():
         job = Job(env)
         try:
             start = {0: None, 1: None}
-            wait_for(lambda: None not in committed(bs, topics, [0, 1]).values() or job.process.poll() is not None,
-                     timeout=120, what="the job's starting position")
+            wait_for(
+                lambda: None not in committed(bs, topics, [0, 1]).values() or job.process.poll() is not None,
+                timeout=120,
+                what="the job's starting position",
+            )
             start = committed(bs, topics, [0, 1])
-            wait_for(lambda: committed(bs, control, [0, 1]) == {0: None, 1: None}, timeout=240,
-                     what="the control group's offsets to expire")
+            wait_for(lambda: committed(bs, control, [0, 1]) == {0: None, 1: None}, timeout=240, what="the control group's offsets to expire")
             assert job.process.poll() is None, job.output()
             assert committed(bs, topics, [0, 1]) == start
             assert '"positions committed again"' in job.output()
@@ -277,6 +292,7 @@ def test_quiet_partitions_keep_their_committed_offsets_past_the_retention():
 
 # ---- the broker goes away -----------------------------------------------------------------------
 
+
 @needs_own_broker
 def test_broker_killed_mid_stream_and_restarted_loses_nothing(tmp_path):
     data = tmp_path / "kafka"
@@ -287,8 +303,11 @@ def test_broker_killed_mid_stream_and_restarted_loses_nothing(tmp_path):
         sent = produce(bs, topics.input, samples(20_000, seed=81, bad_every=100, high_share=0.2))
         env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=1_000, connect_timeout_seconds=20)
         job = Job(env)
-        wait_for(lambda: 0 < sum(o or 0 for o in committed(bs, topics, range(4)).values()) or job.process.poll() is not None,
-                 timeout=180, what="a first committed batch")
+        wait_for(
+            lambda: 0 < sum(o or 0 for o in committed(bs, topics, range(4)).values()) or job.process.poll() is not None,
+            timeout=180,
+            what="a first committed batch",
+        )
         broker.kill()
         broker = KafkaBroker(data_dir=str(data), heap="512m").start()
         assert broker.bootstrap_servers == bs  # the same address, from the data directory

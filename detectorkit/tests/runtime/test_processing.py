@@ -30,14 +30,17 @@ def ctx(detector=THRESHOLD, config=Config()):
 
 def arrow(values, partition=3, first_offset=100):
     n = len(values)
-    return pa.RecordBatch.from_arrays([
-        pa.array([f"k{i}".encode() for i in range(n)], pa.binary()),
-        pa.array(values, pa.binary()),
-        pa.array(["in"] * n),
-        pa.array([partition] * n, pa.int32()),
-        pa.array(range(first_offset, first_offset + n), pa.int64()),
-        pc.multiply(pa.array([1_700_000_000_000 + i for i in range(n)], pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC")),
-    ], schema=ARROW_SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([f"k{i}".encode() for i in range(n)], pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array(["in"] * n),
+            pa.array([partition] * n, pa.int32()),
+            pa.array(range(first_offset, first_offset + n), pa.int64()),
+            pc.multiply(pa.array([1_700_000_000_000 + i for i in range(n)], pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC")),
+        ],
+        schema=ARROW_SCHEMA,
+    )
 
 
 def test_parse_sorts_records_from_the_bad_ones():
@@ -45,8 +48,13 @@ def test_parse_sorts_records_from_the_bad_ones():
     frame, rejected = rec.parse(values, ("amount",))
     assert list(frame.index) == [0]
     assert [(r.position, r.reason) for r in rejected] == [
-        (1, rec.MALFORMED_JSON), (2, rec.NOT_AN_OBJECT), (3, rec.MISSING_FIELD), (4, rec.MISSING_FIELD),
-        (5, rec.NOT_AN_OBJECT), (6, rec.MALFORMED_JSON), (7, rec.NOT_AN_OBJECT),
+        (1, rec.MALFORMED_JSON),
+        (2, rec.NOT_AN_OBJECT),
+        (3, rec.MISSING_FIELD),
+        (4, rec.MISSING_FIELD),
+        (5, rec.NOT_AN_OBJECT),
+        (6, rec.MALFORMED_JSON),
+        (7, rec.NOT_AN_OBJECT),
     ]
     assert "amount" in rejected[2].message
 
@@ -103,15 +111,21 @@ def test_process_batch_writes_detections_and_dead_letters_and_counts():
     process_batch(ctx(), arrow(values), sink, summaries)
 
     out = [(k, json.loads(v)) for t, k, v, _ in sink.sent if t == "out"]
-    assert out == [(b"k1", {
-        "service": "svc", "detection": {"amount": 1500},
-        "source": {"topic": "in", "partition": 3, "offset": 101, "timestamp_ms": 1_700_000_000_001, "key": "k1"},
-    })]
+    assert out == [
+        (
+            b"k1",
+            {
+                "service": "svc",
+                "detection": {"amount": 1500},
+                "source": {"topic": "in", "partition": 3, "offset": 101, "timestamp_ms": 1_700_000_000_001, "key": "k1"},
+            },
+        )
+    ]
     dead = [(k, v, h) for t, k, v, h in sink.sent if t == "svc.dlq"]
     assert [(k, v) for k, v, _ in dead] == [(b"k2", b"oops"), (b"k4", b'{"id": 3}'), (b"k3", b'{"amount": "n/a"}')]
     headers = {h["error_type"]: h for _, _, h in dead}
     assert set(headers) == {b"malformed_json", b"missing_field", b"detector_error"}
-    assert headers[b"malformed_json"][ "source_offset"] == b"102"
+    assert headers[b"malformed_json"]["source_offset"] == b"102"
     assert headers[b"missing_field"]["source_partition"] == b"3"
     assert headers[b"detector_error"]["service"] == b"svc"
     assert headers[b"detector_error"]["source_topic"] == b"in"
@@ -138,8 +152,12 @@ def test_odd_values_never_crash_the_batch(value):
 
 
 def test_fast_and_record_by_record_parsing_agree():
-    values = [b'{"amount": 1500.5, "id": "a", "n": 3, "ok": true}', b'{"amount": 2, "id": "b", "n": null, "ok": false}',
-              b'{"id": "c"}', b'{"amount": null, "id": "d"}']
+    values = [
+        b'{"amount": 1500.5, "id": "a", "n": 3, "ok": true}',
+        b'{"amount": 2, "id": "b", "n": null, "ok": false}',
+        b'{"id": "c"}',
+        b'{"amount": null, "id": "d"}',
+    ]
     fast, fast_rejected = rec.parse_arrow(pa.array(values, pa.binary()), ("amount",))
     slow, slow_rejected = rec.parse(values, ("amount",))
     assert fast_rejected == slow_rejected
@@ -147,8 +165,19 @@ def test_fast_and_record_by_record_parsing_agree():
     assert list(fast.index) == [0, 1]
 
 
-@pytest.mark.parametrize("odd", [b"null", b"[1]", b'"s"', b"", b'{"ts": "2020-01-01T00:00:00Z", "amount": 1}',
-                                 b'{"amount": 1, "tags": [1, 2]}', b'{"amount": 1,\n "x": 2}', b'{"amount": 1, "o": {"a": 1}}'])
+@pytest.mark.parametrize(
+    "odd",
+    [
+        b"null",
+        b"[1]",
+        b'"s"',
+        b"",
+        b'{"ts": "2020-01-01T00:00:00Z", "amount": 1}',
+        b'{"amount": 1, "tags": [1, 2]}',
+        b'{"amount": 1,\n "x": 2}',
+        b'{"amount": 1, "o": {"a": 1}}',
+    ],
+)
 def test_batches_arrow_cannot_take_as_is_fall_back_to_record_by_record(odd):
     values = [b'{"amount": 5}', odd, b'{"amount": 2000}']
     assert rec._parse_all_at_once(values, ("amount",)) is None

@@ -32,8 +32,11 @@ def start_mid_stream(bs, name, **settings):
     # Small batches, so the stop lands mid-stream with many batches to go.
     env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=1_000, **settings)
     job = Job(env)
-    wait_for(lambda: 0 < sum(o or 0 for o in committed(bs, topics, range(PARTITIONS)).values()) or job.process.poll() is not None,
-             timeout=180, what="a first committed batch")
+    wait_for(
+        lambda: 0 < sum(o or 0 for o in committed(bs, topics, range(PARTITIONS)).values()) or job.process.poll() is not None,
+        timeout=180,
+        what="a first committed batch",
+    )
     assert job.process.poll() is None, job.output()
     return topics, sent, env, job
 
@@ -94,8 +97,10 @@ def test_kill_9_and_restart_lose_nothing_and_replay_only_the_uncommitted_batch(k
     assert uncommitted, "the kill must land while a batch is half written for this test to mean anything"
     assert duplicated == uncommitted
     assert max(found.values()) <= 2
-    print(f"kill -9: {len(duplicated)} duplicate detection(s), all from the batch in flight "
-          f"({RECORDS - sum(at_kill.values())} records not yet committed at the kill)")
+    print(
+        f"kill -9: {len(duplicated)} duplicate detection(s), all from the batch in flight "
+        f"({RECORDS - sum(at_kill.values())} records not yet committed at the kill)"
+    )
 
 
 def closed_port():
@@ -138,8 +143,9 @@ def test_restarts_on_a_kept_checkpoint_dir_lose_and_duplicate_nothing(kafka_boot
 
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "keptcheckpoint", partitions=PARTITIONS)
-    env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=500, checkpoint_dir=str(tmp_path / "checkpoints"),
-                  instance_id="kept-1")
+    env = job_env(
+        bs, topics, starting_offsets="earliest", max_records_per_batch=500, checkpoint_dir=str(tmp_path / "checkpoints"), instance_id="kept-1"
+    )
     sent = []
     done = threading.Event()
 
@@ -199,8 +205,17 @@ def test_health_endpoint_is_ready_while_reading_and_not_live_when_batches_stall(
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "health", partitions=PARTITIONS)
     produce(bs, topics.input, samples(4_000, seed=22, bad_every=0))
-    env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=500, detector_delay_seconds=2, health_port=port,
-                  health_host="127.0.0.1", health_stall_seconds=1, metrics_interval_seconds=0.5)
+    env = job_env(
+        bs,
+        topics,
+        starting_offsets="earliest",
+        max_records_per_batch=500,
+        detector_delay_seconds=2,
+        health_port=port,
+        health_host="127.0.0.1",
+        health_stall_seconds=1,
+        metrics_interval_seconds=0.5,
+    )
     job = Job(env)
     wait_for(lambda: status("/ready") == 200 or job.process.poll() is not None, timeout=120, what="/ready")
     assert status("/ready") == 200

@@ -106,18 +106,18 @@ def group_members(bs, group):
     """kafka-consumer-groups --describe --members, as rows {column: value}."""
     from detectorkit.devtools.kafka_broker import run_tool
 
-    done = run_tool("consumer-groups", ["--bootstrap-server", bs, "--describe", "--members", "--group", group],
-                    capture_output=True, text=True, timeout=120)
+    done = run_tool(
+        "consumer-groups", ["--bootstrap-server", bs, "--describe", "--members", "--group", group], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     lines = [line.split() for line in done.stdout.splitlines() if line.strip()]
     header = next(i for i, cells in enumerate(lines) if cells and cells[0] == "GROUP")
-    return [dict(zip(lines[header], cells, strict=False)) for cells in lines[header + 1:]]
+    return [dict(zip(lines[header], cells, strict=False)) for cells in lines[header + 1 :]]
 
 
 def start(bs, topics, metrics_topic, **settings):
     defaults = {"group_session_timeout_seconds": SESSION, "max_records_per_batch": 10_000}
-    env = job_env(bs, topics, starting_offsets="earliest", metrics_topic=metrics_topic, metrics_interval_seconds=1,
-                  **{**defaults, **settings})
+    env = job_env(bs, topics, starting_offsets="earliest", metrics_topic=metrics_topic, metrics_interval_seconds=1, **{**defaults, **settings})
     return Job(env)
 
 
@@ -167,8 +167,7 @@ def test_the_talks_scenario_processes_every_record_once(kafka_bootstrap_servers,
                 job.process.kill()
     found = detections(bs, topics)
     read = aggregated_records_read(bs, metrics_topic)
-    print(f"records produced {len(sent)}, aggregated records read {read:.0f}, delta {read - len(sent):.0f}; "
-          f"hand-overs (s): {handovers(one, two)}")
+    print(f"records produced {len(sent)}, aggregated records read {read:.0f}, delta {read - len(sent):.0f}; hand-overs (s): {handovers(one, two)}")
     assert set(found) == expected(sent)
     assert set(found.values()) == {1}, f"{sum(n - 1 for n in found.values())} detections written twice"
     assert read == len(sent)
@@ -204,15 +203,25 @@ def test_a_rolling_redeploy_loses_and_duplicates_nothing(kafka_bootstrap_servers
     then stop the old one gracefully."""
     bs = kafka_bootstrap_servers
     topics, metrics_topic = setup(bs, "rolling")
-    env = job_env(bs, topics, starting_offsets="earliest", metrics_topic=metrics_topic, metrics_interval_seconds=1,
-                  group_session_timeout_seconds=SESSION, max_records_per_batch=10_000)
+    env = job_env(
+        bs,
+        topics,
+        starting_offsets="earliest",
+        metrics_topic=metrics_topic,
+        metrics_interval_seconds=1,
+        group_session_timeout_seconds=SESSION,
+        max_records_per_batch=10_000,
+    )
     instances = ScriptedInstances(tmp_path / "run", env)
     feed = Feed(bs, topics.input, chunks=12, chunk=5_000, seed=300)
     try:
         instances.start("a")
         instances.start("b")
-        wait_for(lambda: all(len(instances.owned(n)) == 2 for n in ("a", "b")) and feed.chunks_sent >= 2, timeout=180,
-                 what="two instances sharing the input")
+        wait_for(
+            lambda: all(len(instances.owned(n)) == 2 for n in ("a", "b")) and feed.chunks_sent >= 2,
+            timeout=180,
+            what="two instances sharing the input",
+        )
         output = instances.script("rolling-redeploy.sh", *COMMAND)
         new = instances.running()
         assert len(new) == 2 and not {"a", "b"} & set(new), output
@@ -305,11 +314,13 @@ def test_a_zombie_then_a_killed_instance_lose_nothing_and_never_move_offsets_bac
         two.signal_group(signal.SIGSTOP)  # driver, JVM and Python workers: the whole instance
         uncommitted += committed(bs, topics, mine).items()
         seen_one, seen_two = assignments(one), assignments(two)
-        wait_for(lambda: assignments(one) > seen_one and owned(one) == set(range(PARTITIONS)), timeout=SESSION + 30,
-                 what="the group to move on")
+        wait_for(lambda: assignments(one) > seen_one and owned(one) == set(range(PARTITIONS)), timeout=SESSION + 30, what="the group to move on")
         two.signal_group(signal.SIGCONT)
-        wait_for(lambda: (assignments(two) > seen_two and len(owned(two)) == 2) or two.process.poll() is not None, timeout=120,
-                 what="the zombie to rejoin and get a share again")
+        wait_for(
+            lambda: (assignments(two) > seen_two and len(owned(two)) == 2) or two.process.poll() is not None,
+            timeout=120,
+            what="the zombie to rejoin and get a share again",
+        )
         assert two.process.poll() is None, two.output()
         refused = events(two, "offsets not committed: the group gave these partitions to another member")
         skipped = events(two, "not committing partitions this instance no longer owns")
@@ -318,14 +329,16 @@ def test_a_zombie_then_a_killed_instance_lose_nothing_and_never_move_offsets_bac
         sent = feed.finish()
         feed = Feed(bs, topics.input, chunks=12, chunk=5_000, seed=600)
         mine = owned(two)
-        wait_for(lambda: len(owned(one)) == 2 and batch_in_flight_with_output(mine), timeout=180,
-                 what="instance 2's batch in flight again")
+        wait_for(lambda: len(owned(one)) == 2 and batch_in_flight_with_output(mine), timeout=180, what="instance 2's batch in flight again")
         seen_one = assignments(one)
         two.signal_group(signal.SIGKILL)
         killed = time.monotonic()
         uncommitted += committed(bs, topics, mine).items()
-        wait_for(lambda: assignments(one) > seen_one and owned(one) == set(range(PARTITIONS)), timeout=SESSION + 30,
-                 what="the survivor to take the partitions")
+        wait_for(
+            lambda: assignments(one) > seen_one and owned(one) == set(range(PARTITIONS)),
+            timeout=SESSION + 30,
+            what="the survivor to take the partitions",
+        )
         moved = time.monotonic() - killed
         three = start(bs, topics, metrics_topic)  # back when an instance returns
         wait_for(lambda: len(owned(three)) == 2 and len(owned(one)) == 2, timeout=180, what="the partitions to be shared again")
@@ -343,9 +356,11 @@ def test_a_zombie_then_a_killed_instance_lose_nothing_and_never_move_offsets_bac
     found = detections(bs, topics)
     duplicated = {x for x, n in found.items() if n > 1}
     backwards = {p: h for p, h in history.items() if h != sorted(h)}
-    print(f"zombie: its batch in flight was not committed after SIGCONT ({len(skipped)} skipped as lost, {len(refused)} refused by "
-          f"the group); kill -9: partitions moved {moved:.1f} s after (session timeout {SESSION} s); {len(duplicated)} detections "
-          f"written twice; committed offsets seen {sum(map(len, history.values()))} times, never going back")
+    print(
+        f"zombie: its batch in flight was not committed after SIGCONT ({len(skipped)} skipped as lost, {len(refused)} refused by "
+        f"the group); kill -9: partitions moved {moved:.1f} s after (session timeout {SESSION} s); {len(duplicated)} detections "
+        f"written twice; committed offsets seen {sum(map(len, history.values()))} times, never going back"
+    )
     assert refused or skipped, "the zombie had no commit to make: the test proved nothing"
     assert not backwards, f"committed offsets went backwards: {backwards}"
     assert set(found) == expected(sent)

@@ -34,9 +34,11 @@ def test_a_service_installed_in_site_packages_is_shipped_all_the_same():
 
 def test_a_shipped_zip_is_imported_with_its_data_files(tmp_path):
     zipped = shipping.package_zip("detectorkit", tmp_path)
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import detectorkit.kafka.source, detectorkit; "
-            "from importlib import resources; print(detectorkit.__file__); "
-            "print(resources.files('detectorkit.runtime').joinpath('log4j2.properties').read_text()[:1])")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import detectorkit.kafka.source, detectorkit; "
+        "from importlib import resources; print(detectorkit.__file__); "
+        "print(resources.files('detectorkit.runtime').joinpath('log4j2.properties').read_text()[:1])"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = subprocess.run([sys.executable, "-c", code, str(zipped)], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr

@@ -69,8 +69,13 @@ class LocalCluster:
     def _env(self) -> dict[str, str]:
         # SPARK_CONF_DIR is on the executors' class path: their log4j2.properties comes from there,
         # as on a real cluster's workers (a driver's file path means nothing on another machine).
-        return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": self.python, "SPARK_NO_DAEMONIZE": "1",
-                "SPARK_CONF_DIR": str(pathlib.Path(self.work_dir) / "conf")}
+        return {
+            **os.environ,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYSPARK_PYTHON": self.python,
+            "SPARK_NO_DAEMONIZE": "1",
+            "SPARK_CONF_DIR": str(pathlib.Path(self.work_dir) / "conf"),
+        }
 
     def start(self, timeout: float = 120.0) -> LocalCluster:
         self.port, self.ui_port = self.port or free_port(), self.ui_port or free_port()
@@ -78,12 +83,32 @@ class LocalCluster:
         logs = pathlib.Path(self.work_dir)
         (logs / "conf").mkdir(exist_ok=True)
         (logs / "conf" / "log4j2.properties").write_text(resources.files("detectorkit.runtime").joinpath("log4j2.properties").read_text())
-        self.processes.append(self._spawn(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port),
-                                           "--webui-port", str(self.ui_port)], logs / "master.log"))
+        self.processes.append(
+            self._spawn(
+                ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.ui_port)],
+                logs / "master.log",
+            )
+        )
         for i in range(self.workers):
-            self.processes.append(self._spawn(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", str(self.cores),
-                                               "--memory", self.memory, "--work-dir", str(logs / f"worker-{i}"), "--webui-port", "0",
-                                               self.master_url], logs / f"worker-{i}.log"))
+            self.processes.append(
+                self._spawn(
+                    [
+                        "org.apache.spark.deploy.worker.Worker",
+                        "--host",
+                        "127.0.0.1",
+                        "--cores",
+                        str(self.cores),
+                        "--memory",
+                        self.memory,
+                        "--work-dir",
+                        str(logs / f"worker-{i}"),
+                        "--webui-port",
+                        "0",
+                        self.master_url,
+                    ],
+                    logs / f"worker-{i}.log",
+                )
+            )
         deadline = time.monotonic() + timeout
         while self.alive_workers() < self.workers:
             if time.monotonic() > deadline or any(p.poll() is not None for p in self.processes):
@@ -132,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", type=int, default=1, help="cores per worker")
     parser.add_argument("--memory", default="1g", help="memory per worker")
     parser.add_argument("--python", default=None, help="the workers' Python (default: this one)")
-    parser.add_argument("--workers-env", default=None,
-                        help="make (once) a virtual environment here with detectorkit's dependencies only, and give it to the workers")
+    parser.add_argument(
+        "--workers-env", default=None, help="make (once) a virtual environment here with detectorkit's dependencies only, and give it to the workers"
+    )
     parser.add_argument("--port", type=int, default=7077)
     args = parser.parse_args(argv)
     stop = threading.Event()
@@ -143,8 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     cluster = LocalCluster(args.workers, args.cores, args.memory, python, port=args.port).start()
     try:
         print(cluster.master_url, flush=True)
-        print(f"web UI http://127.0.0.1:{cluster.ui_port}/, logs in {cluster.work_dir}; run a service on it with "
-              f"SPARK_MASTER={cluster.master_url} PYSPARK_PYTHON={python}", file=sys.stderr, flush=True)
+        print(
+            f"web UI http://127.0.0.1:{cluster.ui_port}/, logs in {cluster.work_dir}; run a service on it with "
+            f"SPARK_MASTER={cluster.master_url} PYSPARK_PYTHON={python}",
+            file=sys.stderr,
+            flush=True,
+        )
         while not stop.wait(1.0):
             if any(p.poll() is not None for p in cluster.processes):
                 print("a cluster process exited; stopping", file=sys.stderr)

@@ -75,8 +75,16 @@ class Diamond:
 
     def env(self, **settings: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DETECTOR_", "NOTIFIER_"))}
-        env.update({"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "STARTING_OFFSETS": "earliest", "METRICS_TOPIC": METRICS,
-                    "METRICS_INTERVAL_SECONDS": "2", "SPARK_MASTER": self.spark_master, "CREATE_TOPICS": "true"})
+        env.update(
+            {
+                "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+                "STARTING_OFFSETS": "earliest",
+                "METRICS_TOPIC": METRICS,
+                "METRICS_INTERVAL_SECONDS": "2",
+                "SPARK_MASTER": self.spark_master,
+                "CREATE_TOPICS": "true",
+            }
+        )
         env.update({k.upper(): v for k, v in settings.items()})
         return env
 
@@ -92,11 +100,14 @@ class Diamond:
 
         commands = {}
         for name, kind in detectors:
-            project = cookiecutter(str(self.template), no_input=True, output_dir=str(self.work), overwrite_if_exists=True,
-                                   extra_context={"service_name": name, "detector_kind": kind, "input_topic": NORMALISED,
-                                                  "output_topic": output_topic})
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", project],
-                           check=True)
+            project = cookiecutter(
+                str(self.template),
+                no_input=True,
+                output_dir=str(self.work),
+                overwrite_if_exists=True,
+                extra_context={"service_name": name, "detector_kind": kind, "input_topic": NORMALISED, "output_topic": output_topic},
+            )
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", project], check=True)
             commands[name] = [sys.executable, "-m", name.replace("-", "_")]
         return commands
 
@@ -104,12 +115,31 @@ class Diamond:
         self.aggregator_port = free_port()
         dk = [sys.executable, "-m", "detectorkit"]
         self.jobs = [
-            Job("aggregator", [*dk, "aggregate", "--bootstrap-servers", self.bootstrap, "--metrics-topic", METRICS,
-                               "--port", str(self.aggregator_port), "--interval-seconds", "2"], self.env(), self.work / "aggregator.log"),
+            Job(
+                "aggregator",
+                [
+                    *dk,
+                    "aggregate",
+                    "--bootstrap-servers",
+                    self.bootstrap,
+                    "--metrics-topic",
+                    METRICS,
+                    "--port",
+                    str(self.aggregator_port),
+                    "--interval-seconds",
+                    "2",
+                ],
+                self.env(),
+                self.work / "aggregator.log",
+            ),
             Job("normaliser", [*dk, "normalise"], self.env(input_topic=RAW, output_topic=NORMALISED), self.work / "normaliser.log"),
             *(Job(name, command, self.env(), self.work / f"{name}.log") for name, command in detector_commands.items()),
-            Job("notifier", [*dk, "notify"], self.env(input_topic=DETECTIONS, output_topic=NOTIFICATIONS,
-                                                     notifier_window_seconds=str(WINDOW_SECONDS)), self.work / "notifier.log"),
+            Job(
+                "notifier",
+                [*dk, "notify"],
+                self.env(input_topic=DETECTIONS, output_topic=NOTIFICATIONS, notifier_window_seconds=str(WINDOW_SECONDS)),
+                self.work / "notifier.log",
+            ),
         ]
         for job in self.jobs:
             job.start()
@@ -208,8 +238,14 @@ def summary_table(table: dict[str, dict[str, float]], jobs: list[Job]):
     for job in jobs[1:]:
         m = table.get(job.name, {})
         alive = "yes" if job.process is not None and job.process.poll() is None else f"exited {job.process.returncode}"
-        view.add_row(job.name, alive, f"{m.get('detector_records_read_total', 0):,.0f}", f"{m.get('detector_detections_written_total', 0):,.0f}",
-                     f"{m.get('detector_dead_letters_total', 0):,.0f}", f"{m.get('detector_consumer_lag_records', 0):,.0f}")
+        view.add_row(
+            job.name,
+            alive,
+            f"{m.get('detector_records_read_total', 0):,.0f}",
+            f"{m.get('detector_detections_written_total', 0):,.0f}",
+            f"{m.get('detector_dead_letters_total', 0):,.0f}",
+            f"{m.get('detector_consumer_lag_records', 0):,.0f}",
+        )
     return view
 
 
@@ -252,8 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--template", default=".", help="the template's folder (this repository)")
     parser.add_argument("--timeout-seconds", type=float, default=600.0, help="give up waiting for the diamond to drain")
     parser.add_argument("--no-live", dest="live", action="store_false", help="no live table (logs, CI)")
-    parser.add_argument("--join-detector", action="store_true",
-                        help="halfway through, deploy a third detector generated from the template into the running diamond")
+    parser.add_argument(
+        "--join-detector", action="store_true", help="halfway through, deploy a third detector generated from the template into the running diamond"
+    )
     args = parser.parse_args(argv)
     work = pathlib.Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -271,8 +308,18 @@ def main(argv: list[str] | None = None) -> int:
             (command,) = diamond.bake_detectors((JOINING,), JOINING_OUTPUT).values()
             joining = Joining(JOINING[0], command, broker.bootstrap_servers)
         diamond.start(detectors)
-        planted = list(raw_samples(args.records, seed=args.seed, anomaly_share=0.01, malformed_share=0.02, burst_share=0.002,
-                                   customers=1_000_000, start_s=int(time.time()), per_second=args.rate))
+        planted = list(
+            raw_samples(
+                args.records,
+                seed=args.seed,
+                anomaly_share=0.01,
+                malformed_share=0.02,
+                burst_share=0.002,
+                customers=1_000_000,
+                start_s=int(time.time()),
+                per_second=args.rate,
+            )
+        )
         fed = Feed(hold_at=len(planted) // 2 if joining else None)
         threading.Thread(target=fed.run, args=(broker.bootstrap_servers, planted, args.rate, stopping), daemon=True).start()
         drained = _watch(diamond, args, planted, fed, stopping, joining)
@@ -297,8 +344,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {line}")
         metrics = {service: dict(values) for service, values in diamond.final_metrics.items()}
         failed = {name: code for name, code in codes.items() if code not in (0, None)}
-        (work / "result.json").write_text(json.dumps({"ok": ok, "lines": lines, "metrics": metrics, "notifications": len(notes),
-                                                      "failed_jobs": failed}))
+        (work / "result.json").write_text(
+            json.dumps({"ok": ok, "lines": lines, "metrics": metrics, "notifications": len(notes), "failed_jobs": failed})
+        )
         if failed:
             print(f"jobs that did not stop cleanly: {failed}; logs in {work}", file=sys.stderr)
         return 0 if ok and not failed else 1
@@ -377,8 +425,7 @@ def _watch(diamond: Diamond, args, planted: list, fed: Feed, stopping: threading
                 elif joining.job is not None and joining.started():
                     fed.resume.set()
             extra = (joining.name,) if joining is not None and joining.job is not None else ()
-            settled = fed.done.is_set() and _drained(table, fed.sent, joined=extra,
-                                                     after=sum(joining.ends.values()) if extra else 0)
+            settled = fed.done.is_set() and _drained(table, fed.sent, joined=extra, after=sum(joining.ends.values()) if extra else 0)
             settled_since = (settled_since or time.monotonic()) if settled else None
             if settled_since and time.monotonic() - settled_since > 6:  # three reports in a row
                 diamond.final_metrics = table
@@ -387,8 +434,13 @@ def _watch(diamond: Diamond, args, planted: list, fed: Feed, stopping: threading
     return False
 
 
-def _drained(table: dict[str, dict[str, float]], raw: int, stages: tuple[str, ...] = ("normaliser", *(n for n, _ in DETECTORS), "notifier"),
-             joined: tuple[str, ...] = (), after: int = 0) -> bool:
+def _drained(
+    table: dict[str, dict[str, float]],
+    raw: int,
+    stages: tuple[str, ...] = ("normaliser", *(n for n, _ in DETECTORS), "notifier"),
+    joined: tuple[str, ...] = (),
+    after: int = 0,
+) -> bool:
     """Each of `stages` has read all that its upstream wrote: the normaliser every raw record fed,
     each detector every normalised record, the notifier every detection; a `joined` detector at least
     every normalised record after the first `after`."""
@@ -408,7 +460,8 @@ def _drained(table: dict[str, dict[str, float]], raw: int, stages: tuple[str, ..
     if any(table[n]["detector_records_read_total"] < normalised - after for n in joined):
         return False
     return "notifier" not in stages or table["notifier"]["detector_records_read_total"] == sum(
-        table[n]["detector_detections_written_total"] for n in detectors)
+        table[n]["detector_detections_written_total"] for n in detectors
+    )
 
 
 def _print_plain(table: dict[str, dict[str, float]], jobs: list[Job]) -> None:

@@ -44,8 +44,7 @@ _STATE_FILE = "detectorkit-broker.json"
 
 
 def cache_dir() -> pathlib.Path:
-    root = os.environ.get("DETECTORKIT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "detectorkit")
+    root = os.environ.get("DETECTORKIT_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "detectorkit")
     return pathlib.Path(root)
 
 
@@ -73,8 +72,17 @@ def kafka_libs(version: str = KAFKA_VERSION) -> pathlib.Path:
         work = pathlib.Path(tempfile.mkdtemp(prefix="fetch-", dir=target))
         try:
             shutil.copy(_resource("pom.xml"), work / "pom.xml")
-            command = [mvn, "-q", "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
-                       f"-Dkafka.version={version}", "-DincludeScope=runtime", f"-DoutputDirectory={work / 'libs'}"]
+            command = [
+                mvn,
+                "-q",
+                "-B",
+                "-f",
+                str(work / "pom.xml"),
+                "dependency:copy-dependencies",
+                f"-Dkafka.version={version}",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={work / 'libs'}",
+            ]
             done = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=900)
             if done.returncode != 0:
                 tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
@@ -92,9 +100,15 @@ def java_command(main_class: str, args: Sequence[str], heap: str | None = None, 
     command = ["java"]
     if heap:
         command.append(f"-Xmx{heap}")
-    command += ["-XX:+UseG1GC", "-Djava.awt.headless=true",
-                f"-Dlog4j2.configurationFile=file:{_resource('log4j2.properties')}",
-                "-cp", f"{libs}/*", main_class, *args]
+    command += [
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile=file:{_resource('log4j2.properties')}",
+        "-cp",
+        f"{libs}/*",
+        main_class,
+        *args,
+    ]
     return command
 
 
@@ -152,12 +166,12 @@ class KafkaBroker:
         config = data / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in self._properties(data / "log", ports).items()))
         if not (data / "log" / "meta.properties").exists():
-            self._java("kafka.tools.StorageTool", ["format", "--standalone", "-t", cluster_id(), "-c", str(config)],
-                       what="formatting its storage")
+            self._java("kafka.tools.StorageTool", ["format", "--standalone", "-t", cluster_id(), "-c", str(config)], what="formatting its storage")
         self._log = open(data / "broker.log", "ab")  # noqa: SIM115 - open while the broker runs
         self.process = subprocess.Popen(
             java_command("kafka.Kafka", [str(config)], heap=self.heap, version=self.version),
-            stdout=self._log, stderr=subprocess.STDOUT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C meant for a job must not kill the broker under it
         )
         deadline = time.monotonic() + self.startup_timeout
@@ -212,8 +226,9 @@ class KafkaBroker:
             protocols.append("SASL_PLAINTEXT:SASL_PLAINTEXT")
             users = " ".join(f'user_{name}="{password}"' for name, password in self.sasl_users.items())
             props["sasl.enabled.mechanisms"] = "PLAIN"
-            props["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = \
+            props["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = (
                 f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+            )
         if self.authorizer:
             props["authorizer.class.name"] = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
             # The PLAINTEXT and controller listeners are unauthenticated: that principal administers.

@@ -29,8 +29,9 @@ from detectorkit.kafka import broker_kind, clients
 _UNKNOWN = -1001
 
 
-def start_positions(ends: ListOffsetsEnds | EndOffsetProbe, committed: Mapping[int, int | None], policy: str,
-                    topic: str, group: str) -> dict[int, int]:
+def start_positions(
+    ends: ListOffsetsEnds | EndOffsetProbe, committed: Mapping[int, int | None], policy: str, topic: str, group: str
+) -> dict[int, int]:
     """Where each partition starts: its committed offset, else where `policy` says (see
     planning.resolve_start), asking the broker only for the ends the policy needs."""
     from detectorkit.kafka.planning import resolve_start
@@ -117,14 +118,16 @@ class EndOffsetProbe:
     def __init__(self, consumer_conf: Mapping[str, Any], topic: str, timeout: float = 30.0):
         self.topic = topic
         self.timeout = timeout
-        self._consumer = clients.new_consumer({
-            **consumer_conf,
-            # A fetch that carries data only needs to bring one batch to update the watermark.
-            "max.partition.fetch.bytes": 64 * 1024,
-            "queued.min.messages": 1,
-            "queued.max.messages.kbytes": 1024,
-            "enable.partition.eof": False,
-        })
+        self._consumer = clients.new_consumer(
+            {
+                **consumer_conf,
+                # A fetch that carries data only needs to bring one batch to update the watermark.
+                "max.partition.fetch.bytes": 64 * 1024,
+                "queued.min.messages": 1,
+                "queued.max.messages.kbytes": 1024,
+                "enable.partition.eof": False,
+            }
+        )
         self._parked: dict[int, int] = {}
         self._known: dict[int, int] = {}
         self._confirmed: set[int] = set()

@@ -101,9 +101,7 @@ def reconcile(start: Mapping[int, int], latest: Mapping[int, int], fail_on_data_
             planned[partition] = 0
             from_earliest.add(partition)
     if problems and fail_on_data_loss:
-        raise DataLossError(
-            "; ".join(problems) + ". Some records were never processed. Set FAIL_ON_DATA_LOSS=false to skip ahead."
-        )
+        raise DataLossError("; ".join(problems) + ". Some records were never processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.")
     return planned, from_earliest, problems
 
 

@@ -24,19 +24,28 @@ class DeliveryError(RuntimeError):
 class Sink:
     def __init__(self, producer_conf: Mapping[str, Any]):
         self._errors: list[str] = []
-        self.producer = clients.new_producer({
-            **producer_conf,
-            # Only failures call back into Python: a callback per record would cost more than the write.
-            "delivery.report.only.error": True,
-            "on_delivery": self._on_delivery,
-        })
+        self.producer = clients.new_producer(
+            {
+                **producer_conf,
+                # Only failures call back into Python: a callback per record would cost more than the write.
+                "delivery.report.only.error": True,
+                "on_delivery": self._on_delivery,
+            }
+        )
 
     def _on_delivery(self, error, message) -> None:
         if error is not None:
             self._errors.append(f"{message.topic()}: {error.str()}")
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]] | None = None,
-             partition: int | None = None, timestamp_ms: int | None = None) -> None:
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> None:
         where = {} if partition is None else {"partition": partition}
         if timestamp_ms is not None:
             where["timestamp"] = timestamp_ms
@@ -58,7 +67,6 @@ class Sink:
             errors.append(f"{remaining} record(s) not delivered within {timeout:.0f} s")
         if errors:
             raise DeliveryError(f"{len(errors)} delivery error(s), first: {errors[0]}")
-
 
     def close(self, timeout: float = 5.0) -> None:
         self.producer.close(timeout)

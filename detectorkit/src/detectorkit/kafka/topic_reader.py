@@ -29,8 +29,9 @@ def read_topic(base_conf: Mapping[str, Any], topic: str, timeout: float = 30.0, 
         }
 
 
-def read_messages(base_conf: Mapping[str, Any], topic: str, timeout: float = 30.0, limit: int | None = None,
-                  partitions: list[int] | None = None) -> Iterator:
+def read_messages(
+    base_conf: Mapping[str, Any], topic: str, timeout: float = 30.0, limit: int | None = None, partitions: list[int] | None = None
+) -> Iterator:
     conf = clients.consumer(base_conf, f"detectorkit-reader-{uuid.uuid4()}", **{"enable.partition.eof": True, "isolation.level": "read_uncommitted"})
     consumer = clients.new_consumer(conf)
     try:

@@ -154,11 +154,13 @@ class Aggregator:
             state = self.instances.get(instance)
             out[f"instance:{instance}"] = None if state is None else json.dumps(_state_to_json(state)).encode()
         for service in self._dirty_services:
-            out[f"service:{service}"] = json.dumps({
-                "families": {name: asdict(info) for name, info in self.families[service].items()},
-                "retired": [[name, dict(labels), v] for (name, labels), v in self.retired[service].items()],
-                "retired_runs": [[i, t] for (i, t) in self._retired_runs if self.instances.get(i) is None],
-            }).encode()
+            out[f"service:{service}"] = json.dumps(
+                {
+                    "families": {name: asdict(info) for name, info in self.families[service].items()},
+                    "retired": [[name, dict(labels), v] for (name, labels), v in self.retired[service].items()],
+                    "retired_runs": [[i, t] for (i, t) in self._retired_runs if self.instances.get(i) is None],
+                }
+            ).encode()
         self._dirty_instances.clear()
         self._dirty_services.clear()
         return out
@@ -231,27 +233,34 @@ class AggregateCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         yield from self.aggregator.collect_families()
-        yield CounterMetricFamily(f"{PREFIX}_aggregator_malformed_snapshots", "Records of the metrics topic that were skipped.",
-                                  value=self.aggregator.malformed)
+        yield CounterMetricFamily(
+            f"{PREFIX}_aggregator_malformed_snapshots", "Records of the metrics topic that were skipped.", value=self.aggregator.malformed
+        )
         yield CounterMetricFamily(f"{PREFIX}_aggregator_snapshots", "Snapshots applied.", value=self.aggregator.applied)
-        yield GaugeMetricFamily(f"{PREFIX}_aggregator_instances", "Instances in the table, live or not.",
-                                value=len(self.aggregator.instances))
+        yield GaugeMetricFamily(f"{PREFIX}_aggregator_instances", "Instances in the table, live or not.", value=len(self.aggregator.instances))
 
 
 def _state_to_json(state: InstanceState) -> dict:
     def series(values: dict[SeriesKey, float]) -> list:
         return [[name, dict(labels), v] for (name, labels), v in values.items()]
 
-    return {"service": state.service, "started_at": state.started_at, "last_seen": state.last_seen,
-            "counters": series(state.counters), "earlier_runs": series(state.earlier_runs), "gauges": series(state.gauges)}
+    return {
+        "service": state.service,
+        "started_at": state.started_at,
+        "last_seen": state.last_seen,
+        "counters": series(state.counters),
+        "earlier_runs": series(state.earlier_runs),
+        "gauges": series(state.gauges),
+    }
 
 
 def _state_from_json(data: dict) -> InstanceState:
     def series(values: list) -> dict[SeriesKey, float]:
         return {_key(name, labels): v for name, labels, v in values}
 
-    return InstanceState(data["service"], data["started_at"], data["last_seen"], series(data["counters"]),
-                         series(data["earlier_runs"]), series(data["gauges"]))
+    return InstanceState(
+        data["service"], data["started_at"], data["last_seen"], series(data["counters"]), series(data["earlier_runs"]), series(data["gauges"])
+    )
 
 
 def to_json(aggregator: Aggregator, now: float | None = None) -> dict[str, bytes]:

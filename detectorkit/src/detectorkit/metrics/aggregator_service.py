@@ -29,20 +29,33 @@ from detectorkit.metrics.aggregator import AggregateCollector, Aggregator, to_js
 
 
 def add_arguments(parser: argparse.ArgumentParser, environ) -> None:
-    parser.add_argument("--bootstrap-servers", default=environ.get("KAFKA_BOOTSTRAP_SERVERS"),
-                        help="Kafka bootstrap servers (env KAFKA_BOOTSTRAP_SERVERS)")
+    parser.add_argument(
+        "--bootstrap-servers", default=environ.get("KAFKA_BOOTSTRAP_SERVERS"), help="Kafka bootstrap servers (env KAFKA_BOOTSTRAP_SERVERS)"
+    )
     parser.add_argument("--metrics-topic", default="metrics", help="topic the jobs report to (default: metrics)")
     parser.add_argument("--aggregate-topic", default="metrics-agg", help="topic for the aggregated view (default: metrics-agg)")
-    parser.add_argument("--host", default=environ.get("AGGREGATOR_HOST", "127.0.0.1"),
-                        help="address the /metrics endpoint binds to; 0.0.0.0 in a container (env AGGREGATOR_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=int(environ.get("AGGREGATOR_PORT", "9108")),
-                        help="port of the /metrics endpoint, 0 for a free one (env AGGREGATOR_PORT, default 9108)")
+    parser.add_argument(
+        "--host",
+        default=environ.get("AGGREGATOR_HOST", "127.0.0.1"),
+        help="address the /metrics endpoint binds to; 0.0.0.0 in a container (env AGGREGATOR_HOST, default 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(environ.get("AGGREGATOR_PORT", "9108")),
+        help="port of the /metrics endpoint, 0 for a free one (env AGGREGATOR_PORT, default 9108)",
+    )
     parser.add_argument("--changelog-topic", default=None, help="compacted topic of the table (default: <metrics topic>.aggregator-changelog)")
-    parser.add_argument("--retire-after-seconds", type=float, default=7 * 24 * 3600.0,
-                        help="an instance silent this long is folded into its service's retired total (default: 7 days)")
+    parser.add_argument(
+        "--retire-after-seconds",
+        type=float,
+        default=7 * 24 * 3600.0,
+        help="an instance silent this long is folded into its service's retired total (default: 7 days)",
+    )
     parser.add_argument("--interval-seconds", type=float, default=10.0, help="the jobs' reporting interval (default: 10)")
-    parser.add_argument("--ttl-seconds", type=float, default=None,
-                        help="an instance silent this long leaves the gauges and the up count (default: 3 intervals)")
+    parser.add_argument(
+        "--ttl-seconds", type=float, default=None, help="an instance silent this long leaves the gauges and the up count (default: 3 intervals)"
+    )
     parser.add_argument("--connect-timeout-seconds", type=float, default=30.0)
 
 
@@ -51,9 +64,19 @@ CHANGELOG_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cl
 
 
 class AggregatorService:
-    def __init__(self, bootstrap_servers: str, metrics_topic: str = "metrics", aggregate_topic: str = "metrics-agg",
-                 host: str = "127.0.0.1", port: int = 9108, interval: float = 10.0, ttl: float | None = None,
-                 connect_timeout: float = 30.0, changelog_topic: str | None = None, retire_after: float = 7 * 24 * 3600.0):
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        metrics_topic: str = "metrics",
+        aggregate_topic: str = "metrics-agg",
+        host: str = "127.0.0.1",
+        port: int = 9108,
+        interval: float = 10.0,
+        ttl: float | None = None,
+        connect_timeout: float = 30.0,
+        changelog_topic: str | None = None,
+        retire_after: float = 7 * 24 * 3600.0,
+    ):
         self.base = clients.base(bootstrap_servers)
         self.metrics_topic, self.aggregate_topic = metrics_topic, aggregate_topic
         self.changelog_topic = changelog_topic or f"{metrics_topic}.aggregator-changelog"
@@ -94,16 +117,18 @@ class AggregatorService:
                     break
             consumer.unassign()
         self.aggregator.changes()  # what was restored is in the changelog already
-        self.log.info("table restored", changelog_records=records, instances=len(self.aggregator.instances),
-                      seconds=round(time.monotonic() - began, 3))
+        self.log.info(
+            "table restored", changelog_records=records, instances=len(self.aggregator.instances), seconds=round(time.monotonic() - began, 3)
+        )
         return position
 
     def run(self) -> int:
         clients.create_topics(self.base, {self.metrics_topic: 1, self.aggregate_topic: 1}, self.timeout)
         clients.create_topics(self.base, {self.changelog_topic: 1}, self.timeout, config=CHANGELOG_CONFIG)
         # A group id of its own each start: the aggregator's position is in its changelog.
-        consumer = clients.new_consumer(clients.consumer(self.base, f"metrics-aggregator-{uuid.uuid4().hex[:8]}",
-                                                         **{"auto.offset.reset": "earliest"}))
+        consumer = clients.new_consumer(
+            clients.consumer(self.base, f"metrics-aggregator-{uuid.uuid4().hex[:8]}", **{"auto.offset.reset": "earliest"})
+        )
         position = self.restore(consumer)
         self._written = dict(position)
         partitions = clients.topic_partitions(consumer, self.metrics_topic, self.timeout)
@@ -114,8 +139,13 @@ class AggregatorService:
         producer = clients.new_producer(clients.producer(self.base))
         server, thread = start_http_server(self.port, addr=self.host, registry=self.registry)
         self.port = server.server_port
-        self.log.info("aggregator started", metrics_topic=self.metrics_topic, changelog_topic=self.changelog_topic,
-                      resumed_at={str(p): o for p, o in position.items()}, endpoint=f"http://{self.host}:{self.port}/metrics")
+        self.log.info(
+            "aggregator started",
+            metrics_topic=self.metrics_topic,
+            changelog_topic=self.changelog_topic,
+            resumed_at={str(p): o for p, o in position.items()},
+            endpoint=f"http://{self.host}:{self.port}/metrics",
+        )
         next_publish = time.monotonic() + self.interval
         try:
             while not self.stop_event.is_set():
@@ -166,9 +196,18 @@ def main(argv: Sequence[str] | None = None, environ=None) -> int:
     if not args.bootstrap_servers:
         parser.error("set --bootstrap-servers or KAFKA_BOOTSTRAP_SERVERS")
     logs.setup("INFO", service="metrics-aggregator")
-    service = AggregatorService(args.bootstrap_servers, args.metrics_topic, args.aggregate_topic, args.host, args.port,
-                                args.interval_seconds, args.ttl_seconds, args.connect_timeout_seconds, args.changelog_topic,
-                                args.retire_after_seconds)
+    service = AggregatorService(
+        args.bootstrap_servers,
+        args.metrics_topic,
+        args.aggregate_topic,
+        args.host,
+        args.port,
+        args.interval_seconds,
+        args.ttl_seconds,
+        args.connect_timeout_seconds,
+        args.changelog_topic,
+        args.retire_after_seconds,
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: service.stop_event.set())
     return service.run()

@@ -44,8 +44,7 @@ def report() -> list[dict]:
             continue
         try:
             times = proc.cpu_times()
-            out.append({"host": host, "pid": proc.pid, "kind": kind, "cpu_seconds": times.user + times.system,
-                        "rss_bytes": proc.memory_info().rss})
+            out.append({"host": host, "pid": proc.pid, "kind": kind, "cpu_seconds": times.user + times.system, "rss_bytes": proc.memory_info().rss})
         except psutil.Error:
             continue
     return out
@@ -83,8 +82,14 @@ class ExecutorProcesses(Collector):
 
     def collect(self):
         recent = [s for s in self.seen.values() if time.monotonic() - s.at <= self.recent_seconds]
-        yield CounterMetricFamily(f"{PREFIX}_executor_cpu_seconds", "CPU time of the processes that ran the job's tasks "
-                                  "(Python workers and executor JVMs, on any machine).", value=sum(s.cpu_seconds for s in self.seen.values()))
-        yield GaugeMetricFamily(f"{PREFIX}_executor_resident_memory_bytes", "Resident memory of the processes that ran the job's "
-                                "tasks recently.", value=sum(s.rss_bytes for s in recent))
+        yield CounterMetricFamily(
+            f"{PREFIX}_executor_cpu_seconds",
+            "CPU time of the processes that ran the job's tasks (Python workers and executor JVMs, on any machine).",
+            value=sum(s.cpu_seconds for s in self.seen.values()),
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_executor_resident_memory_bytes",
+            "Resident memory of the processes that ran the job's tasks recently.",
+            value=sum(s.rss_bytes for s in recent),
+        )
         yield GaugeMetricFamily(f"{PREFIX}_executor_processes", "Processes that ran the job's tasks recently.", value=len(recent))

@@ -90,8 +90,9 @@ class ProcessTreeCollector(Collector):
                 continue
         # A counter never goes down, even when a child exits before its parent reaps it.
         self._cpu_high = max(self._cpu_high, cpu)
-        yield CounterMetricFamily(f"{PREFIX}_process_cpu_seconds", "CPU time of the job's processes (driver, JVM, Python workers).",
-                                  value=self._cpu_high)
+        yield CounterMetricFamily(
+            f"{PREFIX}_process_cpu_seconds", "CPU time of the job's processes (driver, JVM, Python workers).", value=self._cpu_high
+        )
         yield GaugeMetricFamily(f"{PREFIX}_process_resident_memory_bytes", "Resident memory of the job's processes.", value=rss)
         yield GaugeMetricFamily(f"{PREFIX}_processes", "Number of the job's processes.", value=count)
 
@@ -115,27 +116,32 @@ class JobMetrics:
         for reason in dead_letter_reasons:  # present from the start, so dashboards show a zero, not "no data"
             self.dead_letters.labels(reason=reason)
         self.batches = Counter(f"{PREFIX}_batches", "Micro-batches completed.", registry=r)
-        self.batch_duration = Histogram(f"{PREFIX}_batch_duration_seconds", "Time to process and commit one micro-batch.",
-                                        buckets=BATCH_BUCKETS, registry=r)
-        self.latency = MergedHistogram(f"{PREFIX}_end_to_end_latency_seconds",
-                                       "From an input record's Kafka timestamp to its detection written.", LATENCY_BUCKETS)
+        self.batch_duration = Histogram(
+            f"{PREFIX}_batch_duration_seconds", "Time to process and commit one micro-batch.", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.latency = MergedHistogram(
+            f"{PREFIX}_end_to_end_latency_seconds", "From an input record's Kafka timestamp to its detection written.", LATENCY_BUCKETS
+        )
         r.register(self.latency)
         self.lag = Gauge(f"{PREFIX}_consumer_lag_records", "High watermark minus committed offset, per input partition.", ["partition"], registry=r)
         self.committed = Gauge(f"{PREFIX}_committed_offset", "Last committed offset, per input partition.", ["partition"], registry=r)
         self.assigned = Gauge(f"{PREFIX}_assigned_partitions", "Input partitions this instance owns in its consumer group.", registry=r)
         self.rebalances = Counter(f"{PREFIX}_rebalances", "Changes of the partitions this instance owns.", registry=r)
-        self.handover = Histogram(f"{PREFIX}_handover_seconds", "From a rebalance's start to reading the new partitions.",
-                                  buckets=BATCH_BUCKETS, registry=r)
+        self.handover = Histogram(
+            f"{PREFIX}_handover_seconds", "From a rebalance's start to reading the new partitions.", buckets=BATCH_BUCKETS, registry=r
+        )
         self.report_errors = Counter(f"{PREFIX}_metrics_report_errors", "Metric snapshots that could not be written to Kafka.", registry=r)
-        self.query_restarts = Counter(f"{PREFIX}_query_restarts", "Failed Spark queries restarted from the group's offsets, by error.",
-                                      ["error"], registry=r)
+        self.query_restarts = Counter(
+            f"{PREFIX}_query_restarts", "Failed Spark queries restarted from the group's offsets, by error.", ["error"], registry=r
+        )
         self.executors = ExecutorProcesses()
         r.register(self.executors)
         if process_tree:
             r.register(ProcessTreeCollector())
 
-    def record_batch(self, records: int, detections: int, dead_letters: Mapping[str, int], seconds: float,
-                     latency_counts: Sequence[int], latency_sum: float) -> None:
+    def record_batch(
+        self, records: int, detections: int, dead_letters: Mapping[str, int], seconds: float, latency_counts: Sequence[int], latency_sum: float
+    ) -> None:
         self.records_read.inc(records)
         self.detections.inc(detections)
         for reason, n in dead_letters.items():

@@ -19,22 +19,25 @@ log = structlog.get_logger("detectorkit.reporter")
 
 
 class MetricsReporter:
-    def __init__(self, metrics: JobMetrics, base_conf: Mapping[str, Any], topic: str, service: str, instance: str,
-                 interval: float = 10.0, before_report=None):
+    def __init__(
+        self, metrics: JobMetrics, base_conf: Mapping[str, Any], topic: str, service: str, instance: str, interval: float = 10.0, before_report=None
+    ):
         self.metrics, self.topic, self.service, self.instance, self.interval = metrics, topic, service, instance, interval
         self.started_at = time.time()
         self.before_report = before_report
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
-        self._producer = clients.new_producer({
-            **base_conf,
-            "acks": "all",
-            "linger.ms": 50,
-            # A snapshot older than a few intervals is worthless: give up on it instead of piling up.
-            "message.timeout.ms": int(max(3 * interval, 5) * 1000),
-            "on_delivery": self._on_delivery,
-        })
+        self._producer = clients.new_producer(
+            {
+                **base_conf,
+                "acks": "all",
+                "linger.ms": 50,
+                # A snapshot older than a few intervals is worthless: give up on it instead of piling up.
+                "message.timeout.ms": int(max(3 * interval, 5) * 1000),
+                "on_delivery": self._on_delivery,
+            }
+        )
 
     def _on_delivery(self, error, _message) -> None:
         if error is not None:
@@ -52,8 +55,7 @@ class MetricsReporter:
     def report(self) -> None:
         if self.before_report is not None:
             self.before_report()
-        snap = snapshot.from_registry(self.metrics.registry, self.service, self.instance, self.started_at, time.time(),
-                                      self.metrics.aggregations)
+        snap = snapshot.from_registry(self.metrics.registry, self.service, self.instance, self.started_at, time.time(), self.metrics.aggregations)
         try:
             self._producer.produce(self.topic, key=self.instance.encode(), value=snap.to_json())
         except BufferError:

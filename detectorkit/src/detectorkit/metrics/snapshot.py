@@ -1,10 +1,10 @@
 """The snapshot a job publishes to the metrics topic: every sample of its registry, with who sent it.
 
-    key   = instance id
-    value = {"version": 1, "service", "instance", "started_at" (epoch s of the instance's start),
-             "timestamp" (epoch s), "families": [{"name", "type", "help",
-             "aggregation" (gauges: "sum" or "max" across instances, as the job declares; default "sum"),
-             "samples": [[sample name, {labels}, value], ...]}, ...]}
+key   = instance id
+value = {"version": 1, "service", "instance", "started_at" (epoch s of the instance's start),
+         "timestamp" (epoch s), "families": [{"name", "type", "help",
+         "aggregation" (gauges: "sum" or "max" across instances, as the job declares; default "sum"),
+         "samples": [[sample name, {labels}, value], ...]}, ...]}
 """
 
 from __future__ import annotations
@@ -43,16 +43,24 @@ class Snapshot:
     families: list[Family]
 
     def to_json(self) -> bytes:
-        return json.dumps({
-            "version": VERSION, "service": self.service, "instance": self.instance,
-            "started_at": self.started_at, "timestamp": self.timestamp,
-            "families": [{"name": f.name, "type": f.type, "help": f.help, "aggregation": f.aggregation,
-                          "samples": [list(s) for s in f.samples]} for f in self.families],
-        }).encode()
+        return json.dumps(
+            {
+                "version": VERSION,
+                "service": self.service,
+                "instance": self.instance,
+                "started_at": self.started_at,
+                "timestamp": self.timestamp,
+                "families": [
+                    {"name": f.name, "type": f.type, "help": f.help, "aggregation": f.aggregation, "samples": [list(s) for s in f.samples]}
+                    for f in self.families
+                ],
+            }
+        ).encode()
 
 
-def from_registry(registry: CollectorRegistry, service: str, instance: str, started_at: float, timestamp: float,
-                  aggregations: dict[str, str] | None = None) -> Snapshot:
+def from_registry(
+    registry: CollectorRegistry, service: str, instance: str, started_at: float, timestamp: float, aggregations: dict[str, str] | None = None
+) -> Snapshot:
     """`aggregations`: family name -> how its gauges combine across instances (default "sum")."""
     families = []
     for metric in registry.collect():

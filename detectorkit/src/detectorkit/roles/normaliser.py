@@ -43,8 +43,15 @@ _CODE = re.compile(r"[A-Z]{3}")
 _NUMBER = re.compile(r"^[+-]?[\d.,' ]*\d[\d.,' ]*$")
 # Epoch values beyond this are milliseconds: 1e11 s is the year 5138.
 _EPOCH_MS_FROM = 1e11
-_DATE_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%d/%m/%Y %H:%M:%S", "%d/%m/%Y %H:%M", "%d.%m.%Y %H:%M:%S",
-                 "%Y/%m/%d %H:%M:%S", "%Y-%m-%d")
+_DATE_FORMATS = (
+    "%Y-%m-%d %H:%M:%S",
+    "%Y-%m-%dT%H:%M:%S",
+    "%d/%m/%Y %H:%M:%S",
+    "%d/%m/%Y %H:%M",
+    "%d.%m.%Y %H:%M:%S",
+    "%Y/%m/%d %H:%M:%S",
+    "%Y-%m-%d",
+)
 
 
 class NotNormalisable(Refused):
@@ -85,7 +92,7 @@ def parse_amount(value: Any) -> tuple[float, str | None]:
     text = text.replace(" ", "").replace("'", "")
     last = max(text.rfind("."), text.rfind(","))
     if last >= 0 and 1 <= len(text) - last - 1 <= 2:
-        whole, fraction = text[:last], text[last + 1:]
+        whole, fraction = text[:last], text[last + 1 :]
     else:
         whole, fraction = text, ""
     whole = whole.replace(".", "").replace(",", "")

@@ -186,14 +186,35 @@ class StreamJob:
         # Lag needs the true end, as the source plans it (ListOffsets gets it wrong on Tansu).
         self._ends = open_end_offsets(self.broker_kind, self._base, s.consumer_group, s.input_topic, timeout)
         metrics_conf = clients.base(s.metrics_bootstrap_servers, s.kafka_options) if s.metrics_bootstrap_servers else self._base
-        self._reporter = MetricsReporter(self.metrics, metrics_conf, s.metrics_topic, self.stage.name, s.instance_id,
-                                         s.metrics_interval_seconds, before_report=self.maintain_offsets).start()
-        self._member = GroupMember(self._base, s.consumer_group, s.input_topic, self, static_id=s.static_instance_id(),
-                                   session_timeout=s.group_session_timeout_seconds, protocol=s.group_protocol,
-                                   timeout=timeout).subscribe()
-        log.info("job started", input_topic=s.input_topic, output_topic=s.output_topic, dlq_topic=s.dlq_topic,
-                 consumer_group=s.consumer_group, group_instance_id=s.static_instance_id(),
-                 starting_offsets=s.starting_offsets, broker_kind=self.broker_kind)
+        self._reporter = MetricsReporter(
+            self.metrics,
+            metrics_conf,
+            s.metrics_topic,
+            self.stage.name,
+            s.instance_id,
+            s.metrics_interval_seconds,
+            before_report=self.maintain_offsets,
+        ).start()
+        self._member = GroupMember(
+            self._base,
+            s.consumer_group,
+            s.input_topic,
+            self,
+            static_id=s.static_instance_id(),
+            session_timeout=s.group_session_timeout_seconds,
+            protocol=s.group_protocol,
+            timeout=timeout,
+        ).subscribe()
+        log.info(
+            "job started",
+            input_topic=s.input_topic,
+            output_topic=s.output_topic,
+            dlq_topic=s.dlq_topic,
+            consumer_group=s.consumer_group,
+            group_instance_id=s.static_instance_id(),
+            starting_offsets=s.starting_offsets,
+            broker_kind=self.broker_kind,
+        )
         self._serving = threading.Thread(target=self._serve_group, name="consumer-group", daemon=True)
         self._serving.start()
         self._ready.wait(timeout + s.group_session_timeout_seconds)
@@ -246,8 +267,13 @@ class StreamJob:
             return False
         delay = min(RESTART_BACKOFF_CAP_SECONDS, self.settings.query_restart_backoff_seconds * 2 ** (self._failures - 1))
         self.metrics.query_restarts.labels(error=reason.split(":", 1)[0]).inc()
-        log.warning("query failed; restarting it from the group's committed offsets", error=reason, attempt=self._failures,
-                    attempts=attempts, retry_in_seconds=delay)
+        log.warning(
+            "query failed; restarting it from the group's committed offsets",
+            error=reason,
+            attempt=self._failures,
+            attempts=attempts,
+            retry_in_seconds=delay,
+        )
         self._running = None  # a dead query reads nothing: the serving loop starts one again
         self._stop_query()
         self._leaving.wait(delay)
@@ -281,8 +307,13 @@ class StreamJob:
         self.progress.mark()  # a new query has had no chance to complete a batch yet
         seconds = time.monotonic() - began
         self.metrics.set_assignment(owned, seconds)
-        log.info("partitions assigned", partitions=sorted(owned), gained=sorted(owned - before),
-                 handover_seconds=round(seconds, 3), member_id=self._member.member_id())
+        log.info(
+            "partitions assigned",
+            partitions=sorted(owned),
+            gained=sorted(owned - before),
+            handover_seconds=round(seconds, 3),
+            member_id=self._member.member_id(),
+        )
 
     def release(self, partitions: set[int], lost: bool) -> None:
         """The group takes `partitions` away (see membership.Owner). Revoked: the batch in flight
@@ -300,8 +331,7 @@ class StreamJob:
             self.metrics.forget_partitions(partitions)
         if hasattr(self.stage, "partitions_released"):
             self.stage.partitions_released(partitions)
-        log.info("partitions released", partitions=sorted(partitions), lost=lost,
-                 handover_seconds=round(time.monotonic() - began, 3))
+        log.info("partitions released", partitions=sorted(partitions), lost=lost, handover_seconds=round(time.monotonic() - began, 3))
 
     def _start_offsets(self, owned: frozenset[int]) -> dict[int, int]:
         s = self.settings
@@ -326,8 +356,11 @@ class StreamJob:
         checkpoint = self._checkpoint = self._fresh_checkpoint()
         self._source = dataclasses.replace(self.source_options(), partitions=sorted(owned), start_offsets=start)
         stream = self.spark.readStream.format(self._format).options(**self._source.to_options()).load()
-        writer = (stream.writeStream.foreachBatch(partial(self._on_batch, token))
-                  .option("checkpointLocation", checkpoint).queryName(f"{self.stage.name}-{token}"))
+        writer = (
+            stream.writeStream.foreachBatch(partial(self._on_batch, token))
+            .option("checkpointLocation", checkpoint)
+            .queryName(f"{self.stage.name}-{token}")
+        )
         if s.trigger_interval_seconds > 0:
             writer = writer.trigger(processingTime=f"{s.trigger_interval_seconds} seconds")
         with self._offsets_lock:
@@ -425,8 +458,9 @@ class StreamJob:
             except CommitRefused as exc:
                 # A zombie: the group moved on while this instance was away. The output is written
                 # (the new owner writes it again), the group's offsets stay where the owner put them.
-                log.warning("offsets not committed: the group gave these partitions to another member",
-                            partitions=sorted(mine), error=exc.args[0].str())
+                log.warning(
+                    "offsets not committed: the group gave these partitions to another member", partitions=sorted(mine), error=exc.args[0].str()
+                )
                 mine = {}
             with self._offsets_lock:
                 if mine:
@@ -439,8 +473,7 @@ class StreamJob:
             # the source waits for the topic to come back.
             problem = f"topic {self.settings.input_topic!r} was deleted while the job read it"
             if self.settings.fail_on_data_loss:
-                raise DataLossError(f"{problem}. Some records may never have been processed. "
-                                    "Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
+                raise DataLossError(f"{problem}. Some records may never have been processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
             log.warning("skipping lost records", problem=problem)
         commit_seconds = time.monotonic() - collected
         result = BatchResult(batch_id, records, detections, dead, committed, time.monotonic() - started)
@@ -452,9 +485,16 @@ class StreamJob:
         st.dead_letters.update(dead)
         st.last = result
         if records:
-            log.info("batch done", records=records, detections=detections, dead_letters=dict(dead),
-                     committed={str(k): v for k, v in committed.items()}, seconds=round(result.seconds, 3),
-                     tasks_seconds=round(collected - started, 3), commit_seconds=round(commit_seconds, 3))
+            log.info(
+                "batch done",
+                records=records,
+                detections=detections,
+                dead_letters=dict(dead),
+                committed={str(k): v for k, v in committed.items()},
+                seconds=round(result.seconds, 3),
+                tasks_seconds=round(collected - started, 3),
+                commit_seconds=round(commit_seconds, 3),
+            )
         return result
 
     def maintain_offsets(self) -> None:

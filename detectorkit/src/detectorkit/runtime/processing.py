@@ -29,20 +29,21 @@ from detectorkit.metrics.registry import bucket_counts
 from detectorkit.runtime.stage import Source, Stage
 
 SUMMARY_SCHEMA = (
-    "partition int, next_offset long, records long, detections long, dead_letters string, latency_counts string, latency_sum double, "
-    "processes string"
+    "partition int, next_offset long, records long, detections long, dead_letters string, latency_counts string, latency_sum double, processes string"
 )
-_SUMMARY_ARROW = pa.schema([
-    ("partition", pa.int32()),
-    ("next_offset", pa.int64()),
-    ("records", pa.int64()),
-    ("detections", pa.int64()),
-    ("dead_letters", pa.string()),
-    ("latency_counts", pa.string()),
-    ("latency_sum", pa.float64()),
-    # What the task's processes cost (metrics.executors), on the first row only.
-    ("processes", pa.string()),
-])
+_SUMMARY_ARROW = pa.schema(
+    [
+        ("partition", pa.int32()),
+        ("next_offset", pa.int64()),
+        ("records", pa.int64()),
+        ("detections", pa.int64()),
+        ("dead_letters", pa.string()),
+        ("latency_counts", pa.string()),
+        ("latency_sum", pa.float64()),
+        # What the task's processes cost (metrics.executors), on the first row only.
+        ("processes", pa.string()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,9 @@ def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, sum
 
     def source(position: int) -> Source:
         key = keys[position].as_py()
-        return Source(topic, int(partitions[position]), int(offsets[position]), stamps[position].as_py(),
-                      None if key is None else key.decode(errors="replace"))
+        return Source(
+            topic, int(partitions[position]), int(offsets[position]), stamps[position].as_py(), None if key is None else key.decode(errors="replace")
+        )
 
     found, rejected = ctx.stage.run(values, ctx.config, source, ctx.service)
     for out in found:

@@ -72,8 +72,7 @@ class DetectorStage:
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[rec.Rejected]]:
         frame, rejected = rec.parse_arrow(values, self.detector.required_fields)
         found, failed = run_detector(self.detector, config, frame)
-        outputs = [Output(position, {"service": service, "detection": fields, "source": source(position).__dict__})
-                   for position, fields in found]
+        outputs = [Output(position, {"service": service, "detection": fields, "source": source(position).__dict__}) for position, fields in found]
         return outputs, rejected + failed
 
 
