@@ -86,6 +86,13 @@ def test_compose_mounts_what_exists_and_gives_every_job_settings_it_accepts():
     prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-compose.yml").read_text())
     assert prometheus["scrape_configs"][0]["static_configs"][0]["targets"] == ["aggregator:9108"]
     assert "9108:9108" in compose["services"]["aggregator"]["ports"]
+    # Its alerts go to the Alertmanager there, which reads the routing example beside the rules.
+    assert prometheus["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
+    alertmanager = compose["services"]["alertmanager"]
+    assert "9093:9093" in alertmanager["ports"] and "alertmanager" in compose["services"]["prometheus"]["depends_on"]
+    mount = next(v for v in alertmanager["volumes"] if v.split(":")[1] == "/etc/alertmanager")
+    config = alertmanager["command"][0].split("=", 1)[1]
+    assert (DEPLOY / mount.split(":")[0] / pathlib.Path(config).relative_to("/etc/alertmanager")).is_file()
 
 
 @pytest.fixture(scope="module")
