@@ -285,7 +285,7 @@ def test_each_detector_deployment_is_wired_to_its_group_probes_and_budget(baked_
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
 
-def test_every_job_gets_settings_detectorkit_accepts_as_a_dynamic_group_member(baked_manifests):
+def test_every_job_gets_settings_detectorkit_accepts_as_a_dynamic_group_member(baked_manifests, monkeypatch):
     """Each streaming job's environment, resolved from its ConfigMap and a secured cluster's Secret:
     every name one detectorkit reads (a misspelt one would be ignored without a word), values it
     accepts, and no INSTANCE_ID: a Deployment's pods get new names at every rollout, and a static
@@ -325,18 +325,33 @@ def test_every_job_gets_settings_detectorkit_accepts_as_a_dynamic_group_member(b
             }, where
             (source,) = {ref["configMapKeyRef"]["name"] for e in container["env"] if (ref := e.get("valueFrom", {})).get("configMapKeyRef")}
             assert settings.kafka_bootstrap_servers == configmaps[source]["KAFKA_BOOTSTRAP_SERVERS"], where
-    # The aggregator takes its brokers from the same ConfigMap, through the variable its flag defaults to.
-    import argparse
-
-    from detectorkit.metrics.aggregator_service import add_arguments
+    # The aggregator takes its brokers from the same ConfigMap, through the variable its flag defaults
+    # to, and on a secured cluster the same security settings and credentials as the jobs.
+    from detectorkit.metrics import aggregator_service
 
     objects = manifests(DEPLOY / "k8s")
     configmaps = {doc["metadata"]["name"]: doc["data"] for doc in of_kind(objects, "ConfigMap")}
     container = only_container(objects["Deployment", "metrics-aggregator"])
-    parser = argparse.ArgumentParser()
-    add_arguments(parser, container_env(container, configmaps, {}))
-    args = parser.parse_args(container["args"][1:])
-    assert args.bootstrap_servers == configmaps["diamond-kafka"]["KAFKA_BOOTSTRAP_SERVERS"]
+    secrets = {ref["secretKeyRef"]["name"]: CREDENTIALS for e in container["env"] if (ref := e.get("valueFrom", {})).get("secretKeyRef")}
+    built = {}
+
+    class Recorded(aggregator_service.AggregatorService):
+        def run(self):
+            built.update(self.base)
+            return 0
+
+    monkeypatch.setattr(aggregator_service, "AggregatorService", Recorded)
+    monkeypatch.setattr(aggregator_service.logs, "setup", lambda *a, **k: None)
+    assert aggregator_service.main(container["args"][1:], environ=container_env(container, secured, secrets)) == 0
+    assert built["bootstrap.servers"] == configmaps["diamond-kafka"]["KAFKA_BOOTSTRAP_SERVERS"]
+    assert {k: getattr(v, "get_secret_value", lambda v=v: v)() for k, v in built.items() if "." in k and k != "bootstrap.servers"} == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "detector",
+        "sasl.password": "s3cret",
+        "ssl.ca.location": "/ca.crt",
+    }
+    assert "s3cret" not in repr(built)  # wrapped: revealed to the Kafka clients only
 
 
 def test_a_scaled_deployment_leaves_its_replica_count_to_keda(baked_manifests):

@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import structlog
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from detectorkit import logs
 from detectorkit.kafka import clients
 from detectorkit.metrics.aggregator import AggregateCollector, Aggregator, to_json
+from detectorkit.settings import kafka_options_from_env
 
 
 def add_arguments(parser: argparse.ArgumentParser, environ) -> None:
@@ -76,8 +77,11 @@ class AggregatorService:
         connect_timeout: float = 30.0,
         changelog_topic: str | None = None,
         retire_after: float = 7 * 24 * 3600.0,
+        kafka_options: Mapping[str, str] | None = None,
     ):
-        self.base = clients.base(bootstrap_servers)
+        # The jobs' own security settings (KAFKA_SECURITY_*, KAFKA_SASL_*, KAFKA_SSL_*): on a secured
+        # cluster the aggregator reads the metrics topic with the same credentials, secrets wrapped.
+        self.base = clients.base(bootstrap_servers, kafka_options)
         self.metrics_topic, self.aggregate_topic = metrics_topic, aggregate_topic
         self.changelog_topic = changelog_topic or f"{metrics_topic}.aggregator-changelog"
         self.interval = interval
@@ -207,6 +211,7 @@ def main(argv: Sequence[str] | None = None, environ=None) -> int:
         args.connect_timeout_seconds,
         args.changelog_topic,
         args.retire_after_seconds,
+        kafka_options=kafka_options_from_env(environ),
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: service.stop_event.set())
