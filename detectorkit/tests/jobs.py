@@ -68,3 +68,16 @@ def wait_for(condition, timeout=120, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.1)
+
+
+def aggregator_command(bootstrap_servers, metrics_topic, port=0, *extra):
+    """`detectorkit aggregate` on `metrics_topic`, aggregating every second (the tests' pace)."""
+    return [
+        sys.executable, "-m", "detectorkit", "aggregate",
+        "--bootstrap-servers", bootstrap_servers,
+        "--metrics-topic", metrics_topic,
+        "--aggregate-topic", f"{metrics_topic}-agg",
+        "--port", str(port),
+        "--interval-seconds", "1",
+        *extra,
+    ]  # fmt: skip

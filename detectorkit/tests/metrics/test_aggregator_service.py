@@ -5,7 +5,6 @@ import json
 import pathlib
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -16,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from detectorkit.kafka import clients
 from detectorkit.metrics import snapshot as snap
 
-from ..jobs import wait_for
+from ..jobs import aggregator_command, wait_for
 
 INSTANCES = 200
 ROUNDS = 500  # 100,000 snapshots
@@ -26,23 +25,7 @@ DEAD = 50  # instances whose last snapshot is two days old
 class Aggregator:
     def __init__(self, bootstrap, metrics_topic, *extra):
         self.log = tempfile.NamedTemporaryFile(prefix="aggregator-", suffix=".log", delete=False)
-        command = [
-            sys.executable,
-            "-m",
-            "detectorkit",
-            "aggregate",
-            "--bootstrap-servers",
-            bootstrap,
-            "--metrics-topic",
-            metrics_topic,
-            "--aggregate-topic",
-            f"{metrics_topic}-agg",
-            "--port",
-            "0",
-            "--interval-seconds",
-            "1",
-            *extra,
-        ]
+        command = aggregator_command(bootstrap, metrics_topic, 0, *extra)
         self.started = time.monotonic()
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         wait_for(lambda: self.event("aggregator started") or self.process.poll() is not None, timeout=60, what="the aggregator")

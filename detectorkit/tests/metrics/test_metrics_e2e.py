@@ -8,7 +8,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.parse
@@ -21,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from detectorkit.samples import samples
 from detectorkit.testing import create_test_topics, produce, read_all
 
-from ..jobs import Job, job_env, wait_for
+from ..jobs import Job, aggregator_command, job_env, wait_for
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "diamond.json"
@@ -38,24 +37,7 @@ class AggregatorProcess:
     def __init__(self, bootstrap, metrics_topic):
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="aggregator-", suffix=".log", delete=False)
-        command = [
-            sys.executable,
-            "-m",
-            "detectorkit",
-            "aggregate",
-            "--bootstrap-servers",
-            bootstrap,
-            "--metrics-topic",
-            metrics_topic,
-            "--aggregate-topic",
-            f"{metrics_topic}-agg",
-            "--port",
-            str(self.port),
-            "--interval-seconds",
-            "1",
-            "--ttl-seconds",
-            "4",
-        ]
+        command = aggregator_command(bootstrap, metrics_topic, self.port, "--ttl-seconds", "4")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         wait_for(self.answers, timeout=30, what="the aggregator's /metrics")
 
