@@ -6,7 +6,7 @@
 set -euo pipefail
 RUN_DIR=$1 NAME=$2
 PID=$(cat "$RUN_DIR/$NAME.pid")
-kill -TERM "$PID" 2>/dev/null || { rm -f "$RUN_DIR/$NAME.pid"; exit 0; }
+kill -TERM "$PID" 2>/dev/null || { rm -f "$RUN_DIR/$NAME.pid" "$RUN_DIR/$NAME.port"; exit 0; }
 for _ in $(seq 3000); do
     kill -0 "$PID" 2>/dev/null || break
     sleep 0.1
@@ -15,6 +15,6 @@ if kill -0 "$PID" 2>/dev/null; then
     echo "$NAME (pid $PID) did not stop within 300 s" >&2
     exit 1
 fi
-rm -f "$RUN_DIR/$NAME.pid"
+rm -f "$RUN_DIR/$NAME.pid" "$RUN_DIR/$NAME.port"
 grep -q '"job stopped"' "$RUN_DIR/$NAME.log" || { echo "$NAME did not stop cleanly; see $RUN_DIR/$NAME.log" >&2; exit 1; }
 echo "$NAME stopped: $(grep '"job stopped"' "$RUN_DIR/$NAME.log" | tail -n 1 | sed -E 's/.*("records": [0-9]+).*/\1/')"
