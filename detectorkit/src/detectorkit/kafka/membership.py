@@ -52,10 +52,7 @@ _NOT_OWNER = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, Kafka
 # the cooperative protocol no other member owns a partition until this one has revoked it, and
 # the revoke runs on the thread that retries, which drops what is no longer owned: the retry can
 # never move another owner's offsets.
-# STALE_MEMBER_EPOCH is the consumer protocol's ILLEGAL_GENERATION: the commit carried the epoch
-# an assignment change has just replaced (seen in a rolling replacement: the batch's query failed
-# and its records were written again after the restart).
-_AFTER_REBALANCE = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.STALE_MEMBER_EPOCH}
+_AFTER_REBALANCE = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION}
 
 # group.protocol: "classic" (JoinGroup/SyncGroup, any broker) or "consumer" (KIP-848, Kafka 4.0+).
 PROTOCOLS = ("classic", "consumer")
