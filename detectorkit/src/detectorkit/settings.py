@@ -92,10 +92,12 @@ class Settings(BaseModel):
     create_topics: bool = Field(False, description="Create missing input, output and dead-letter topics at start.")
     topic_partitions: int = Field(8, gt=0, description="Partitions of topics created by CREATE_TOPICS.")
     group_session_timeout_seconds: float = Field(
-        45.0,
+        10.0,
         ge=1,
-        description="How long the consumer group waits for a silent instance before giving its partitions to the others; "
-        "with INSTANCE_ID set, also how long a restarted instance has to get its own partitions back.",
+        description="How long the consumer group waits for a silent instance (killed, crashed) before giving its partitions to the "
+        "others or to its restart; with INSTANCE_ID set, also how long a restarted instance has to get its own partitions back "
+        "without a rebalance (above the restart time, if that matters more). Kafka's brokers accept 6 s and more by default "
+        "(group.min.session.timeout.ms); under GROUP_PROTOCOL=consumer the broker's group.consumer.session.timeout.ms rules.",
     )
     group_protocol: Literal["classic", "consumer"] = Field(
         "classic",
