@@ -3,7 +3,9 @@
 `detect` gets a batch of parsed records (one JSON object per row, its fields as columns) and returns
 one row per detection, keeping the index of the record it came from. Records that are not JSON
 objects, or that lack a field in REQUIRED_FIELDS, never reach it: they go to the dead-letter topic,
-and so does any record on which `detect` raises. Everything else (Kafka, Spark, offsets, metrics)
+and so does any record on which `detect` raises. Everything else (Kafka, Spark, offsets, metrics
+{%- if cookiecutter.detector_kind == "burst" %}, and
+the state it keeps between batches{% endif %})
 comes from detectorkit.
 """
 
@@ -12,8 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
-from detectorkit import Detector
+from detectorkit import Detector{% if cookiecutter.detector_kind == "burst" %}, State{% endif %}
 {%- if cookiecutter.detector_kind == "burst" %}
+
+# What the detector remembers of each customer between batches: the times of their last records
+# inside the window (at most min_records - 1) and when they were last flagged. A customer quiet for
+# longer than the TTL (event time) is forgotten; it must be at least the window (Config checks), and
+# the margin above it is how far a customer's records may lag the partition's newest without their
+# state being dropped too early.
+STATE = State(columns=("recent_ms", "flagged_ms"), ttl_seconds=3600)
 
 
 @dataclass(frozen=True)
@@ -23,24 +32,40 @@ class Config:
     min_records: int = 5
     window_seconds: float = 60.0
 
+    def __post_init__(self):
+        if self.min_records < 2:
+            raise ValueError("DETECTOR_MIN_RECORDS must be at least 2")
+        if not 0 < self.window_seconds <= STATE.ttl_seconds:
+            raise ValueError(f"DETECTOR_WINDOW_SECONDS must be above 0, at most the state TTL, {STATE.ttl_seconds:g}")
 
-REQUIRED_FIELDS = ("customer", "timestamp")
+
+# None: the customer is the Kafka key and the time the Kafka timestamp, both set by the normaliser.
+REQUIRED_FIELDS = ()
 
 
-def detect(records: pd.DataFrame, config: Config) -> pd.DataFrame:
-    """Flag a customer with at least `min_records` records within `window_seconds` in the batch:
-    one detection, on the record that completes the burst."""
-    times = pd.to_datetime(records["timestamp"], utc=True, format="ISO8601")
-    ordered = pd.DataFrame({"customer": records["customer"], "time": times}).sort_values(["customer", "time"])
-    span = pd.Timedelta(seconds=config.window_seconds)
-    hits = []
-    for customer, group in ordered.groupby("customer", sort=False):
-        stamps = group["time"].tolist()
-        for last in range(config.min_records - 1, len(stamps)):
-            if stamps[last] - stamps[last - config.min_records + 1] <= span:
-                hits.append((group.index[last], customer))
-                break
-    return pd.DataFrame(
+def detect(records: pd.DataFrame, state: pd.DataFrame, config: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Flag a customer with at least `min_records` records within `window_seconds`: one detection, on
+    the record that completes the burst, and none for that customer for the next `window_seconds`.
+
+    Stateful: `records` has the customer as `key` and the record's time as `event_time`, and `state`
+    what the previous batches left for these customers (STATE's columns, indexed by customer). Each
+    customer's records are taken in the order they arrived, one at a time, from that state, so the
+    detections are the same however the records are split into batches, and across restarts."""
+    window_ms = int(config.window_seconds * 1000)
+    times_ms = records["event_time"].astype("int64") // 1_000_000
+    hits, new_state = [], {}
+    for customer, times in times_ms.groupby(records["key"], sort=False):
+        known = customer in state.index
+        recent = state.at[customer, "recent_ms"] if known else []
+        flagged = state.at[customer, "flagged_ms"] if known else None
+        for index, t in times.items():
+            recent = [s for s in [*recent, t] if t - s <= window_ms]
+            if len(recent) >= config.min_records and (pd.isna(flagged) or t - flagged > window_ms):
+                hits.append((index, customer))
+                flagged = t
+            recent = recent[1 - config.min_records :]  # the last min_records - 1: all a later burst can use
+        new_state[customer] = {"recent_ms": recent, "flagged_ms": flagged}
+    detections = pd.DataFrame(
         {
             "rule": "burst",
             "customer": [c for _, c in hits],
@@ -49,6 +74,7 @@ def detect(records: pd.DataFrame, config: Config) -> pd.DataFrame:
         },
         index=pd.Index([i for i, _ in hits], dtype=records.index.dtype),
     )
+    return detections, pd.DataFrame.from_dict(new_state, orient="index", columns=list(STATE.columns))
 {%- else %}
 
 
@@ -77,4 +103,7 @@ DETECTOR = Detector(
     detect=detect,
     config=Config,
     required_fields=REQUIRED_FIELDS,
+{%- if cookiecutter.detector_kind == "burst" %}
+    state=STATE,
+{%- endif %}
 )
