@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from detectorkit import Detector
+from detectorkit import Detector, State
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,65 @@ class UnpickledMarker:
         self.__dict__.update(state)
         with open(self.path, "a") as f:
             f.write(f"{os.getpid()}\n")
+
+
+@dataclass(frozen=True)
+class CountConfig:
+    every: int = 3
+    # Stretches the calls that see this key (all when empty), so one task of a batch finishes well
+    # before another and a test can act while the batch is half written.
+    delay_seconds: float = 0.0
+    slow_key: str = ""
+
+
+def every_nth(records: pd.DataFrame, state: pd.DataFrame, config: CountConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Flag every `every`-th record of a key: any state lost, replayed twice or split between two
+    owners shifts which records those are."""
+    counts = state["count"].to_dict()
+    hits = []
+    for index, key in records["key"].items():
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] % config.every == 0:
+            hits.append((index, counts[key]))
+    keys = records["key"].unique()
+    detections = pd.DataFrame({"count": [n for _, n in hits]}, index=pd.Index([i for i, _ in hits], dtype=records.index.dtype))
+    return detections, pd.DataFrame({"count": [counts[k] for k in keys]}, index=keys)
+
+
+COUNT = Detector(name="test-count", detect=every_nth, config=CountConfig, state=State(columns=("count",)))
+# The same changelog name with another shape: what a redeploy that changed the state meets.
+RESHAPED = Detector(name="test-count", detect=every_nth, config=CountConfig, state=State(columns=("total",)))
+
+
+def every_nth_reference(sent, every: int = CountConfig.every) -> set[tuple[int, int]]:
+    """(partition, offset) of every `every`-th record of each key, in one pass over what was produced
+    (counting what reaches the detector: every JSON object; it needs no field)."""
+    counts: dict[bytes, int] = {}
+    found = set()
+    for s in sorted(sent, key=lambda s: (s.partition, s.offset)):
+        if s.sample.kind in ("malformed_json", "not_an_object"):
+            continue
+        counts[s.sample.key] = counts.get(s.sample.key, 0) + 1
+        if counts[s.sample.key] % every == 0:
+            found.add((s.partition, s.offset))
+    return found
+
+
+@dataclass(frozen=True)
+class SilenceConfig:
+    silence_seconds: float = 10.0
+
+
+def quiet_keys(records: pd.DataFrame, state: pd.DataFrame, config: SilenceConfig):
+    """Each record moves its key's timer to its time + the silence."""
+    last = records.groupby("key")["event_time"].max()
+    new_state = pd.DataFrame({"last_ms": last.astype("int64") // 1_000_000}, index=last.index)
+    return pd.DataFrame(index=records.index[:0]), new_state, records["event_time"] + pd.Timedelta(seconds=config.silence_seconds)
+
+
+def went_quiet(fired: pd.DataFrame, config: SilenceConfig):
+    detections = pd.DataFrame({"last_ms": fired["last_ms"], "deadline_ms": fired["deadline"].astype("int64") // 1_000_000}, index=fired.index)
+    return detections, fired.iloc[:0][["last_ms"]]  # fired once: the key's state goes with it
+
+
+SILENCE = Detector(name="test-silence", detect=quiet_keys, config=SilenceConfig, state=State(columns=("last_ms",)), on_timer=went_quiet)

@@ -8,6 +8,11 @@
 topic. The function returns one row per detection, indexed by the index of the record it came
 from (filtering ``records`` keeps that index). `config` is an instance of the `config` dataclass,
 its fields read from ``DETECTOR_<FIELD>`` environment variables.
+
+A detector that remembers across batches declares its state (see `detectorkit.state.declaration`):
+
+    def detect(records: pd.DataFrame, state: pd.DataFrame, config: Config) -> tuple[pd.DataFrame, pd.DataFrame]: ...
+    DETECTOR = Detector(name="bursts", detect=detect, config=Config, state=State(columns=("recent_ms",), ttl_seconds=3600))
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from detectorkit.settings import config_from_env
+from detectorkit.state.declaration import State
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +38,30 @@ class Detector:
     detect: Callable[[pd.DataFrame, Any], pd.DataFrame]
     config: type = NoConfig
     required_fields: tuple[str, ...] = ()
+    # Per-key state kept across batches; None: the detector sees each batch alone.
+    state: State | None = None
+    # Called with the keys whose timers fired (see detectorkit.state.declaration).
+    on_timer: Callable[[pd.DataFrame, Any], tuple] | None = None
+
+    def __post_init__(self) -> None:
+        if self.state is not None and not isinstance(self.state, State):
+            raise TypeError(f"Detector(state=...) takes a detectorkit.State, not {type(self.state).__name__}")
+        if self.on_timer is not None and self.state is None:
+            raise TypeError("Detector(on_timer=...) needs state=State(...): a timer belongs to a key's state")
 
     def load_config(self, environ: Mapping[str, str] | None = None) -> Any:
         """The config dataclass filled from DETECTOR_<FIELD> variables; SettingsError on a bad value."""
         return config_from_env(self.config, "DETECTOR_", environ)
+
+
+def detections_of(out: Any, index: pd.Index, single: bool = False) -> list[tuple[int, dict]]:
+    """A detect() function's detections as (record position, fields), checked against the records'
+    index; with `single`, the batch held one record and every detection is that record's."""
+    if not isinstance(out, pd.DataFrame):
+        raise TypeError(f"detect() must return a pandas DataFrame of detections, not {type(out).__name__}")
+    if out.empty:
+        return []
+    if not single and not out.index.isin(index).all():
+        raise ValueError("detect() returned rows whose index is not the index of an input record")
+    positions = [int(index[0])] * len(out) if single else [int(i) for i in out.index]
+    return list(zip(positions, out.to_dict(orient="records"), strict=True))

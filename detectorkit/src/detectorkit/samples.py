@@ -19,6 +19,8 @@ class Sample:
     value: bytes
     kind: str
     amount: float | None = None
+    # The record's Kafka timestamp (ms); None: the time it is produced.
+    timestamp_ms: int | None = None
 
 
 def samples(count: int, seed: int = 7, bad_every: int = 50, high_share: float = 0.05) -> Iterator[Sample]:

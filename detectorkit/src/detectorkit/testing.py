@@ -5,6 +5,9 @@ Apache Kafka started by `kafka_broker.KafkaBroker` where Java and Maven (or its 
 there; else a Kafka container where a Docker engine answers; else the embedded broker (Tansu).
 DETECTORKIT_TEST_BROKER=kafka|container|tansu insists on one. `kafka_broker_kind` tells which, so a
 test that needs what Tansu lacks can skip with a reason.
+
+`DetectorHarness` runs a detector over a sequence of batches, with restarts, without Kafka or Spark
+(see `detectorkit.state.harness`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ import pytest
 from detectorkit.kafka import clients
 from detectorkit.kafka.topic_reader import read_topic
 from detectorkit.samples import Sample
+from detectorkit.state.harness import DetectorError, DetectorHarness, event_times
+
+__all__ = ["DetectorError", "DetectorHarness", "event_times", "create_test_topics", "produce", "read_all"]
 
 EXTERNAL, KAFKA, CONTAINER, TANSU = "external", "kafka", "container", "tansu"
 
@@ -66,7 +72,8 @@ def produce(bootstrap_servers: str, topic: str, samples: Iterable[Sample]) -> li
         sent.append(None)
         while True:
             try:
-                producer.produce(topic, key=sample.key, value=sample.value, on_delivery=delivered(index, sample))
+                stamp = {} if getattr(sample, "timestamp_ms", None) is None else {"timestamp": sample.timestamp_ms}
+                producer.produce(topic, key=sample.key, value=sample.value, on_delivery=delivered(index, sample), **stamp)
                 break
             except BufferError:
                 producer.poll(0.05)

@@ -1,0 +1,6 @@
+"""Keyed state kept across micro-batches: declared by a detector, held per input partition in the
+task that processes the partition, backed by a compacted changelog topic in Kafka."""
+
+from detectorkit.state.declaration import State, StateSchemaError
+
+__all__ = ["State", "StateSchemaError"]

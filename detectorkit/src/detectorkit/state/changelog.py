@@ -1,0 +1,90 @@
+"""The changelog topic: created with the service's topics, read back partition by partition.
+
+One changelog partition per input partition (partition p's state in partition p), compacted, so it
+holds about one record per live key. Compaction waits an hour (`min.compaction.lag.ms`): a crash
+leaves changes of a batch that was never committed in the log, and until its replay writes them
+again, the older, committed value of a key must still be there for a restore to find.
+
+A partition is read back with a consumer of its own, assigned, in no group (as Kafka Streams'
+`StoreChangelogReader`), until the end it reports after a fetch (exact on every broker, where
+ListOffsets is not on Tansu); a read that stops making progress fails the task, and with it the batch.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+
+from detectorkit.kafka import broker_kind, clients
+from detectorkit.settings import SettingsError
+from detectorkit.state.codec import tag_of
+
+# An hour: far longer than a crashed task takes to be replayed, far shorter than a segment lives.
+COMPACTION_LAG_MS = 3_600_000
+TOPIC_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(COMPACTION_LAG_MS)}
+
+
+@dataclass(frozen=True)
+class StateContext:
+    """What a task needs to find its partitions' state: pickled to the workers with the task."""
+
+    topic: str
+    client_conf: dict[str, Any]
+    timeout: float = 30.0
+    # A store no task has used for this long is dropped from the worker (its partition moved away).
+    idle_seconds: float = 600.0
+    # A partition with nothing to read is taken to have reached this long before the wall clock (timers).
+    idle_grace_seconds: float = 60.0
+    input_topic: str = ""
+
+
+def create(base_conf: Mapping[str, Any], topic: str, input_topic: str, kind: str, timeout: float) -> None:
+    """The changelog topic with the input's partition count; SettingsError when one exists with another."""
+    admin = clients.new_admin(base_conf)
+    wanted = len(clients.topic_partitions(admin, input_topic, timeout))
+    # Tansu has no compaction; there the changelog just grows (a demo broker).
+    config = {} if kind == broker_kind.TANSU else TOPIC_CONFIG
+    clients.create_topics(base_conf, {topic: wanted}, timeout, config=config)
+    have = len(clients.topic_partitions(admin, topic, timeout))
+    if have != wanted:
+        raise SettingsError(
+            f"state changelog {topic!r} has {have} partitions, input topic {input_topic!r} has {wanted}: "
+            f"partition p's state lives in partition p, so they must match; add partitions to {topic!r} "
+            "only together with the input, or give the State a new name to start from empty state"
+        )
+
+
+def read(ctx: StateContext, partition: int, start: int | None) -> Iterator[tuple[str, bytes | None, int | None, int]]:
+    """(key, value, input offset, changelog offset) of partition `partition` from `start` (None: its
+    first record) to its end."""
+    conf = clients.consumer(
+        ctx.client_conf,
+        f"detectorkit-restore-{uuid.uuid4()}",
+        **{"enable.partition.eof": True, "isolation.level": "read_uncommitted", "enable.auto.commit": False},
+    )
+    consumer = clients.new_consumer(conf)
+    try:
+        consumer.assign([TopicPartition(ctx.topic, partition, OFFSET_BEGINNING if start is None else start)])
+        progress = time.monotonic()
+        while True:
+            messages = consumer.consume(10_000, timeout=0.5)
+            if messages:
+                progress = time.monotonic()
+            elif time.monotonic() - progress > ctx.timeout:
+                raise TimeoutError(f"reading state changelog {ctx.topic}-{partition} made no progress for {ctx.timeout:g} s")
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        return
+                    if error.fatal() or not error.retriable():
+                        raise KafkaException(error)
+                    continue
+                yield message.key().decode(), message.value(), tag_of(message.headers()), message.offset()
+    finally:
+        consumer.close()

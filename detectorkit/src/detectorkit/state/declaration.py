@@ -1,0 +1,97 @@
+"""What a stateful detector declares, and the checks on what its function returns.
+
+    STATE = State(columns=("recent_ms", "flagged_ms"), ttl_seconds=3600)
+
+    def detect(records: pd.DataFrame, state: pd.DataFrame, config: Config) -> tuple[pd.DataFrame, pd.DataFrame]:
+        ...
+        return detections, new_state
+
+`records` carries two columns the runtime adds: `key`, the record's Kafka key (the customer, as the
+normaliser writes it), and `event_time`, its Kafka timestamp (the record's own time, as the
+normaliser writes it). `state` holds one row per key of the batch that has state, indexed by key,
+with the declared columns. The function returns its detections (indexed by the record each came
+from, as a stateless detector's) and the new state of the batch's keys, indexed by key: a key of the
+batch missing from it has no state any more. Values are JSON types (numbers, strings, booleans,
+None, lists and dicts of them): they travel through the changelog and must read back the same.
+
+Timers: `detect` may return a third value, a Series of times indexed by key: each key of the batch
+gets that timer (NaT or absent: none). A timer fires once the partition's event time (its newest
+record time) reaches it: `on_timer(fired, config) -> (detections, new_state[, timers])` gets the
+state of the keys whose timers fired, indexed by key, with a `deadline` column, and returns
+detections indexed by key. That is how a detector flags what did not happen ("a customer who paid
+every hour went silent for 3 hours"). A partition that gets no records at all for
+TIMER_IDLE_GRACE_SECONDS has its event time moved to the wall clock minus that grace, so its timers
+fire without records (a processing-time fallback: only there may a replay answer differently).
+
+State is keyed by the Kafka key, never by a field: the key decides the partition, and a partition's
+state lives with the task that reads it, so keying by a field the partitioner did not use would
+split a key's state across partitions (and instances). Key the records upstream instead (the
+normaliser keys by customer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pandas as pd
+
+from detectorkit.settings import check_topic_name
+
+# Columns the runtime adds to the records a stateful detector sees, and to the keys whose timers fired.
+KEY, EVENT_TIME, DEADLINE = "key", "event_time", "deadline"
+_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+class StateSchemaError(ValueError):
+    """The changelog holds state of another shape than the detector declares (changed after a redeploy)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+    """Per-key state of a detector.
+
+    columns: the state's columns (a key's state is one row).
+    ttl_seconds: a key unseen for longer than this, in event time, is dropped; None keeps keys until
+        the detector drops them. Event time is the partition's newest record time.
+    name: names the changelog topic (`<consumer group>.<name>`); a new name starts from empty state,
+        the way to throw state away on purpose after its shape changed.
+    """
+
+    columns: tuple[str, ...]
+    ttl_seconds: float | None = None
+    name: str = "state"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", tuple(self.columns))
+        if not self.columns or len(set(self.columns)) != len(self.columns) or not all(isinstance(c, str) and c for c in self.columns):
+            raise ValueError(f"State(columns=...) needs distinct, non-empty column names, not {self.columns!r}")
+        if self.ttl_seconds is not None and self.ttl_seconds <= 0:
+            raise ValueError(f"State(ttl_seconds=...) must be positive or None, not {self.ttl_seconds!r}")
+        if not _NAME.match(self.name):
+            raise ValueError(f"State(name=...) may use only letters, digits, '.', '_' and '-', not {self.name!r}")
+
+    @property
+    def ttl_ms(self) -> int | None:
+        return None if self.ttl_seconds is None else int(self.ttl_seconds * 1000)
+
+    def changelog_topic(self, consumer_group: str) -> str:
+        return check_topic_name(f"{consumer_group}.{self.name}")
+
+    def empty(self) -> pd.DataFrame:
+        return pd.DataFrame(columns=list(self.columns), index=pd.Index([], dtype=object, name=KEY))
+
+    def check_returned(self, new_state: object, keys: pd.Index) -> pd.DataFrame:
+        """The new state as returned, checked: a DataFrame of the declared columns indexed by keys of the batch."""
+        if not isinstance(new_state, pd.DataFrame):
+            raise TypeError(
+                f"a stateful detect() returns (detections, new_state); new_state must be a pandas DataFrame, not {type(new_state).__name__}"
+            )
+        if set(new_state.columns) != set(self.columns):
+            raise ValueError(f"new_state has columns {sorted(map(str, new_state.columns))}, the State declares {sorted(self.columns)}")
+        if new_state.index.has_duplicates:
+            raise ValueError("new_state has a key twice: one row per key")
+        stray = new_state.index.difference(keys)
+        if len(stray):
+            raise ValueError(f"new_state has keys that are not in the batch: {list(stray[:3])}")
+        return new_state

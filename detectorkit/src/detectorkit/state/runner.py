@@ -1,0 +1,224 @@
+"""A stateful detector over one partition's records: its state read from the store, its function
+called on the records, the new state written back, and its timers fired as event time passes them.
+
+Event time is the partition's: the newest record time read so far. Before each record, every timer
+at or before that time fires (`on_timer`), as a single pass over the records one by one would do.
+The records between two firings go to `detect` at once, so a batch costs one call unless a timer
+falls inside it; a timer that `detect` sets and that falls due within the same records cuts them
+there, and the rest is run after it fired. The answers thus depend neither on where batches begin
+and end nor on which partitions share a task.
+
+If `detect` raises, the records are split in halves, run one after the other (the second half sees
+the state the first left), down to single records: only the records that make it fail go to the
+dead-letter topic, and their keys keep the state they had. If `on_timer` raises, the keys are split
+the same way; a key on which it fails goes to the dead-letter topic with its state, loses its timer
+and keeps its state.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from detectorkit.detector import detections_of
+from detectorkit.runtime import records as rec
+from detectorkit.state.declaration import DEADLINE, KEY
+from detectorkit.state.store import PartitionStore
+
+# Firings in a row at one event time before `on_timer` is deemed to loop (it keeps setting timers
+# at or before the time they fire).
+MAX_FIRINGS = 100
+
+
+@dataclass
+class TimerDetection:
+    key: str
+    fields: dict
+    deadline_ms: int
+
+
+@dataclass
+class TimerFailure:
+    key: str
+    message: str
+    value: bytes  # the key's state and timer, as JSON, for the dead letter
+
+
+@dataclass
+class Result:
+    found: list[tuple[int, dict]] = field(default_factory=list)  # (record position, fields)
+    rejected: list[rec.Rejected] = field(default_factory=list)
+    fired: list[TimerDetection] = field(default_factory=list)
+    failed_timers: list[TimerFailure] = field(default_factory=list)
+
+
+def run_stateful(
+    detector: Any, config: Any, frame: pd.DataFrame, stamps: pd.Series, store: PartitionStore, tag: int, idle_ms: int | None = None
+) -> Result:
+    """`frame`: one partition's records in offset order, with the `key` and `event_time` columns;
+    `stamps` their event times in ms, on the same index. `idle_ms`: with no records, the event time
+    the partition is taken to have reached (the processing-time fallback of a quiet partition)."""
+    result = Result()
+    if frame.empty:
+        if idle_ms is not None:
+            store.advance(idle_ms)
+        _fire(detector, config, store, store.event_ms, tag, result)
+        return result
+    # The event time before each record: the newest record time up to and including it.
+    marks = np.maximum.accumulate(np.maximum(stamps.to_numpy(dtype="int64"), store.event_ms))
+    pos, n = 0, len(frame)
+    while pos < n:
+        _fire(detector, config, store, int(marks[pos]), tag, result)
+        deadline = store.next_timer()
+        end = n if deadline is None else int(np.searchsorted(marks, deadline, side="left"))
+        while True:
+            timed = marks[pos:end] if detector.on_timer is not None else None
+            attempt = _attempt(detector, config, frame.iloc[pos:end], stamps.iloc[pos:end], store, timed)
+            if isinstance(attempt, Exception):  # it raised: bisect, writing as it goes (no timer is cut inside)
+                _bisect(detector, config, frame.iloc[pos:end], stamps.iloc[pos:end], store, tag, result)
+                break
+            found, prepared, cut = attempt
+            if cut is None:
+                store.write(prepared, tag)
+                result.found += found
+                break
+            end = pos + cut  # a timer it set falls due before these records end: run up to there first
+        store.advance(int(marks[end - 1]))
+        pos = end
+    _fire(detector, config, store, store.event_ms, tag, result)
+    return result
+
+
+def _attempt(detector, config, frame: pd.DataFrame, stamps: pd.Series, store: PartitionStore, marks: np.ndarray | None):
+    """(detections, prepared changes, where the records must be cut) of one call, or what it raised.
+
+    The cut: a record's timer that falls due before the key's next record with a timer (or before
+    the records end) must fire before the records after it are run; None if none does."""
+    keys = frame[KEY]
+    batch_keys = pd.Index(keys.unique(), dtype=object)
+    first = stamps.groupby(keys, sort=False).min().to_dict()
+    try:
+        out = detector.detect(frame, store.read(batch_keys, first), config)
+        found, new_state, timers = _unpack(out, frame.index, len(frame) == 1, "detect")
+        new_state = detector.state.check_returned(new_state, batch_keys)
+        final, cut = _record_timers(timers, frame, marks)
+        prepared = store.prepare(new_state, batch_keys, stamps.groupby(keys, sort=False).max().to_dict(), final)
+    except Exception as exc:  # noqa: BLE001 - user code: isolated by _bisect
+        return exc
+    return found, prepared, cut
+
+
+def _record_timers(timers: Any, frame: pd.DataFrame, marks: np.ndarray | None) -> tuple[dict[str, int | None] | None, int | None]:
+    """detect()'s timers (a Series on the records' index: the key's timer after that record; NaT
+    clears it; a record left out changes nothing) -> each key's last timer, and the cut."""
+    if timers is None:
+        return None, None
+    if not isinstance(timers, pd.Series):
+        raise TypeError(f"timers must be a pandas Series of times indexed like the records (each record's key's timer), not {type(timers).__name__}")
+    if not timers.index.isin(frame.index).all():
+        raise ValueError("timers has an index that is not the index of an input record: one timer per record, indexed like the records")
+    times = pd.to_datetime(timers, utc=True)
+    by_record = {i: (None if pd.isna(t) else t.value // 1_000_000) for i, t in times.items()}
+    entries = np.flatnonzero(frame.index.isin(times.index))  # positions of records that set a timer
+    keys = frame[KEY].to_numpy()[entries]
+    ms = [by_record[i] for i in frame.index[entries]]
+    final = dict(zip(keys, ms, strict=True))  # the last record of a key wins
+    if marks is None or not len(entries):
+        return final, None
+    # Each timer is in force from its record to the key's next record with a timer (or the end).
+    following = pd.Series(entries).groupby(keys).shift(-1).to_numpy()
+    limit = np.where(np.isnan(following), len(frame) - 1, following).astype("int64")
+    armed = np.array([m is not None for m in ms])
+    if not armed.any():
+        return final, None
+    taus = np.array([m for m in ms if m is not None], dtype="int64")
+    due = np.maximum(entries[armed] + 1, np.searchsorted(marks, taus, side="left"))
+    hit = due <= limit[armed]
+    return final, (int(due[hit].min()) if hit.any() else None)
+
+
+def _bisect(detector, config, frame: pd.DataFrame, stamps: pd.Series, store: PartitionStore, tag: int, result: Result) -> None:
+    attempt = _attempt(detector, config, frame, stamps, store, None)
+    if not isinstance(attempt, Exception):
+        found, prepared, _ = attempt
+        store.write(prepared, tag)
+        result.found += found
+        return
+    if len(frame) == 1:
+        message = "".join(traceback.format_exception_only(type(attempt), attempt)).strip()
+        result.rejected.append(rec.Rejected(int(frame.index[0]), rec.DETECTOR_ERROR, message[:2000]))
+        return
+    middle = len(frame) // 2
+    _bisect(detector, config, frame.iloc[:middle], stamps.iloc[:middle], store, tag, result)
+    _bisect(detector, config, frame.iloc[middle:], stamps.iloc[middle:], store, tag, result)
+
+
+def _fire(detector, config, store: PartitionStore, event_ms: int, tag: int, result: Result) -> None:
+    if detector.on_timer is None:
+        return
+    for _ in range(MAX_FIRINGS):
+        due = store.due(event_ms)
+        if not due:
+            return
+        _fire_keys(detector, config, store, due, tag, result)
+    raise RuntimeError(f"on_timer keeps setting timers at or before event time {event_ms}: a timer must be later than the time it fires at")
+
+
+def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int]], tag: int, result: Result) -> None:
+    keys = [k for k, _ in due]
+    index = pd.Index(keys, dtype=object, name=KEY)
+    fired = pd.DataFrame(store.values_of(keys), index=index, columns=list(detector.state.columns))
+    fired[DEADLINE] = pd.to_datetime([at for _, at in due], unit="ms", utc=True).astype("datetime64[ns, UTC]")
+    try:
+        out = detector.on_timer(fired, config)
+        detections, new_state, timers = _unpack(out, None, False, "on_timer")
+        if not detections.index.isin(index).all():
+            raise ValueError("on_timer() returned detections whose index is not a key whose timer fired")
+        new_state = detector.state.check_returned(new_state, index)
+        # A fired timer is spent: the key has a timer again only if on_timer sets one.
+        prepared = store.prepare(new_state, keys, {k: store.seen_of(k) for k in keys}, {k: None for k in keys} | _key_timers(timers, index))
+    except Exception as exc:  # noqa: BLE001 - user code: a dead letter, never a crash
+        if len(due) > 1:
+            middle = len(due) // 2
+            _fire_keys(detector, config, store, due[:middle], tag, result)
+            _fire_keys(detector, config, store, due[middle:], tag, result)
+            return
+        message = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:2000]
+        (key, at), values = due[0], fired.iloc[0].drop(DEADLINE).to_dict()
+        value = json.dumps({"key": key, "state": values, "deadline_ms": at}, default=str).encode()
+        result.failed_timers.append(TimerFailure(key, message, value))
+        return
+    store.write(prepared, tag)
+    at_of = dict(due)
+    for key, fields in zip(detections.index, detections.to_dict(orient="records"), strict=True):
+        result.fired.append(TimerDetection(str(key), fields, at_of[key]))
+
+
+def _unpack(out: Any, index: pd.Index | None, single: bool, name: str):
+    if not isinstance(out, tuple) or len(out) not in (2, 3):
+        raise TypeError(f"a stateful {name}() returns (detections, new_state) or (detections, new_state, timers), not {type(out).__name__}")
+    detections, new_state = out[0], out[1]
+    timers = out[2] if len(out) == 3 else None
+    if index is None:
+        if not isinstance(detections, pd.DataFrame):
+            raise TypeError(f"{name}() must return a pandas DataFrame of detections, not {type(detections).__name__}")
+        return detections, new_state, timers
+    return detections_of(detections, index, single), new_state, timers
+
+
+def _key_timers(timers: Any, keys: pd.Index) -> dict[str, int]:
+    """on_timer()'s timers (a Series of times indexed by key; NaT: none) -> {key: ms}."""
+    if timers is None:
+        return {}
+    if not isinstance(timers, pd.Series):
+        raise TypeError(f"timers must be a pandas Series of times indexed by key, not {type(timers).__name__}")
+    stray = timers.index.difference(keys)
+    if len(stray):
+        raise ValueError(f"timers has keys that are not in the batch: {list(stray[:3])}")
+    times = pd.to_datetime(timers, utc=True).dropna()
+    return {str(k): int(t.value // 1_000_000) for k, t in times.items()}

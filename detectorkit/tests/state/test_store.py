@@ -1,0 +1,119 @@
+"""The partition store alone: what a batch reads and writes, TTL, and the changelog read back."""
+
+import pandas as pd
+import pytest
+
+from detectorkit import State
+from detectorkit.state import codec
+from detectorkit.state.declaration import StateSchemaError
+from detectorkit.state.store import PartitionStore
+
+STATE = State(columns=("count",), ttl_seconds=10)
+
+
+def write(store, counts, tag, at_ms=0):
+    keys = list(counts)
+    new = pd.DataFrame({"count": [counts[k] for k in keys if counts[k] is not None]}, index=[k for k in keys if counts[k] is not None])
+    store.write(store.prepare(new, keys, {k: at_ms for k in keys}), tag)
+    store.advance(at_ms)
+
+
+def test_a_batch_reads_what_the_last_one_wrote_and_a_key_left_out_loses_its_state():
+    store = PartitionStore(STATE, 0)
+    write(store, {"a": 1, "b": 2}, tag=10)
+    assert store.read(["a", "b", "c"]).to_dict(orient="index") == {"a": {"count": 1}, "b": {"count": 2}}
+    write(store, {"a": 5, "b": None}, tag=20)
+    assert store.snapshot() == {"a": {"count": 5}}
+    assert store.position == 20
+    # Every key of the batch goes to the changelog, deleted ones as tombstones.
+    assert dict(store.take_changes()) == {"a": codec.encode({"count": 5}, 0), "b": None}
+    assert store.take_changes() == []
+
+
+def test_reads_give_json_values_so_a_restart_changes_nothing_and_the_store_cannot_be_changed_in_place():
+    store = PartitionStore(State(columns=("seen",)), 0)
+    new = pd.DataFrame({"seen": [(1, 2)]}, index=["a"])
+    store.write(store.prepare(new, ["a"], {"a": 0}), 1)
+    first = store.read(["a"])
+    assert first.at["a", "seen"] == [1, 2]  # a tuple comes back a list, as from the changelog
+    first.at["a", "seen"].append(3)
+    assert store.read(["a"]).at["a", "seen"] == [1, 2]
+
+
+def test_a_value_that_is_not_json_is_refused_before_anything_changes():
+    store = PartitionStore(STATE, 0)
+    new = pd.DataFrame({"count": [pd.Timestamp("2026-01-01", tz="UTC")]}, index=["a"])
+    with pytest.raises(TypeError, match="JSON types"):
+        store.prepare(new, ["a"], {"a": 0})
+    assert len(store) == 0 and store.take_changes() == []
+
+
+def test_ttl_follows_event_time_and_sweeps_only_what_expired():
+    store = PartitionStore(STATE, 0)
+    write(store, {"old": 1}, tag=1, at_ms=0)
+    write(store, {"new": 1}, tag=2, at_ms=10_000)
+    assert store.expire(2) == 0  # 10 s after "old": at its TTL, not past it
+    write(store, {"newer": 1}, tag=3, at_ms=10_001)
+    assert store.expire(3) == 1
+    assert set(store.snapshot()) == {"new", "newer"}
+    assert ("old", None) in store.take_changes()
+
+
+def test_an_expired_key_reads_as_new_for_a_record_past_its_ttl():
+    store = PartitionStore(STATE, 0)
+    write(store, {"a": 7}, tag=1, at_ms=0)
+    assert store.read(["a"], {"a": 10_000}).at["a", "count"] == 7
+    assert store.read(["a"], {"a": 10_001}).empty
+
+
+def test_a_rotating_key_space_keeps_the_store_flat():
+    store = PartitionStore(STATE, 0)
+    sizes = []
+    for second in range(200):
+        write(store, {f"k{second}-{i}": 1 for i in range(5)}, tag=second + 1, at_ms=second * 1000)
+        store.expire(second + 1)
+        sizes.append(len(store))
+    assert max(sizes[50:]) == min(sizes[50:]) == 55  # 11 seconds of keys, 5 a second
+    assert len(store._expiry) <= 2 * len(store) + 1024
+
+
+def test_restore_skips_changes_of_batches_never_committed_and_a_zombies_late_writes():
+    written = PartitionStore(STATE, 0)
+    log = []
+    for counts, tag in (({"a": 1, "b": 1}, 100), ({"a": 2}, 200), ({"a": 99, "b": 99}, 300)):  # 300: never committed
+        write(written, counts, tag)
+        log += [(k, v, tag) for k, v in written.take_changes()]
+    log.append(("a", codec.encode({"count": 1}, 0), 100))  # a zombie's batch, written late
+    restored = PartitionStore(STATE, 0)
+    tombs = {}
+    applied = [restored.apply(k, v, t, 200, tombs) for k, v, t in log]
+    assert restored.snapshot() == {"a": {"count": 2}, "b": {"count": 1}}
+    assert applied == [True, True, True, False, False, False]
+
+
+def test_a_tombstone_is_not_undone_by_an_older_write_read_after_it():
+    store = PartitionStore(STATE, 0)
+    tombs = {}
+    store.apply("a", codec.encode({"count": 1}, 0), 100, 500, tombs)
+    store.apply("a", None, 200, 500, tombs)
+    store.apply("a", codec.encode({"count": 1}, 0), 100, 500, tombs)
+    assert store.snapshot() == {}
+
+
+def test_state_of_another_shape_stops_with_the_store_named_and_what_to_do():
+    store = PartitionStore(State(columns=("total",)), 3, "state changelog svc.state-3")
+    with pytest.raises(StateSchemaError) as raised:
+        store.apply("a", codec.encode({"count": 1}, 0), 1, 10, {})
+    message = str(raised.value)
+    assert "svc.state-3" in message and "['count']" in message and "['total']" in message and "State(name=...)" in message
+    with pytest.raises(StateSchemaError, match="not detectorkit state"):
+        store.apply("a", b"not json", 1, 10, {})
+
+
+def test_a_missing_number_pandas_holds_as_nan_is_written_as_null_and_infinity_is_refused():
+    store = PartitionStore(State(columns=("count", "flagged_ms")), 0)
+    new = pd.DataFrame({"count": [1, 2], "flagged_ms": [None, 5]}, index=["a", "b"])  # pandas: NaN, 5.0
+    store.write(store.prepare(new, ["a", "b"], {"a": 0, "b": 0}), 1)
+    assert dict(store.take_changes())["a"] == codec.encode({"count": 1, "flagged_ms": None}, 0)
+    with pytest.raises(ValueError, match="JSON"):
+        store.prepare(pd.DataFrame({"count": [[float("inf")]], "flagged_ms": [None]}, index=["a"]), ["a"], {"a": 0})

@@ -1,0 +1,139 @@
+"""Timers: what did not happen, flagged in event time, the same whatever the batches, restarts and
+partitions; a quiet partition's timers fire from the wall clock; a failing on_timer is a dead letter."""
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from detectorkit import Detector, State
+from detectorkit.testing import DetectorError, DetectorHarness
+
+from ..detectors import SILENCE, SilenceConfig, quiet_keys, went_quiet
+
+Config = SilenceConfig
+detect, on_timer = quiet_keys, went_quiet
+
+
+def stream(rows):
+    """rows: (key, seconds)"""
+    return pd.DataFrame({"key": [k for k, _ in rows], "event_time": pd.to_datetime([s for _, s in rows], unit="s", utc=True)})
+
+
+def reference(rows, silence=10):
+    """One pass, record by record: before a record, every timer at or before the newest time so
+    far fires; then the record moves its key's timer."""
+    timers, fired, now = {}, [], None
+    for key, second in rows:
+        now = second if now is None else max(now, second)
+        for k, at in sorted(timers.items(), key=lambda kv: (kv[1], kv[0])):
+            if at <= now:
+                fired.append((k, at))
+                del timers[k]
+        timers[key] = second + silence
+    return fired, timers
+
+
+def fired_of(run):
+    out = run.take_fired()
+    if out.empty:
+        return []
+    return sorted(zip(out.index, (out["deadline_ms"] // 1000).astype(int), strict=True))
+
+
+def test_a_key_that_goes_quiet_fires_once_when_other_records_pass_its_deadline():
+    run = DetectorHarness(SILENCE)
+    run.batch(stream([("a", 0), ("b", 1), ("a", 5)]))
+    run.batch(stream([("b", 10)]))
+    assert fired_of(run) == []  # a is due at 15, b at 20
+    run.batch(stream([("b", 15), ("b", 16)]))
+    assert fired_of(run) == [("a", 15)]
+    run.batch(stream([("b", 40)]))
+    assert fired_of(run) == [("b", 26)]  # a fired once; b's last record was at 16
+
+
+def test_a_timer_set_and_due_within_one_batch_fires_before_the_records_after_it():
+    run = DetectorHarness(SILENCE)
+    run.batch(stream([("a", 0), ("b", 11), ("a", 12)]))
+    # a was silent from 0 to 10: it fired at b's record (11), before a came back at 12.
+    assert fired_of(run) == [("a", 10)]
+    assert set(run.state()) == {"a", "b"}
+
+
+def test_timers_survive_a_restart_and_the_partition_moving():
+    run = DetectorHarness(SILENCE, partitions=2)
+    run.batch(stream([("a", 0), ("b", 0), ("c", 3)]))
+    run.restart()
+    run.batch(stream([("a", 20), ("b", 20), ("c", 20)]))
+    assert fired_of(run) == [("a", 10), ("b", 10), ("c", 13)]
+
+
+def test_a_quiet_partition_fires_when_the_wall_clock_minus_the_grace_passes_its_timers():
+    run = DetectorHarness(SILENCE)
+    run.batch(stream([("a", 0)]))
+    run.advance(pd.Timestamp(9, unit="s", tz="UTC"))
+    assert fired_of(run) == []
+    run.advance(pd.Timestamp(10, unit="s", tz="UTC"))
+    assert fired_of(run) == [("a", 10)]
+
+
+def test_on_timer_that_raises_is_a_dead_letter_and_the_others_fire():
+    def fragile(fired, config):
+        if "bad" in fired.index:
+            raise ValueError("cannot")
+        return on_timer(fired, config)
+
+    run = DetectorHarness(Detector(name="s", detect=detect, config=Config, state=State(columns=("last_ms",)), on_timer=fragile))
+    run.batch(stream([("a", 0), ("bad", 0)]))
+    with pytest.raises(DetectorError, match="cannot"):
+        run.batch(stream([("c", 30)]))
+    assert fired_of(run) == [("a", 10)]
+
+
+def test_a_timer_for_a_key_without_state_is_refused():
+    def no_state(records, state, config):
+        return pd.DataFrame(index=records.index[:0]), pd.DataFrame({"last_ms": []}), records["event_time"]
+
+    run = DetectorHarness(Detector(name="s", detect=no_state, config=Config, state=State(columns=("last_ms",)), on_timer=on_timer))
+    with pytest.raises(DetectorError, match="a timer needs state"):
+        run.batch(stream([("a", 0)]))
+
+
+def test_on_timer_needs_state():
+    with pytest.raises(TypeError, match="state=State"):
+        Detector(name="s", detect=detect, on_timer=on_timer)
+
+
+@st.composite
+def streams(draw):
+    """In-order event times (per partition, as a producer stamping records writes them), a few keys,
+    cut into batches at random, with restarts at random."""
+    steps = draw(st.lists(st.tuples(st.sampled_from("abcde"), st.integers(0, 8)), min_size=1, max_size=60))
+    rows, now = [], 0
+    for key, gap in steps:
+        now += gap
+        rows.append((key, now))
+    cuts = sorted(set(draw(st.lists(st.integers(1, len(rows)), max_size=8))))
+    restarts = draw(st.lists(st.booleans(), min_size=len(cuts) + 1, max_size=len(cuts) + 1))
+    return rows, cuts, restarts, draw(st.integers(1, 3))
+
+
+@settings(max_examples=150, deadline=None)
+@given(streams())
+def test_timers_fire_the_same_whatever_the_batches_restarts_and_partitions(case):
+    rows, cuts, restarts, partitions = case
+    run = DetectorHarness(SILENCE, partitions=partitions)
+    bounds = [0, *cuts, len(rows)]
+    for (start, end), restart in zip(zip(bounds, bounds[1:], strict=False), restarts, strict=False):
+        if end > start:
+            run.batch(stream(rows[start:end]))
+        if restart:
+            run.restart()
+    fired = fired_of(run)
+    # The reference runs all keys as one partition: a key's timer waits on its partition's time, so
+    # compare per partition.
+    expected = []
+    for p in range(partitions):
+        mine = [(k, s) for k, s in rows if run.partition_of(k) == p]
+        expected += reference(mine)[0]
+    assert fired == sorted(expected)
