@@ -132,6 +132,11 @@ class Settings(BaseModel):
     query_restart_backoff_seconds: float = Field(
         1.0, gt=0, description="Wait before the first restart of a failed query; doubled for each next one, up to 30 s."
     )
+    timer_idle_grace_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="A detector's timers on a partition that got no record for this long fire as the wall clock minus it passes them.",
+    )
     kafka_options: dict[str, str] = Field(default_factory=dict, description="librdkafka settings passed through (security.protocol, sasl.*, ssl.*).")
 
     @field_validator("log_level", "kafka_broker_kind", "starting_offsets", "group_protocol", mode="before")
@@ -272,5 +277,9 @@ def config_from_env(config: type, prefix: str, environ: Mapping[str, str] | None
     try:
         return TypeAdapter(config).validate_python(values, strict=False)
     except ValidationError as exc:
-        parts = [f"{prefix}{'.'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}" for e in exc.errors()]
+        # A check of the whole config (its __post_init__) names no field: its message says which.
+        parts = [
+            f"{prefix}{'.'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}" if e["loc"] else e["msg"].removeprefix("Value error, ")
+            for e in exc.errors()
+        ]
         raise SettingsError(f"invalid {prefix.rstrip('_').lower()} setting " + "; ".join(parts)) from None

@@ -33,6 +33,9 @@ class PartitionRange:
     # A partition the job has not seen before starts at its earliest record; if retention already
     # removed offsets from `start` on, that is not data loss, just where the partition begins.
     from_earliest: bool = False
+    # The source's newest tick when planned (SourceOptions.tick_seconds): a tick changes state (timers
+    # fire) without moving the offset, so a state store knows it is current by (offset, tick).
+    tick: int = 0
 
     @property
     def size(self) -> int:

@@ -107,6 +107,9 @@ class SourceOptions:
     broker_kind: str = kinds.AUTO
     # A worker's cached reading consumer is closed after this long unused (see worker_clients).
     client_idle_seconds: float = 60.0
+    # Plan a batch at least this often, with an empty range for each partition that has nothing to
+    # read (a tick: timers of quiet partitions fire in it); None: only when there are records.
+    tick_seconds: float | None = None
 
     def resolved(self) -> SourceOptions:
         """These options with the broker kind detected, if it was AUTO."""
@@ -135,6 +138,8 @@ class SourceOptions:
 
 
 _SECRET_OPTION = "detectorkit.secret."
+# The offset's field that counts the source's ticks (SourceOptions.tick_seconds).
+TICK = "detectorkit.tick"
 
 
 class KafkaInputPartition(InputPartition):
@@ -273,11 +278,23 @@ class KafkaStreamReader(DataSourceStreamReader):
         if limit is None:  # PySpark before 4.2 passes neither argument
             limit = self.getDefaultReadLimit()
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return to_spark(self.options.topic, cap_end_offsets(planned, latest, max_rows))
+        end = to_spark(self.options.topic, cap_end_offsets(planned, latest, max_rows))
+        if self.options.tick_seconds:
+            # A new tick is a new offset: Spark plans a batch even when no record arrived.
+            end[TICK] = int(time.time() // self.options.tick_seconds)
+        return end
 
     def partitions(self, start: dict, end: dict) -> list[KafkaInputPartition]:
         topic = self.options.topic
-        ranges = plan_ranges(topic, from_spark(topic, start), from_spark(topic, end))
+        first, last = from_spark(topic, start), from_spark(topic, end)
+        ranges = plan_ranges(topic, first, last)
+        tick = end.get(TICK)
+        if tick is not None:
+            if tick != (start or {}).get(TICK):
+                # Every partition with nothing to read gets an empty range: its task fires its timers.
+                planned = {r.partition for r in ranges}
+                ranges += [PartitionRange(topic, p, o, o) for p, o in sorted(last.items()) if p not in planned]
+            ranges = [dataclasses.replace(r, tick=tick) for r in ranges]
         return [KafkaInputPartition(group) for group in pack_ranges(ranges, self.options.max_tasks, self.options.min_task_records)]
 
     def commit(self, end: dict) -> None:

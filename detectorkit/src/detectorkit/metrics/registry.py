@@ -134,6 +134,21 @@ class JobMetrics:
         self.query_restarts = Counter(
             f"{PREFIX}_query_restarts", "Failed Spark queries restarted from the group's offsets, by error.", ["error"], registry=r
         )
+        self.state_keys = Gauge(f"{PREFIX}_state_keys", "Keys held in the state store, per input partition.", ["partition"], registry=r)
+        self.state_bytes = Gauge(
+            f"{PREFIX}_state_bytes", "Size of the state store's values (as in the changelog), per input partition.", ["partition"], registry=r
+        )
+        self.state_changelog_records = Counter(f"{PREFIX}_state_changelog_records", "State changes written to the changelog topic.", registry=r)
+        self.state_expired_keys = Counter(f"{PREFIX}_state_expired_keys", "Keys dropped from the state store by their TTL.", registry=r)
+        self.state_restored_records = Counter(
+            f"{PREFIX}_state_restored_records", "Changelog records read to restore or catch up state stores.", registry=r
+        )
+        self.state_restore = Histogram(
+            f"{PREFIX}_state_restore_seconds",
+            "Time to restore or catch up one partition's state store from the changelog.",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
         self.executors = ExecutorProcesses()
         r.register(self.executors)
         if process_tree:
@@ -159,11 +174,21 @@ class JobMetrics:
     def forget_partitions(self, partitions) -> None:
         """Another instance reports these now: keep the sums across instances right."""
         for partition in partitions:
-            for gauge in (self.lag, self.committed):
+            for gauge in (self.lag, self.committed, self.state_keys, self.state_bytes):
                 try:
                     gauge.remove(str(partition))
                 except KeyError:
                     pass
+
+    def record_state(self, partition: int, report: Mapping[str, float]) -> None:
+        """What a task reports of a partition's state store (processing.PartitionSummary.state)."""
+        self.state_keys.labels(partition=str(partition)).set(report["keys"])
+        self.state_bytes.labels(partition=str(partition)).set(report["bytes"])
+        self.state_changelog_records.inc(report["written"])
+        self.state_expired_keys.inc(report["expired"])
+        if report["restored"] or report["restore_seconds"]:
+            self.state_restored_records.inc(report["restored"])
+            self.state_restore.observe(report["restore_seconds"])
 
     def lag_total(self) -> int:
         """The lag of every partition this instance owns, summed, as last set."""

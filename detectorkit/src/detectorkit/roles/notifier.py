@@ -74,6 +74,8 @@ class NotifierConfig:
 
 def detection_id(detection: Mapping[str, Any]) -> str:
     s = detection["source"]
+    if "timer_ms" in s:  # a timer's detection names no record: its key and its time say which it is
+        return f"{detection['service']}|{s['topic']}|{s['partition']}|timer|{s['key']}|{s['timer_ms']}"
     return f"{detection['service']}|{s['topic']}|{s['partition']}|{s['offset']}"
 
 

@@ -48,13 +48,15 @@ from detectorkit.runtime.health import Progress
 from detectorkit.runtime.processing import SUMMARY_SCHEMA, TaskContext, process_in_driver, process_partition, process_planned, warm_worker
 from detectorkit.runtime.stage import Stage, as_stage
 from detectorkit.settings import Settings
+from detectorkit.state import changelog
+from detectorkit.state.changelog import StateContext
 
 log = structlog.get_logger("detectorkit.job")
 
 # Errors no restart mends: the job stops with them at once. Anything else that kills the query (a
 # Python worker that did not connect back in time on a busy machine, a broker that went away) is
 # retried from the group's committed offsets, with backoff, until it persists.
-PERMANENT_ERRORS = ("DataLossError", "NoCommittedOffsetsError", "TopicAccessError", "SettingsError")
+PERMANENT_ERRORS = ("DataLossError", "NoCommittedOffsetsError", "TopicAccessError", "SettingsError", "StateSchemaError")
 RESTART_BACKOFF_CAP_SECONDS = 30.0
 
 
@@ -97,6 +99,9 @@ class StreamJob:
         if getattr(self.stage, "runs_in_driver", False) and deliver != "ranges":
             # The driver reads the planned ranges itself; records through the JVM would be read twice.
             raise ValueError(f"{self.stage.name} runs in the driver, which reads its ranges itself: deliver must be 'ranges'")
+        if getattr(self.stage, "state", None) is not None and deliver != "ranges":
+            # A store reflects its partition up to a range's start: only planned ranges say where that is.
+            raise ValueError(f"{self.stage.name} keeps state, which its tasks restore up to their ranges' starts: deliver must be 'ranges'")
         self.deliver = deliver
         # The query reading the partitions this instance owns; replaced when they change.
         self.query = None
@@ -127,6 +132,8 @@ class StreamJob:
         self.progress = Progress()  # for liveness: when a batch last completed
         # How long a worker keeps an unused Kafka client (tests shorten it).
         self.client_idle_seconds = 60.0
+        # How long a worker keeps a state store no task uses (0: every task restores its state, as tests do).
+        self.state_idle_seconds = 600.0
 
     def source_options(self) -> SourceOptions:
         s = self.settings
@@ -142,7 +149,14 @@ class StreamJob:
             deliver=self.deliver,
             broker_kind=self.broker_kind,
             client_idle_seconds=self.client_idle_seconds,
+            tick_seconds=self._tick_seconds(),
         )
+
+    def _tick_seconds(self) -> float | None:
+        """How often the source plans a batch with nothing to read, for the timers of quiet partitions."""
+        if getattr(getattr(self.stage, "detector", None), "on_timer", None) is None:
+            return None
+        return max(0.5, min(10.0, self.settings.timer_idle_grace_seconds / 4))
 
     def _fresh_checkpoint(self) -> str:
         """A checkpoint directory that holds nothing: the group's offsets are the only position."""
@@ -171,6 +185,7 @@ class StreamJob:
             client_idle_seconds=self.client_idle_seconds,
             log_level=s.log_level,
             log_context=(("service", self.stage.name), ("instance", s.instance_id)),
+            state=self._state_context(),
         )
         self._format = SOURCE_NAME
         if self.deliver == "ranges" and not getattr(self.stage, "runs_in_driver", False):
@@ -181,6 +196,8 @@ class StreamJob:
         # (6.5 s measured on 2 cores); done now, it overlaps the group join instead of delaying
         # the first batch.
         threading.Thread(target=self._warm_workers, name="warm-workers", daemon=True).start()
+        if self._task.state is not None:
+            changelog.create(self._base, self._task.state.topic, s.input_topic, self.broker_kind, timeout)
         if hasattr(self.stage, "prepare_job"):
             self.stage.prepare_job(self.config, s, self._base, self.broker_kind)
         # Lag needs the true end, as the source plans it (ListOffsets gets it wrong on Tansu).
@@ -219,6 +236,20 @@ class StreamJob:
         self._serving.start()
         self._ready.wait(timeout + s.group_session_timeout_seconds)
         return self.query
+
+    def _state_context(self) -> StateContext | None:
+        state = getattr(self.stage, "state", None)
+        if state is None:
+            return None
+        s = self.settings
+        return StateContext(
+            state.changelog_topic(s.consumer_group),
+            self._base,
+            s.connect_timeout_seconds,
+            self.state_idle_seconds,
+            s.timer_idle_grace_seconds,
+            s.input_topic,
+        )
 
     def _warm_workers(self) -> None:
         n = max(1, self.spark.sparkContext.defaultParallelism)
@@ -444,6 +475,8 @@ class StreamJob:
             latency_counts = [a + b for a, b in zip(latency_counts, json.loads(row.latency_counts), strict=True)]
             latency_sum += row.latency_sum
             self.metrics.executors.update(json.loads(row.processes))
+            if row.state:
+                self.metrics.record_state(row.partition, json.loads(row.state))
         collected = time.monotonic()
         # Every task has flushed its producer: the output is written, so the position may move.
         with self._offsets_lock:
@@ -613,7 +646,7 @@ class StreamJob:
 
 
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
-_OUR_ERRORS = ("DataLossError", "NoCommittedOffsetsError", "DeliveryError", "TimeoutError", "KafkaException", "LookupError")
+_OUR_ERRORS = ("DataLossError", "NoCommittedOffsetsError", "StateSchemaError", "DeliveryError", "TimeoutError", "KafkaException", "LookupError")
 
 
 def describe(exc: BaseException) -> str:

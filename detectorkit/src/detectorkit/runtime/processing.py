@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import structlog
 
 from detectorkit import logs
 from detectorkit.kafka import sink as sinks
@@ -27,9 +28,16 @@ from detectorkit.kafka.source import SourceOptions, ranges_from_row, read_planne
 from detectorkit.metrics import executors
 from detectorkit.metrics.registry import bucket_counts
 from detectorkit.runtime.stage import Source, Stage
+from detectorkit.state import cache
+from detectorkit.state.changelog import StateContext
+from detectorkit.state.codec import INPUT_OFFSET_HEADER
+from detectorkit.state.store import PartitionStore
+
+_log = structlog.get_logger("detectorkit.state")
 
 SUMMARY_SCHEMA = (
-    "partition int, next_offset long, records long, detections long, dead_letters string, latency_counts string, latency_sum double, processes string"
+    "partition int, next_offset long, records long, detections long, dead_letters string, latency_counts string, latency_sum double, "
+    "processes string, state string"
 )
 _SUMMARY_ARROW = pa.schema(
     [
@@ -42,6 +50,8 @@ _SUMMARY_ARROW = pa.schema(
         ("latency_sum", pa.float64()),
         # What the task's processes cost (metrics.executors), on the first row only.
         ("processes", pa.string()),
+        # The partition's state store (keys, bytes, restore, changelog records), for a detector with state.
+        ("state", pa.string()),
     ]
 )
 
@@ -62,6 +72,8 @@ class TaskContext:
     # The job's log level and context (service, instance), for the JSON logs of its Python workers.
     log_level: str = "INFO"
     log_context: tuple[tuple[str, str], ...] = ()
+    # Where a stage with keyed state finds it (None: the stage keeps none).
+    state: StateContext | None = None
 
 
 @dataclass
@@ -72,6 +84,19 @@ class PartitionSummary:
     dead_letters: Counter = field(default_factory=Counter)
     # Kafka timestamps (ms) of the records whose detections were written, for the latency histogram.
     detected_at: list[int] = field(default_factory=list)
+    timer_detections: int = 0  # detections of timers: no input record, no latency
+    state: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Stores:
+    """The state stores of a task's partitions, opened at its start, and each partition's tag: the
+    end of its range, the input offset its changes reflect."""
+
+    stores: dict[int, PartitionStore]
+    tags: dict[int, int]
+    restored: dict[int, tuple[int, float]]  # changelog records read to open it, and the seconds it took
+    idle: set[int]  # partitions planned with nothing to read: a tick, for their timers
 
 
 def _headers(ctx: TaskContext, reason: str, message: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
@@ -85,9 +110,25 @@ def _headers(ctx: TaskContext, reason: str, message: str, topic: str, partition:
     ]
 
 
-def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, summaries: dict[int, PartitionSummary]) -> None:
+def process_batch(
+    ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, summaries: dict[int, PartitionSummary], stores: Stores | None = None
+) -> None:
     if batch.num_rows == 0:
         return
+    partitions = batch.column("partition").to_numpy()
+    if stores is not None:
+        # State is per partition: each partition's records go through the detector on their own,
+        # in offset order, with that partition's store.
+        for p in np.unique(partitions).tolist():
+            part = batch if (partitions == p).all() else batch.filter(pa.array(partitions == p))
+            _process_records(ctx, part, sink, summaries, stores, p)
+        return
+    _process_records(ctx, batch, sink, summaries, None, None)
+
+
+def _process_records(
+    ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, summaries: dict[int, PartitionSummary], stores: Stores | None, partition: int | None
+) -> None:
     partitions = batch.column("partition").to_numpy()
     offsets = batch.column("offset").to_numpy()
     topic = batch.column("topic")[0].as_py()
@@ -101,12 +142,12 @@ def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, sum
             topic, int(partitions[position]), int(offsets[position]), stamps[position].as_py(), None if key is None else key.decode(errors="replace")
         )
 
-    found, rejected = ctx.stage.run(values, ctx.config, source, ctx.service)
-    for out in found:
-        p = int(partitions[out.position])
-        key = keys[out.position].as_py() if out.key is None else out.key.encode()
-        sink.send(ctx.output_topic, key, json.dumps(out.value, default=str).encode(), timestamp_ms=out.timestamp_ms)
-        summaries.setdefault(p, PartitionSummary()).detected_at.append(stamps[out.position].as_py())
+    if stores is None:
+        found, rejected = ctx.stage.run(values, ctx.config, source, ctx.service)
+    else:
+        store, tag = stores.stores[partition], stores.tags[partition]
+        found, rejected = ctx.stage.run_keyed(values, keys.to_pylist(), stamps.to_numpy(), ctx.config, source, ctx.service, store, tag, topic)
+    _send_outputs(ctx, found, sink, summaries, keys, partitions, stamps, topic)
     for r in rejected:
         i = r.position
         p = int(partitions[i])
@@ -114,13 +155,31 @@ def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, sum
         sink.send(ctx.dlq_topic, keys[i].as_py(), values[i].as_py() or b"", headers)
         summaries.setdefault(p, PartitionSummary()).dead_letters[r.reason] += 1
 
-    detections_in = Counter(int(partitions[out.position]) for out in found) if ctx.stage.counts_as_detection else Counter()
+    detections_in = Counter(int(partitions[out.position]) for out in found if out.position >= 0) if ctx.stage.counts_as_detection else Counter()
     for p in np.unique(partitions).tolist():
         mask = partitions == p
         s = summaries.setdefault(p, PartitionSummary())
         s.records += int(mask.sum())
         s.detections += detections_in.get(p, 0)
         s.next_offset = max(s.next_offset, int(offsets[mask].max()) + 1)
+
+
+def _send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int, PartitionSummary], keys, partitions, stamps, topic: str) -> None:
+    for out in found:
+        if out.position < 0:  # a timer's: it names no input record
+            if out.dead_letter is not None:
+                reason, message, value = out.dead_letter
+                sink.send(ctx.dlq_topic, out.key.encode(), value, _headers(ctx, reason, message, topic, out.partition, -1))
+                summaries.setdefault(out.partition, PartitionSummary()).dead_letters[reason] += 1
+                continue
+            sink.send(ctx.output_topic, out.key.encode(), json.dumps(out.value, default=str).encode(), timestamp_ms=out.timestamp_ms)
+            if ctx.stage.counts_as_detection:
+                summaries.setdefault(out.partition, PartitionSummary()).timer_detections += 1
+            continue
+        p = int(partitions[out.position])
+        key = keys[out.position].as_py() if out.key is None else out.key.encode()
+        sink.send(ctx.output_topic, key, json.dumps(out.value, default=str).encode(), timestamp_ms=out.timestamp_ms)
+        summaries.setdefault(p, PartitionSummary()).detected_at.append(stamps[out.position].as_py())
 
 
 def process_partition(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -140,21 +199,81 @@ def process_planned(ctx: TaskContext, source: SourceOptions, ranges: list[Partit
     of them would leave lag that never reaches 0."""
     logs.setup_once(ctx.log_level, **dict(ctx.log_context))  # in a Python worker: the job's JSON logs
     ends: dict[int, int] = {}
+    stores = _open_stores(ctx, ranges) if ctx.state is not None else None
 
     def batches():
-        yield from read_planned(source, ranges)
+        reading = [r for r in ranges if r.size]
+        if reading:
+            yield from read_planned(source, reading)
         for r in ranges:  # read in full: only now may the position move to its end
             ends[r.partition] = max(ends.get(r.partition, -1), r.end)
 
-    return _process(ctx, batches(), ends)
+    return _process(ctx, batches(), ends, stores)
 
 
-def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch], ends: dict[int, int]) -> Iterator[pa.RecordBatch]:
+def _fire_idle(ctx: TaskContext, stores: Stores, sink: sinks.Sink, summaries: dict[int, PartitionSummary]) -> None:
+    """The timers of partitions with nothing to read in this batch (a tick of the source's planner)
+    fire as the wall clock minus the grace passes them: no record says how far their event time got."""
+    idle_ms = int(time.time() * 1000 - ctx.state.idle_grace_seconds * 1000)
+    empty = pa.array([], pa.binary())
+    for p in stores.idle:
+        found, _ = ctx.stage.run_keyed(
+            empty, [], np.array([], "int64"), ctx.config, None, ctx.service, stores.stores[p], stores.tags[p], ctx.state.input_topic, idle_ms
+        )
+        _send_outputs(ctx, found, sink, summaries, None, None, None, ctx.state.input_topic)
+
+
+def _open_stores(ctx: TaskContext, ranges: list[PartitionRange]) -> Stores:
+    """Each partition's store, reflecting its input up to the range's start (the group's committed
+    offset): restored from the changelog first when this worker's copy is not that."""
+    stores, tags, restored = {}, {}, {}
+    idle = {r.partition for r in ranges if r.size == 0}
+    for r in ranges:
+        opened = cache.open_store(ctx.state, ctx.stage.state, r.partition, r.start, r.tick)
+        stores[r.partition], tags[r.partition] = opened.store, r.end
+        if opened.restored or opened.seconds:
+            _log.info(
+                "state restored", partition=r.partition, changelog_records=opened.restored, keys=len(opened.store), seconds=round(opened.seconds, 3)
+            )
+        restored[r.partition] = (opened.restored, opened.seconds)
+    return Stores(stores, tags, restored, idle)
+
+
+def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch], ends: dict[int, int], stores: Stores | None = None) -> Iterator[pa.RecordBatch]:
     summaries: dict[int, PartitionSummary] = {}
     with sinks.for_worker(ctx.producer_conf, ctx.client_idle_seconds) as sink:
+        # 1. the records: detections and dead letters sent as they are found.
         for batch in batches:
-            process_batch(ctx, batch, sink, summaries)
+            process_batch(ctx, batch, sink, summaries, stores)
+        if stores is not None:
+            _fire_idle(ctx, stores, sink, summaries)
+            # 2. the outputs flushed first: a change in the changelog never stands for an output
+            # that was not written (a timer that fired on a quiet partition changes state at the
+            # offset already committed, so nothing else would hold its change back on a restore).
+            sink.flush(ctx.flush_timeout)
+            # 3. the state's changes: one record per key, the batch's end as its tag, in the
+            # changelog partition of the input partition. The driver commits the offsets only once
+            # every task has flushed them.
+            for p, store in stores.stores.items():
+                tag = stores.tags[p]
+                expired = store.expire(tag)
+                changes = store.take_changes()
+                headers = [(INPUT_OFFSET_HEADER, str(tag).encode())]
+                for key, value in changes:
+                    sink.send(ctx.state.topic, key.encode(), value, headers, partition=p)
+                restored, seconds = stores.restored[p]
+                summaries.setdefault(p, PartitionSummary()).state = {
+                    "keys": len(store),
+                    "bytes": store.bytes,
+                    "written": len(changes),
+                    "expired": expired,
+                    "restored": restored,
+                    "restore_seconds": seconds,
+                }
         sink.flush(ctx.flush_timeout)
+    if stores is not None:
+        for store in stores.stores.values():  # only now: a task that failed leaves no store behind
+            cache.keep(ctx.state, store)
     for p, end in ends.items():
         s = summaries.setdefault(p, PartitionSummary())
         s.next_offset = max(s.next_offset, end)
@@ -168,11 +287,12 @@ def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch], ends: dict[int
                 pa.array([p for p, _ in items], pa.int32()),
                 pa.array([s.next_offset for _, s in items], pa.int64()),
                 pa.array([s.records for _, s in items], pa.int64()),
-                pa.array([s.detections for _, s in items], pa.int64()),
+                pa.array([s.detections + s.timer_detections for _, s in items], pa.int64()),
                 pa.array([json.dumps(dict(s.dead_letters)) for _, s in items], pa.string()),
                 pa.array([json.dumps(bucket_counts(values)) for values in latencies], pa.string()),
                 pa.array([float(sum(values)) for values in latencies], pa.float64()),
                 pa.array([json.dumps(executors.report())] + ["[]"] * (len(items) - 1), pa.string()),
+                pa.array([json.dumps(s.state) if s.state else None for _, s in items], pa.string()),
             ],
             schema=_SUMMARY_ARROW,
         )

@@ -14,11 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from detectorkit.detector import Detector
+from detectorkit.detector import Detector, detections_of
 from detectorkit.runtime import records as rec
+from detectorkit.state.declaration import EVENT_TIME, KEY, State
+from detectorkit.state.runner import run_stateful
+from detectorkit.state.store import PartitionStore
 
 
 @dataclass(frozen=True)
@@ -34,10 +38,13 @@ class Source:
 
 @dataclass(frozen=True)
 class Output:
-    position: int
+    position: int  # -1: no input record (a timer's detection); `key` and `partition` say whose
     value: dict[str, Any]
     key: str | None = None  # None: the input record's key
     timestamp_ms: int | None = None  # the output record's Kafka timestamp; None: the time it is written
+    partition: int | None = None  # the input partition, when `position` is -1
+    # (reason, message, value): not an output but a dead letter that names no input record.
+    dead_letter: tuple[str, str, bytes] | None = None
 
 
 class Stage(Protocol):
@@ -69,11 +76,55 @@ class DetectorStage:
     def load_config(self) -> Any:
         return self.detector.load_config()
 
+    @property
+    def state(self) -> State | None:
+        return self.detector.state
+
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[rec.Rejected]]:
         frame, rejected = rec.parse_arrow(values, self.detector.required_fields)
         found, failed = run_detector(self.detector, config, frame)
-        outputs = [Output(position, {"service": service, "detection": fields, "source": source(position).__dict__}) for position, fields in found]
-        return outputs, rejected + failed
+        return self._outputs(found, source, service), rejected + failed
+
+    def run_keyed(
+        self,
+        values: pa.Array,
+        keys: list[bytes | None],
+        stamps_ms: np.ndarray,
+        config: Any,
+        source: Callable[[int], Source],
+        service: str,
+        store: PartitionStore,
+        tag: int,
+        topic: str,
+        idle_ms: int | None = None,
+    ) -> tuple[list[Output], list[rec.Rejected]]:
+        """`run` for a detector with state: one partition's records, in offset order, with their
+        Kafka keys and timestamps; `store` holds the partition's state, `tag` is the batch's end,
+        `idle_ms` the event time a quiet partition is taken to have reached. Detections of timers
+        name no record: their key is the state's, their timestamp the timer's."""
+        frame, rejected = rec.parse_arrow(values, self.detector.required_fields) if len(values) else (pd.DataFrame(), [])
+        keyless = [int(i) for i in frame.index if keys[int(i)] is None]
+        if keyless:
+            rejected += [rec.Rejected(i, rec.MISSING_FIELD, "a detector with state needs the record's Kafka key (its state's key)") for i in keyless]
+            frame = frame.drop(index=keyless)
+        positions = frame.index.to_numpy()
+        if len(positions):
+            frame[KEY] = [keys[i].decode(errors="replace") for i in positions]
+            frame[EVENT_TIME] = pd.to_datetime(stamps_ms[positions], unit="ms", utc=True).astype("datetime64[ns, UTC]")
+        result = run_stateful(self.detector, config, frame, pd.Series(stamps_ms[positions], index=frame.index), store, tag, idle_ms)
+        outputs = self._outputs(result.found, source, service)
+        for d in result.fired:
+            # What the detection is about: the key's timer, in its partition (the notifier's identity of a detection).
+            timer = {"topic": topic, "partition": store.partition, "key": d.key, "timer_ms": d.deadline_ms, "timestamp_ms": d.deadline_ms}
+            value = {"service": service, "detection": d.fields, "source": timer}
+            outputs.append(Output(-1, value, key=d.key, timestamp_ms=d.deadline_ms, partition=store.partition))
+        for f in result.failed_timers:
+            outputs.append(Output(-1, {}, key=f.key, partition=store.partition, dead_letter=(rec.DETECTOR_ERROR, f.message, f.value)))
+        return outputs, rejected + result.rejected
+
+    @staticmethod
+    def _outputs(found: list[tuple[int, dict]], source: Callable[[int], Source], service: str) -> list[Output]:
+        return [Output(position, {"service": service, "detection": fields, "source": source(position).__dict__}) for position, fields in found]
 
 
 def as_stage(job: Detector | Stage) -> Stage:
@@ -90,7 +141,7 @@ def run_detector(detector: Detector, config: Any, frame: pd.DataFrame) -> tuple[
     if frame.empty:
         return [], []
     try:
-        return _detections(detector.detect(frame, config), frame.index, single=len(frame) == 1), []
+        return detections_of(detector.detect(frame, config), frame.index, single=len(frame) == 1), []
     except Exception as exc:  # noqa: BLE001 - any failure of user code is a dead letter, not a crash
         if len(frame) == 1:
             message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -99,14 +150,3 @@ def run_detector(detector: Detector, config: Any, frame: pd.DataFrame) -> tuple[
     found_a, failed_a = run_detector(detector, config, frame.iloc[:middle])
     found_b, failed_b = run_detector(detector, config, frame.iloc[middle:])
     return found_a + found_b, failed_a + failed_b
-
-
-def _detections(out: Any, index: pd.Index, single: bool = False) -> list[tuple[int, dict]]:
-    if not isinstance(out, pd.DataFrame):
-        raise TypeError(f"detect() must return a pandas DataFrame, not {type(out).__name__}")
-    if out.empty:
-        return []
-    if not single and not out.index.isin(index).all():
-        raise ValueError("detect() returned rows whose index is not the index of an input record")
-    positions = [int(index[0])] * len(out) if single else [int(i) for i in out.index]
-    return list(zip(positions, out.to_dict(orient="records"), strict=True))

@@ -1,0 +1,28 @@
+"""The source's ticks: a detector with timers gets a batch now and then even when nothing arrives,
+with an empty range for every partition that has nothing to read (their timers fire in it)."""
+
+from detectorkit.kafka.source import TICK, KafkaStreamReader, SourceOptions
+
+
+def reader(tick_seconds):
+    return KafkaStreamReader(SourceOptions(topic="in", client_conf={}, group="g", tick_seconds=tick_seconds, broker_kind="kafka"))
+
+
+def ranges_of(parts):
+    return sorted((r.partition, r.start, r.end) for p in parts for r in p.ranges)
+
+
+def test_a_new_tick_plans_empty_ranges_for_the_partitions_with_nothing_to_read():
+    start = {"in": {"0": 10, "1": 20}, TICK: 1}
+    end = {"in": {"0": 15, "1": 20}, TICK: 2}
+    assert ranges_of(reader(10).partitions(start, end)) == [(0, 10, 15), (1, 20, 20)]
+
+
+def test_within_one_tick_only_partitions_with_records_are_planned():
+    start = {"in": {"0": 10, "1": 20}, TICK: 2}
+    end = {"in": {"0": 15, "1": 20}, TICK: 2}
+    assert ranges_of(reader(10).partitions(start, end)) == [(0, 10, 15)]
+
+
+def test_without_timers_nothing_empty_is_planned():
+    assert ranges_of(reader(None).partitions({"in": {"0": 10, "1": 20}}, {"in": {"0": 15, "1": 20}})) == [(0, 10, 15)]

@@ -1,0 +1,172 @@
+"""A detector with state on a broker: state carried across micro-batches, read back from the
+changelog, consistent with the offsets after a kill -9, and refused when its shape changed."""
+
+import collections
+import json
+import random
+import signal
+import sys
+
+import pytest
+
+from detectorkit.kafka import clients
+from detectorkit.runtime.job import StreamJob
+from detectorkit.samples import Sample
+from detectorkit.settings import Settings
+from detectorkit.testing import create_test_topics, produce, read_all
+
+from ..detectors import COUNT, RESHAPED, SILENCE, SilenceConfig, every_nth_reference
+from ..jobs import Job, committed, job_env, run, wait_for
+
+PARTITIONS = 4
+
+
+def keyed(count, keys=40, seed=0):
+    """Records of a few keys, so each key has many records in many batches."""
+    rng = random.Random(seed)
+    for i in range(count):
+        key = f"customer-{rng.randrange(keys):03d}"
+        yield Sample(key.encode(), json.dumps({"id": f"r-{i}", "customer": key}).encode(), "valid")
+
+
+def settings(bootstrap, topics, **extra):
+    return Settings(
+        kafka_bootstrap_servers=bootstrap,
+        input_topic=topics.input,
+        output_topic=topics.output,
+        dlq_topic=topics.dlq,
+        consumer_group=topics.group,
+        **extra,
+    )
+
+
+def detections(bs, topics):
+    values = [json.loads(m["value"]) for m in read_all(bs, topics.output)]
+    return collections.Counter((v["source"]["partition"], v["source"]["offset"]) for v in values)
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["store-kept-in-the-worker", "store-restored-every-batch"])
+def test_state_carries_across_micro_batches_exactly_as_one_pass_would(spark, kafka_bootstrap_servers, kept):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "state", partitions=PARTITIONS)
+    sent = produce(bs, topics.input, keyed(3_000))
+    job = StreamJob(COUNT, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=250), spark)
+    if not kept:
+        job.state_idle_seconds = 0  # every task reads its partitions' state back from the changelog
+    job.start()
+    wait_for(lambda: job.stats.records >= 3_000 or job.terminated(0), what="3,000 records")
+    keys_held = sum(sample.value for family in job.metrics.state_keys.collect() for sample in family.samples)  # dropped on release
+    job.stop()
+    assert job.error() is None
+    assert job.stats.batches >= 12  # the state crossed a dozen batch boundaries at least
+    found = detections(bs, topics)
+    assert set(found) == every_nth_reference(sent)
+    assert set(found.values()) == {1}
+    changelog = f"{topics.group}.state"
+    assert len(clients.topic_partitions(clients.new_admin(clients.base(bs)), changelog, 10)) == PARTITIONS
+    assert keys_held == len({s.sample.key for s in sent})
+    if not kept:  # (kept, a store is still read back when Spark runs its partition in the other worker)
+        restored = sum(s.value for f in job.metrics.state_restored_records.collect() for s in f.samples if s.name.endswith("_total"))
+        assert restored > 0
+
+
+def test_kill_9_replays_the_uncommitted_batch_from_the_state_the_offsets_reflect(kafka_bootstrap_servers):
+    """The changelog holds the killed batch's changes, which the group's offsets do not: read back
+    with them, every key's count would run ahead and the detections after the restart would shift."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "state-kill9", partitions=PARTITIONS)
+    sent = produce(bs, topics.input, keyed(6_000, seed=1))
+    command = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:COUNT"]
+    # One partition's calls are slow: the task holding the others writes its detections and its
+    # changelog seconds before the batch can commit.
+    env = job_env(
+        bs,
+        topics,
+        starting_offsets="earliest",
+        max_records_per_batch=1_000,
+        min_records_per_task=1,
+        detector_delay_seconds=4,
+        detector_slow_key="customer-000",
+    )
+    job = Job(env, command)
+
+    def batch_in_flight_has_written():
+        written = detections(bs, topics)  # first: a batch committed between the two reads must not count
+        ends = committed(bs, topics, range(PARTITIONS))
+        return any(offset >= (ends[p] or 0) for p, offset in written)
+
+    wait_for(batch_in_flight_has_written, timeout=180, what="a batch in flight with output")
+    job.signal_group(signal.SIGKILL)
+    job.wait(60)
+    at_kill = committed(bs, topics, range(PARTITIONS))
+    assert 0 < sum(o or 0 for o in at_kill.values()) < len(sent), job.output()
+
+    code, output = run({**env, "STOP_AFTER_IDLE_SECONDS": "3", "DETECTOR_DELAY_SECONDS": "0"}, command=command)
+    assert code == 0, output
+    found = detections(bs, topics)
+    assert set(found) == every_nth_reference(sent)  # nothing lost, nothing shifted
+    duplicated = {x for x, n in found.items() if n > 1}
+    assert duplicated, "the kill must land while a batch is half written for this test to mean anything"
+    assert all(offset >= (at_kill[p] or 0) for p, offset in duplicated)  # only the uncommitted batch repeats
+
+
+def test_state_of_another_shape_stops_the_job_at_start_naming_the_changelog(spark, kafka_bootstrap_servers):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "state-shape", partitions=2)
+    produce(bs, topics.input, keyed(200))
+    first = StreamJob(COUNT, settings(bs, topics, starting_offsets="earliest"), spark)
+    first.start()
+    wait_for(lambda: first.stats.records >= 200 or first.terminated(0), what="the first records")
+    first.stop()
+    produce(bs, topics.input, keyed(50, seed=2))
+
+    job = StreamJob(RESHAPED, settings(bs, topics, query_restart_attempts=5), spark)
+    job.start()
+    assert job.terminated(120), "a changed state shape must stop the job, not be retried"
+    job.stop()
+    error = job.error()
+    assert error.startswith("StateSchemaError: ") and "\n" not in error
+    assert f"{topics.group}.state" in error and "State(name=...)" in error
+    assert job.stats.records == 0  # nothing processed with state it could not read
+
+
+def timer_detections(bs, topics):
+    values = [json.loads(m["value"]) for m in read_all(bs, topics.output)]
+    return collections.Counter(v["source"]["key"] for v in values if "timer_ms" in v["source"])
+
+
+def test_a_quiet_topics_timers_fire_once_per_key_from_the_wall_clock(spark, kafka_bootstrap_servers):
+    """No record arrives after the keys go quiet: the source's ticks run the partitions' tasks and
+    the wall clock minus the grace moves their event time past the timers."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "state-quiet", partitions=2)
+    job = StreamJob(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=SilenceConfig(silence_seconds=2))
+    job.start()
+    sent = produce(bs, topics.input, keyed(60, keys=12))
+    wait_for(lambda: len(timer_detections(bs, topics)) >= 12 or job.terminated(0), timeout=90, what="a detection per quiet key")
+    batches = job.stats.batches
+    wait_for(lambda: job.stats.batches >= batches + 3, timeout=60, what="three more ticks")  # time for a wrong second firing
+    job.stop()
+    assert job.error() is None
+    assert timer_detections(bs, topics) == {s.sample.key.decode(): 1 for s in sent}
+
+
+def test_a_timer_due_while_its_partition_moves_fires_once_on_the_new_owner(spark, kafka_bootstrap_servers):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "state-move", partitions=2)
+    config = SilenceConfig(silence_seconds=6)
+    first = StreamJob(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=config)
+    first.start()
+    sent = produce(bs, topics.input, keyed(40, keys=8))
+    wait_for(lambda: first.stats.records >= 40 or first.terminated(0), what="the records")
+    first.stop()  # before any timer is due: they leave with the partitions, in the changelog
+    assert timer_detections(bs, topics) == {}
+    second = StreamJob(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=config)
+    second.state_idle_seconds = 0  # as a new instance: nothing of the first one's stores
+    second.start()
+    wait_for(lambda: len(timer_detections(bs, topics)) >= 8 or second.terminated(0), timeout=90, what="a detection per quiet key")
+    batches = second.stats.batches
+    wait_for(lambda: second.stats.batches >= batches + 3, timeout=60, what="three more ticks")
+    second.stop()
+    assert second.error() is None
+    assert timer_detections(bs, topics) == {s.sample.key.decode(): 1 for s in sent}

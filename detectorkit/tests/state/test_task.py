@@ -1,0 +1,137 @@
+"""A task's state without Spark or Kafka: stores opened at the range's start, outputs flushed before
+the changelog, the store kept only after its task succeeded, timers of quiet partitions."""
+
+import contextlib
+import json
+import time
+
+import pyarrow as pa
+import pytest
+
+from detectorkit.kafka.planning import PartitionRange
+from detectorkit.runtime import processing
+from detectorkit.runtime.processing import TaskContext, _open_stores, _process
+from detectorkit.runtime.stage import as_stage
+from detectorkit.state import cache, changelog
+from detectorkit.state.changelog import StateContext
+
+from ..detectors import COUNT, SILENCE, CountConfig, SilenceConfig
+from ..runtime.test_processing import arrow
+
+
+class Sink:
+    def __init__(self, fail_flush=False, log=None):
+        self.events, self.fail_flush = [], fail_flush
+        self.log = log if log is not None else {}  # the changelog topic: partition -> records
+
+    def send(self, topic, key, value, headers=None, partition=None, timestamp_ms=None):
+        self.events.append(("send", topic, key, value, dict(headers or []), partition))
+        if topic == "svc.state":
+            self.log.setdefault(partition, []).append((key.decode(), value, int(dict(headers)["input_offset"])))
+
+    def flush(self, timeout):
+        self.events.append(("flush",))
+        if self.fail_flush:
+            raise RuntimeError("broker gone")
+
+
+@pytest.fixture
+def kafka(monkeypatch):
+    """The task's Kafka: a sink that records what is sent and flushed, and changelog reads counted."""
+    log = {}
+    state = {"sink": Sink(log=log), "reads": [], "log": log}
+
+    @contextlib.contextmanager
+    def for_worker(conf, idle=None):
+        state["sink"].log = log
+        yield state["sink"]
+
+    def read(ctx, partition, start):
+        state["reads"].append((partition, start))
+        records = log.get(partition, [])
+        return iter([(k, v, tag, offset) for offset, (k, v, tag) in enumerate(records) if offset >= (start or 0)])
+
+    monkeypatch.setattr(processing.sinks, "for_worker", for_worker)
+    monkeypatch.setattr(changelog, "read", read)
+    monkeypatch.setattr(cache, "_stores", {})
+    return state
+
+
+def task(detector, config, topic="svc.state", grace=60.0):
+    return TaskContext("svc", as_stage(detector), config, {}, "out", "svc.dlq", state=StateContext(topic, {}, 5.0, 600.0, grace, "in"))
+
+
+def run(ctx, batch, start, end, partition=3, tick=0):
+    ranges = [PartitionRange("in", partition, start, end, tick=tick)]
+    return list(_process(ctx, iter([batch] if batch is not None else []), {partition: end}, _open_stores(ctx, ranges)))
+
+
+def values(n):
+    return [json.dumps({"i": i}).encode() for i in range(n)]
+
+
+def test_outputs_are_flushed_before_the_changelog_and_the_store_is_kept_for_the_next_task(kafka):
+    ctx = task(COUNT, CountConfig(every=2))
+    batch = arrow(values(4), partition=3, first_offset=100)  # keys k0..k3: one record each
+    run(ctx, batch, 100, 104)
+    assert kafka["reads"] == [(3, None)]  # a fresh worker: the partition's state read back first
+    kinds = [(e[0], e[1] if e[0] == "send" else None) for e in kafka["sink"].events]
+    first_changelog = kinds.index(("send", "svc.state"))
+    assert ("flush", None) in kinds[:first_changelog] and kinds[-1] == ("flush", None)
+    changes = [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "svc.state"]
+    assert {e[2] for e in changes} == {b"k0", b"k1", b"k2", b"k3"}
+    assert {e[4]["input_offset"] for e in changes} == {b"104"} and {e[5] for e in changes} == {3}
+
+    kafka["sink"] = Sink()
+    run(ctx, arrow(values(4), partition=3, first_offset=104), 104, 108)  # the same keys again
+    assert kafka["reads"] == [(3, None)]  # the store was current: nothing read
+    out = [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]
+    assert len(out) == 4  # every key's second record
+
+
+def test_a_task_that_fails_leaves_no_store_behind(kafka):
+    ctx = task(COUNT, CountConfig(every=2))
+    kafka["sink"] = Sink(fail_flush=True)
+    with pytest.raises(RuntimeError, match="broker gone"):
+        run(ctx, arrow(values(4), partition=3, first_offset=100), 100, 104)
+    kafka["sink"] = Sink()
+    run(ctx, arrow(values(4), partition=3, first_offset=100), 100, 104)  # the batch again
+    assert kafka["reads"] == [(3, None), (3, None)]  # read back again, not taken from the failed task
+    assert not [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]  # counts started over: 1 each
+
+
+def test_a_quiet_partitions_timers_fire_in_an_empty_task_as_the_wall_clock_passes_them(kafka):
+    ctx = task(SILENCE, SilenceConfig(silence_seconds=1), grace=0.5)
+    now_ms = int(time.time() * 1000)
+    batch = arrow(values(2), partition=3, first_offset=100)
+    stamps = pa.array([(now_ms - 5_000) * 1000] * 2, pa.timestamp("us", tz="UTC"))
+    batch = batch.set_column(5, "timestamp", stamps)
+    run(ctx, batch, 100, 102)
+    assert not [e for e in kafka["sink"].events if e[1:2] == ("out",)]
+    kafka["sink"] = Sink()
+    run(ctx, None, 102, 102)  # a tick: nothing to read
+    out = [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]
+    assert sorted(e[2] for e in out) == [b"k0", b"k1"]
+    source = json.loads(out[0][3])["source"]
+    assert source["timer_ms"] == now_ms - 4_000 and source["partition"] == 3 and source["topic"] == "in"
+
+
+def test_a_tick_run_by_another_worker_is_seen_by_this_one_so_no_timer_fires_twice(kafka, monkeypatch):
+    """Spark runs a partition's tasks in whichever Python worker is free; a tick fires timers
+    without moving the offset, so a store is current only at the same offset and tick."""
+    ctx = task(SILENCE, SilenceConfig(silence_seconds=1), grace=0.5)
+    workers = {"a": {}, "b": {}}
+    now_ms = int(time.time() * 1000)
+    batch = arrow(values(2), partition=3, first_offset=100).set_column(
+        5, "timestamp", pa.array([(now_ms - 5_000) * 1000] * 2, pa.timestamp("us", tz="UTC"))
+    )
+    monkeypatch.setattr(cache, "_stores", workers["b"])
+    run(ctx, batch, 100, 102, tick=1)  # worker b sets the timers
+    monkeypatch.setattr(cache, "_stores", workers["a"])
+    kafka["sink"] = Sink()
+    run(ctx, None, 102, 102, tick=2)  # worker a runs the tick: they fire
+    assert len([e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]) == 2
+    monkeypatch.setattr(cache, "_stores", workers["b"])
+    kafka["sink"] = Sink()
+    run(ctx, None, 102, 102, tick=3)  # back on worker b, whose store still has them
+    assert not [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]
