@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from detectorkit.detector import NoConfig
 from detectorkit.runtime.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Refused, Rejected, parse_object
-from detectorkit.runtime.stage import Output, Source
+from detectorkit.runtime.stage import Output, Source, StageBase
 
 # Dead-letter reasons beyond those of parsing (see runtime.records).
 BAD_AMOUNT = "bad_amount"
@@ -169,7 +169,7 @@ def normalise(raw: dict[str, Any], fallback_id: str, fallback_timestamp_ms: int)
 
 
 @dataclasses.dataclass(frozen=True)
-class Normaliser:
+class Normaliser(StageBase):
     """The upstream role as a stage of the runtime: one normalised record per raw record, keyed by
     customer, or a dead letter with the reason."""
 

@@ -35,7 +35,7 @@ import pyarrow as pa
 import structlog
 
 from detectorkit.runtime.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Refused, Rejected, parse_object
-from detectorkit.runtime.stage import Output, Source
+from detectorkit.runtime.stage import Output, Source, StageBase
 from detectorkit.settings import SettingsError, config_from_env
 
 log = structlog.get_logger("detectorkit.notifier")
@@ -290,7 +290,7 @@ def delivery_for(config: NotifierConfig) -> Delivery:
 
 
 @dataclasses.dataclass
-class Notifier:
+class Notifier(StageBase):
     """The downstream role as a stage the runtime runs in the driver (`runs_in_driver`)."""
 
     name: str = "notifier"

@@ -96,10 +96,10 @@ class StreamJob:
         # are kept so the tests and the profile can compare them.
         if deliver not in ("ranges", "records"):
             raise ValueError(f"deliver must be 'ranges' or 'records', not {deliver!r}")
-        if getattr(self.stage, "runs_in_driver", False) and deliver != "ranges":
+        if self.stage.runs_in_driver and deliver != "ranges":
             # The driver reads the planned ranges itself; records through the JVM would be read twice.
             raise ValueError(f"{self.stage.name} runs in the driver, which reads its ranges itself: deliver must be 'ranges'")
-        if getattr(self.stage, "state", None) is not None and deliver != "ranges":
+        if self.stage.state is not None and deliver != "ranges":
             # A store reflects its partition up to a range's start: only planned ranges say where that is.
             raise ValueError(f"{self.stage.name} keeps state, which its tasks restore up to their ranges' starts: deliver must be 'ranges'")
         self.deliver = deliver
@@ -154,7 +154,7 @@ class StreamJob:
 
     def _tick_seconds(self) -> float | None:
         """How often the source plans a batch with nothing to read, for the timers of quiet partitions."""
-        if getattr(getattr(self.stage, "detector", None), "on_timer", None) is None:
+        if not self.stage.ticks:
             return None
         return max(0.5, min(10.0, self.settings.timer_idle_grace_seconds / 4))
 
@@ -188,7 +188,7 @@ class StreamJob:
             state=self._state_context(),
         )
         self._format = SOURCE_NAME
-        if self.deliver == "ranges" and not getattr(self.stage, "runs_in_driver", False):
+        if self.deliver == "ranges" and not self.stage.runs_in_driver:
             # The source's tasks read, detect and write themselves: one Python worker per task.
             self._format = f"{SOURCE_NAME}-{self.stage.name}-{uuid.uuid4().hex[:12]}"
             self.spark.dataSource.register(task_source(self._format, SUMMARY_SCHEMA, partial(process_planned, self._task)))
@@ -198,8 +198,7 @@ class StreamJob:
         threading.Thread(target=self._warm_workers, name="warm-workers", daemon=True).start()
         if self._task.state is not None:
             changelog.create(self._base, self._task.state.topic, s.input_topic, self.broker_kind, timeout)
-        if hasattr(self.stage, "prepare_job"):
-            self.stage.prepare_job(self.config, s, self._base, self.broker_kind)
+        self.stage.prepare_job(self.config, s, self._base, self.broker_kind)
         # Lag needs the true end, as the source plans it (ListOffsets gets it wrong on Tansu).
         self._ends = open_end_offsets(self.broker_kind, self._base, s.consumer_group, s.input_topic, timeout)
         metrics_conf = clients.base(s.metrics_bootstrap_servers, s.kafka_options) if s.metrics_bootstrap_servers else self._base
@@ -238,7 +237,7 @@ class StreamJob:
         return self.query
 
     def _state_context(self) -> StateContext | None:
-        state = getattr(self.stage, "state", None)
+        state = self.stage.state
         if state is None:
             return None
         s = self.settings
@@ -330,8 +329,7 @@ class StreamJob:
         before = self._running or frozenset()
         self._stop_query()
         if owned:
-            if hasattr(self.stage, "partitions_assigned"):
-                self.stage.partitions_assigned(owned - before)  # a stateful stage reads its state first
+            self.stage.partitions_assigned(owned - before)  # a stage with state in the driver reads it first
             start = self._start_offsets(owned)
             self._start_query(owned, start)
         self._running = owned
@@ -360,8 +358,7 @@ class StreamJob:
         with self._offsets_lock:
             self._committable -= partitions
             self.metrics.forget_partitions(partitions)
-        if hasattr(self.stage, "partitions_released"):
-            self.stage.partitions_released(partitions)
+        self.stage.partitions_released(partitions)
         log.info("partitions released", partitions=sorted(partitions), lost=lost, handover_seconds=round(time.monotonic() - began, 3))
 
     def _start_offsets(self, owned: frozenset[int]) -> dict[int, int]:
@@ -456,7 +453,9 @@ class StreamJob:
                 structlog.contextvars.unbind_contextvars("batch")
 
     def _process(self, frame, batch_id: int, started: float) -> BatchResult:
-        if getattr(self.stage, "runs_in_driver", False):
+        """One batch: the driver's steps of the commit sequence (runtime.checkpoint)."""
+        # 1-5 in the tasks (or, for a stage that runs in the driver, here, with 6: its after_flush).
+        if self.stage.runs_in_driver:
             rows = process_in_driver(self._task, self._source, frame)
         elif self.deliver == "ranges":
             rows = frame.collect()  # the source's tasks have read, detected and written
@@ -478,7 +477,33 @@ class StreamJob:
             if row.state:
                 self.metrics.record_state(row.partition, json.loads(row.state))
         collected = time.monotonic()
-        # Every task has flushed its producer: the output is written, so the position may move.
+        # 7. every task has flushed: the output and the state's changes are written, so the position may move.
+        self._commit(committed)
+        commit_seconds = time.monotonic() - collected
+        # 8. what the batch did.
+        result = BatchResult(batch_id, records, detections, dead, committed, time.monotonic() - started)
+        self.metrics.record_batch(records, detections, dead, result.seconds, latency_counts, latency_sum)
+        st = self.stats
+        st.batches += 1
+        st.records += records
+        st.detections += detections
+        st.dead_letters.update(dead)
+        st.last = result
+        if records:
+            log.info(
+                "batch done",
+                records=records,
+                detections=detections,
+                dead_letters=dict(dead),
+                committed={str(k): v for k, v in committed.items()},
+                seconds=round(result.seconds, 3),
+                tasks_seconds=round(collected - started, 3),
+                commit_seconds=round(commit_seconds, 3),
+            )
+        return result
+
+    def _commit(self, committed: dict[int, int]) -> None:
+        """The batch's end offsets, for the partitions this instance still owns."""
         with self._offsets_lock:
             mine = {p: o for p, o in committed.items() if p in self._committable}
         if mine != committed:
@@ -508,27 +533,6 @@ class StreamJob:
             if self.settings.fail_on_data_loss:
                 raise DataLossError(f"{problem}. Some records may never have been processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
             log.warning("skipping lost records", problem=problem)
-        commit_seconds = time.monotonic() - collected
-        result = BatchResult(batch_id, records, detections, dead, committed, time.monotonic() - started)
-        self.metrics.record_batch(records, detections, dead, result.seconds, latency_counts, latency_sum)
-        st = self.stats
-        st.batches += 1
-        st.records += records
-        st.detections += detections
-        st.dead_letters.update(dead)
-        st.last = result
-        if records:
-            log.info(
-                "batch done",
-                records=records,
-                detections=detections,
-                dead_letters=dict(dead),
-                committed={str(k): v for k, v in committed.items()},
-                seconds=round(result.seconds, 3),
-                tasks_seconds=round(collected - started, 3),
-                commit_seconds=round(commit_seconds, 3),
-            )
-        return result
 
     def maintain_offsets(self) -> None:
         """Called before each metrics report: lag of every partition the instance owns, also while

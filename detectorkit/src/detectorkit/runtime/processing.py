@@ -27,10 +27,10 @@ from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.source import SourceOptions, ranges_from_row, read_planned
 from detectorkit.metrics import executors
 from detectorkit.metrics.registry import bucket_counts
+from detectorkit.runtime import checkpoint
 from detectorkit.runtime.stage import Source, Stage
 from detectorkit.state import cache
 from detectorkit.state.changelog import StateContext
-from detectorkit.state.codec import INPUT_OFFSET_HEADER
 from detectorkit.state.store import PartitionStore
 
 _log = structlog.get_logger("detectorkit.state")
@@ -242,38 +242,14 @@ def _open_stores(ctx: TaskContext, ranges: list[PartitionRange]) -> Stores:
 def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch], ends: dict[int, int], stores: Stores | None = None) -> Iterator[pa.RecordBatch]:
     summaries: dict[int, PartitionSummary] = {}
     with sinks.for_worker(ctx.producer_conf, ctx.client_idle_seconds) as sink:
-        # 1. the records: detections and dead letters sent as they are found.
+        # The commit sequence's task steps (runtime.checkpoint): 1. the records.
         for batch in batches:
             process_batch(ctx, batch, sink, summaries, stores)
         if stores is not None:
-            _fire_idle(ctx, stores, sink, summaries)
-            # 2. the outputs flushed first: a change in the changelog never stands for an output
-            # that was not written (a timer that fired on a quiet partition changes state at the
-            # offset already committed, so nothing else would hold its change back on a restore).
-            sink.flush(ctx.flush_timeout)
-            # 3. the state's changes: one record per key, the batch's end as its tag, in the
-            # changelog partition of the input partition. The driver commits the offsets only once
-            # every task has flushed them.
-            for p, store in stores.stores.items():
-                tag = stores.tags[p]
-                expired = store.expire(tag)
-                changes = store.take_changes()
-                headers = [(INPUT_OFFSET_HEADER, str(tag).encode())]
-                for key, value in changes:
-                    sink.send(ctx.state.topic, key.encode(), value, headers, partition=p)
-                restored, seconds = stores.restored[p]
-                summaries.setdefault(p, PartitionSummary()).state = {
-                    "keys": len(store),
-                    "bytes": store.bytes,
-                    "written": len(changes),
-                    "expired": expired,
-                    "restored": restored,
-                    "restore_seconds": seconds,
-                }
-        sink.flush(ctx.flush_timeout)
-    if stores is not None:
-        for store in stores.stores.values():  # only now: a task that failed leaves no store behind
-            cache.keep(ctx.state, store)
+            _fire_idle(ctx, stores, sink, summaries)  # 2. the timers of partitions with nothing to read
+            for p in stores.stores:
+                summaries.setdefault(p, PartitionSummary())
+        checkpoint.finish_task(ctx, sink, stores, summaries)  # 3-5. flush, the state's changes, the stores kept
     for p, end in ends.items():
         s = summaries.setdefault(p, PartitionSummary())
         s.next_offset = max(s.next_offset, end)
@@ -315,7 +291,7 @@ def process_in_driver(ctx: TaskContext, source: SourceOptions, frame) -> list[Si
     ends = {r.partition: r.end for r in ranges}
     summaries = list(_process(ctx, read_planned(source, ranges) if ranges else iter(()), ends))
     rows = [SimpleNamespace(**row) for batch in summaries for row in batch.to_pylist()]
-    dead = ctx.stage.after_flush(ctx) if hasattr(ctx.stage, "after_flush") else {}
+    dead = ctx.stage.after_flush(ctx)
     for row in rows[:1]:  # dead letters of the delivery count with the batch, on any one row
         row.dead_letters = json.dumps(dict(Counter(json.loads(row.dead_letters)) + Counter(dead)))
     return rows

@@ -10,7 +10,7 @@ record's key) and its value; a rejection goes to the dead-letter topic with its 
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,20 +48,59 @@ class Output:
 
 
 class Stage(Protocol):
+    """What a job applies to each batch, and the points of the job's life it is told of, in the
+    order they come (runtime.job calls each; `StageBase` gives the ones a stage has no use for)."""
+
     name: str
     reasons: tuple[str, ...]  # dead-letter reasons it may give, shown as zeros from the start
     counts_as_detection: bool  # whether its outputs count in detector_detections_written_total
+    runs_in_driver: bool  # its batches run in the driver, which reads the planned ranges itself
+    state: State | None  # keyed state its tasks keep per partition (runtime.processing opens it)
+    ticks: bool  # it needs batches with nothing to read now and then (timers of quiet partitions)
 
     def load_config(self) -> Any: ...
 
+    def prepare_job(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str) -> None:
+        """1. At start, before the group is joined: create what it needs (its topics)."""
+
+    def partitions_assigned(self, partitions: Iterable[int]) -> None:
+        """2. Partitions given to this instance, before any of their records is read."""
+
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[rec.Rejected]]:
-        """`values` are the records' Kafka values (bytes or null); outputs and rejections name a
-        record by its position there, and `source(position)` says where it was read."""
+        """3. Each batch: `values` are the records' Kafka values (bytes or null); outputs and
+        rejections name a record by its position there, and `source(position)` says where it was read."""
         ...
+
+    def after_flush(self, ctx: Any) -> dict[str, int]:
+        """4. A stage that runs in the driver: once the batch's outputs are flushed, before its
+        offsets are committed (deliveries, its own changelog); returns dead letters by reason."""
+
+    def partitions_released(self, partitions: Iterable[int]) -> None:
+        """5. Partitions taken away, once the batch in flight has committed them."""
+
+
+class StageBase:
+    """What a stage without a lifecycle does at each point: nothing."""
+
+    runs_in_driver: bool = False
+    state: State | None = None
+    ticks: bool = False
+
+    def prepare_job(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str) -> None:
+        return None
+
+    def partitions_assigned(self, partitions: Iterable[int]) -> None:
+        return None
+
+    def after_flush(self, ctx: Any) -> dict[str, int]:
+        return {}
+
+    def partitions_released(self, partitions: Iterable[int]) -> None:
+        return None
 
 
 @dataclass(frozen=True)
-class DetectorStage:
+class DetectorStage(StageBase):
     """A data scientist's `Detector` as a stage: the function on the whole batch, each detection
     written as {"service", "detection", "source"} under the input record's key."""
 
@@ -79,6 +118,10 @@ class DetectorStage:
     @property
     def state(self) -> State | None:
         return self.detector.state
+
+    @property
+    def ticks(self) -> bool:
+        return self.detector.on_timer is not None
 
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[rec.Rejected]]:
         frame, rejected = rec.parse_arrow(values, self.detector.required_fields)

@@ -1,0 +1,56 @@
+"""A batch's commit sequence, in the order it runs: nothing is committed that is not written, and
+no state change stands for an output that was not written (Quix Streams' `Checkpoint.commit`).
+
+In each task (a Python worker; `runtime.processing._process`):
+  1. the records are processed: detections and dead letters sent as they are found;
+  2. the timers of partitions with nothing to read fire (a tick of the source);
+  3. the outputs are flushed (`finish_task`, from here on);
+  4. the state's changes are sent, one record per key tagged with the batch's end, and flushed;
+  5. the stores go back into the worker's cache; a failed task's are read back instead.
+In the driver, once every task has returned (`runtime.job.StreamJob._process`):
+  6. a stage that runs in the driver delivers and writes its own state (`Stage.after_flush`);
+  7. the batch's end offsets are committed to the group, for the partitions this instance still owns;
+  8. metrics, and the batch's log line.
+A crash before 7 replays the batch from the committed offsets, with state read back as of them
+(changes tagged past them are skipped): outputs may repeat, nothing is lost.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from detectorkit.kafka import sink as sinks
+from detectorkit.state import cache
+from detectorkit.state.codec import INPUT_OFFSET_HEADER
+
+if TYPE_CHECKING:
+    from detectorkit.runtime.processing import PartitionSummary, Stores, TaskContext
+
+
+def finish_task(ctx: TaskContext, sink: sinks.Sink, stores: Stores | None, summaries: dict[int, PartitionSummary]) -> None:
+    """Steps 3 to 5 of a task (the records processed, the idle timers fired)."""
+    # 3. the outputs.
+    sink.flush(ctx.flush_timeout)
+    if stores is None:
+        return
+    # 4. the state's changes, in the changelog partition of the input partition.
+    for p, store in stores.stores.items():
+        tag = stores.tags[p]
+        expired = store.expire(tag)
+        changes = store.take_changes()
+        headers = [(INPUT_OFFSET_HEADER, str(tag).encode())]
+        for key, value in changes:
+            sink.send(ctx.state.topic, key.encode(), value, headers, partition=p)
+        restored, seconds = stores.restored[p]
+        summaries[p].state = {
+            "keys": len(store),
+            "bytes": store.bytes,
+            "written": len(changes),
+            "expired": expired,
+            "restored": restored,
+            "restore_seconds": seconds,
+        }
+    sink.flush(ctx.flush_timeout)
+    # 5. only now: a task that failed before here leaves no store behind.
+    for store in stores.stores.values():
+        cache.keep(ctx.state, store)
