@@ -14,6 +14,20 @@ HERE = pathlib.Path(__file__).parent
 COMMAND = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:THRESHOLD"]
 
 
+def job_settings(bootstrap_servers, topics, **extra):
+    """Settings of a job in this process on the test's topics and group."""
+    from detectorkit.settings import Settings
+
+    return Settings(
+        kafka_bootstrap_servers=bootstrap_servers,
+        input_topic=topics.input,
+        output_topic=topics.output,
+        dlq_topic=topics.dlq,
+        consumer_group=topics.group,
+        **extra,
+    )
+
+
 def job_env(bootstrap_servers, topics, **settings):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DETECTOR_", "NOTIFIER_", "SPARK_"))}
     env.update(

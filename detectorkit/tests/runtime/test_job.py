@@ -15,17 +15,7 @@ from detectorkit.testing import create_test_topics, produce, read_all
 
 from ..detectors import THRESHOLD, WHERE, Config, UnpickledMarker
 from ..jobs import committed, wait_for
-
-
-def settings(bootstrap, topics, **extra):
-    return Settings(
-        kafka_bootstrap_servers=bootstrap,
-        input_topic=topics.input,
-        output_topic=topics.output,
-        dlq_topic=topics.dlq,
-        consumer_group=topics.group,
-        **extra,
-    )
+from ..jobs import job_settings as settings
 
 
 def detections_by_source(bootstrap, topic):

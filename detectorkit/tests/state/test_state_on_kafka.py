@@ -12,11 +12,11 @@ import pytest
 from detectorkit.kafka import clients
 from detectorkit.runtime.job import StreamJob
 from detectorkit.samples import Sample
-from detectorkit.settings import Settings
 from detectorkit.testing import create_test_topics, produce, read_all
 
 from ..detectors import COUNT, RESHAPED, SILENCE, SilenceConfig, every_nth_reference
 from ..jobs import Job, committed, job_env, run, wait_for
+from ..jobs import job_settings as settings
 
 PARTITIONS = 4
 
@@ -27,17 +27,6 @@ def keyed(count, keys=40, seed=0):
     for i in range(count):
         key = f"customer-{rng.randrange(keys):03d}"
         yield Sample(key.encode(), json.dumps({"id": f"r-{i}", "customer": key}).encode(), "valid")
-
-
-def settings(bootstrap, topics, **extra):
-    return Settings(
-        kafka_bootstrap_servers=bootstrap,
-        input_topic=topics.input,
-        output_topic=topics.output,
-        dlq_topic=topics.dlq,
-        consumer_group=topics.group,
-        **extra,
-    )
 
 
 def detections(bs, topics):
