@@ -6,6 +6,7 @@ import json
 import random
 import signal
 import sys
+import time
 
 import pytest
 
@@ -135,7 +136,13 @@ def test_a_quiet_topics_timers_fire_once_per_key_from_the_wall_clock(spark, kafk
     wait_for(lambda: len(timer_detections(bs, topics)) >= 12 or job.terminated(0), timeout=90, what="a detection per quiet key")
     batches = job.stats.batches
     wait_for(lambda: job.stats.batches >= batches + 3, timeout=60, what="three more ticks")  # time for a wrong second firing
+    # Caught up holds through the ticks (a tick every 0.5 s here), or STOP_AFTER_IDLE_SECONDS would never come.
+    ticking = []
+    for _ in range(30):
+        ticking.append(job.caught_up())
+        time.sleep(0.05)  # sampling a status over 1.5 s: the sleep is the sampling period
     job.stop()
+    assert all(ticking), ticking
     assert job.error() is None
     assert timer_detections(bs, topics) == {s.sample.key.decode(): 1 for s in sent}
 

@@ -576,7 +576,14 @@ class StreamJob:
         # most of the time even when idle; isDataAvailable only turns true when a trigger finds
         # records and stays false between empty triggers. Before the first trigger it is false
         # too: lastProgress tells that one apart.
-        return not query.status["isDataAvailable"] and query.lastProgress is not None
+        if query.lastProgress is None:
+            return False
+        if not query.status["isDataAvailable"]:
+            return True
+        # A stage with timers gets a batch with nothing to read every few seconds (a tick): one
+        # running while the last batch read nothing and nothing is left to read is no new record.
+        last = self.stats.last
+        return self.stage.ticks and last is not None and last.records == 0 and self.metrics.lag_total() == 0
 
     # ---- health (runtime.health asks) -------------------------------------------------------------
 
