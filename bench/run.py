@@ -3,6 +3,7 @@ broker in the same run.
 
     python bench/run.py                      # 1,000,000 records, 60 s of latency at 1,000 records/s
     python bench/run.py --records 20000 --latency-seconds 5     # the smoke run CI does
+    python bench/run.py --stateful           # the stateful burst detector beside Kafka Streams (bench/stateful.py)
 
 Contenders: (1) the detector service generated from the template, (2) a plain confluent-kafka loop
 with the same pandas detector (the ceiling for Python here), in one process and in as many as the
@@ -75,15 +76,15 @@ def ensure_quix() -> str:
     return str(python)
 
 
-def ensure_kafka_streams() -> list[str]:
+def ensure_kafka_streams(main_class: str = "bench.Detector") -> list[str]:
     """The Kafka Streams peer, built with Maven (jars from Maven Central) once its sources change;
-    returns the java command line before its arguments."""
+    returns the java command line of `main_class` (bench.Burst: the stateful one) before its arguments."""
     project = HERE / "contenders" / "kafka-streams"
     jar = project / "target" / "kafka-streams-detector-1.jar"
     sources = [project / "pom.xml", *(project / "src").rglob("*.java")]
     if not jar.exists() or any(s.stat().st_mtime > jar.stat().st_mtime for s in sources):
         subprocess.run(["mvn", "-q", "-B", "-f", str(project / "pom.xml"), "package", "dependency:copy-dependencies", "-DskipTests"], check=True)
-    return ["java", "-cp", f"{jar}:{project / 'target' / 'lib'}/*", "bench.Detector"]
+    return ["java", "-cp", f"{jar}:{project / 'target' / 'lib'}/*", main_class]
 
 
 def ensure_spark_kafka_jars() -> str:
@@ -611,7 +612,13 @@ def draw_charts(result: dict, out: pathlib.Path) -> list[str]:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--stateful" in argv:  # a benchmark of its own, with its own options (bench/stateful.py --help)
+        import stateful
+
+        return stateful.main([a for a in argv if a != "--stateful"])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stateful", action="store_true", help="run the stateful benchmark instead (bench/stateful.py; its own options)")
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument(
         "--rate",
