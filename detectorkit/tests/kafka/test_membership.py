@@ -232,3 +232,20 @@ def test_a_killed_members_partitions_move_within_the_default_session_timeout(kaf
         victim.kill()
         victim.wait()
         members.close()
+
+
+def test_a_call_queued_after_the_serving_thread_stopped_serving_runs_on_its_caller():
+    """A graceful stop: the stopping thread served the group while the batch in flight finished,
+    then waits for the metrics reporter, whose last report asks the group for its offsets. Seen
+    stalling a stop for 90 s (the call's deadline) before the stopping thread gave the role up."""
+    member = GroupMember(clients.base("127.0.0.1:9"), "g", "t", IDLE, timeout=1)
+    try:
+        member.serve()  # this thread serves, as the stopping thread does in _acquire_serving
+        member.stop_serving()
+        answered = []
+        caller = threading.Thread(target=lambda: answered.append(member._run(lambda: 42)))
+        caller.start()
+        caller.join(10)
+        assert answered == [42]
+    finally:
+        member.close()

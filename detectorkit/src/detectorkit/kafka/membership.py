@@ -192,6 +192,13 @@ class GroupMember:
         for call in retry:
             self._calls.put(call)
 
+    def stop_serving(self) -> None:
+        """This thread serves the group no more (the job is stopping and nothing polls): calls
+        queued from now on run on their callers. Else a call from another thread (the metrics
+        reporter's last offsets) waits for a thread that is itself waiting for that caller."""
+        if self._server is threading.current_thread():
+            self._server = None
+
     def _run(self, fn):
         if self._server is threading.current_thread():
             return fn()

@@ -618,6 +618,10 @@ class StreamJob:
             self._serving.join(timeout + 120.0)
         self._stop_query(timeout)
         self._running = None
+        if self._member is not None:
+            # Waiting for the batch in flight made this thread the group's server; it is about to
+            # wait for the metrics reporter, which may need the group for its last report.
+            self._member.stop_serving()
         self.close()
         self._ended.set()
 
