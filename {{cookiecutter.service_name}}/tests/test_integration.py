@@ -67,6 +67,75 @@ def reference(sent, config: Config) -> collections.Counter:
             found[(s.partition, s.offset, customer)] += 1
             last_flag[customer] = t
     return found
+{%- elif cookiecutter.detector_kind == "silence" %}
+
+import collections
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from datetime import datetime
+
+import pytest
+from detectorkit.samples import Sample
+from detectorkit.testing import create_test_topics, produce, read_all
+
+pytestmark = pytest.mark.integration
+
+BAD = {"malformed_json": b'{"customer": ', "not_an_object": b'["c-1", 10.0]'}
+SILENCE_SECONDS = 30
+
+
+def silence_samples(start_ms: int):
+    """Eight customers over three minutes of Kafka timestamps from `start_ms`, produced in time order
+    as a normaliser would write them: some send a record every 5 to 20 s, others pause for 40 to 90 s
+    now and then (longer than the silence), and all stop before the end. Every 20th record is not a
+    JSON object and goes to the dead-letter topic."""
+    rng = random.Random(19)
+    timed = []
+    for c in range(8):
+        t, end = rng.randrange(10_000), rng.randrange(60_000, 180_000)
+        while t < end:
+            timed.append((t, c))
+            pause = c % 2 and rng.random() < 0.25
+            t += rng.randrange(40_000, 90_000) if pause else rng.randrange(5_000, 20_000)
+    made = []
+    for t, c in sorted(timed):
+        customer = f"c-{c}"
+        value, kind = json.dumps({"id": f"r-{len(made)}", "customer": customer}).encode(), "valid"
+        if len(made) % 20 == 19:
+            kind = list(BAD)[len(made) // 20 % len(BAD)]
+            value = BAD[kind]
+        made.append(Sample(customer.encode(), value, kind, timestamp_ms=start_ms + t))
+    return made
+
+
+def reference(sent, silence_ms: int) -> collections.Counter:
+    """(customer, last record's time, deadline) of every silence: one pass over each partition's
+    records in order, the partition's event time its newest record's; a customer's silence is due at
+    their newest time + the silence and counts once the event time reaches it. The records are an
+    hour old, so by the wall clock every silence still pending at the end is due as well."""
+    partitions = collections.defaultdict(list)
+    for s in sorted(sent, key=lambda s: (s.partition, s.offset)):
+        if s.sample.kind == "valid":
+            partitions[s.partition].append((s.sample.key.decode(), s.sample.timestamp_ms))
+    found = collections.Counter()
+    for records in partitions.values():
+        now, last = 0, {}
+        for customer, t in records:
+            now = max(now, t)
+            for quiet in [c for c, seen in last.items() if seen + silence_ms <= now]:
+                found[(quiet, last[quiet], last.pop(quiet) + silence_ms)] += 1
+            last[customer] = max(last.get(customer, t), t)
+        for quiet, seen in last.items():
+            found[(quiet, seen, seen + silence_ms)] += 1
+    return found
+
+
+def ms(iso: str) -> int:
+    return round(datetime.fromisoformat(iso).timestamp() * 1000)
 {%- else %}
 
 import json
@@ -90,6 +159,11 @@ def test_service_writes_detections_and_dead_letters(kafka_bootstrap_servers):
     # An hour ago: the detector goes by the records' Kafka timestamps, not by when it reads them.
     start_ms = (int(time.time()) - 3600) * 1000
     sent = produce(kafka_bootstrap_servers, topics.input, burst_samples(start_ms, Config()))
+{%- elif cookiecutter.detector_kind == "silence" %}
+    # An hour ago: silences within the records are found by their Kafka timestamps; the last one of
+    # each customer is due by the wall clock, once the partitions have been quiet for the grace.
+    start_ms = (int(time.time()) - 3600) * 1000
+    sent = produce(kafka_bootstrap_servers, topics.input, silence_samples(start_ms))
 {%- else %}
     sent = produce(kafka_bootstrap_servers, topics.input, samples(2_000, bad_every=40))
 {%- endif %}
@@ -105,6 +179,10 @@ def test_service_writes_detections_and_dead_letters(kafka_bootstrap_servers):
 {%- if cookiecutter.detector_kind == "burst" %}
         # A few records per batch: each burst is spread over several batches.
         "MAX_RECORDS_PER_BATCH": "5",
+{%- elif cookiecutter.detector_kind == "silence" %}
+        "DETECTOR_SILENCE_SECONDS": str(SILENCE_SECONDS),
+        # A partition quiet for a second has its event time moved to the wall clock minus a second.
+        "TIMER_IDLE_GRACE_SECONDS": "1",
 {%- endif %}
     }
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}"]
@@ -119,6 +197,14 @@ def test_service_writes_detections_and_dead_letters(kafka_bootstrap_servers):
     expected = reference(sent, Config())
     assert len({customer for _, _, customer in expected}) >= 4  # the test means something: bursts of several customers
     assert found == expected  # each exactly once
+{%- elif cookiecutter.detector_kind == "silence" %}
+    found = collections.Counter(
+        (d["detection"]["customer"], ms(d["detection"]["last_seen"]), d["source"]["timer_ms"]) for d in detections
+    )
+    expected = reference(sent, SILENCE_SECONDS * 1000)
+    assert len(expected) > len({customer for customer, _, _ in expected}) == 8  # silences within the records too
+    assert found == expected  # each exactly once
+    assert {d["detection"]["silent_for_seconds"] for d in detections} == {SILENCE_SECONDS}
 {%- else %}
     threshold = Config().threshold
     expected = {(s.partition, s.offset) for s in sent if s.sample.kind == "valid" and s.sample.amount > threshold}
