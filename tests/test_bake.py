@@ -1,5 +1,6 @@
 """Generating services from the template (pytest-cookies), as cookiecutter-django tests itself."""
 
+import json
 import os
 import pathlib
 import re
@@ -20,11 +21,20 @@ LEFTOVER = re.compile(r"\{\{-?\s*cookiecutter\.|\{%-?\s*(if|elif|else|endif|for|
 COMBINATIONS = [
     {},
     {"service_name": "fraud-velocity", "description": "Too many orders from one card in a minute.", "detector_kind": "burst"},
+    {"service_name": "gone-quiet", "description": "Customers who stopped sending records.", "detector_kind": "silence"},
     {"service_name": "x", "input_topic": "orders_v2", "output_topic": "alerts.fraud", "dlq_topic": "x-dead"},
     {"service_name": "geo-mismatch", "package_name": "geo", "consumer_group": "geo.v3", "author_name": "Ana O'Neil"},
     {"service_name": "quotes", "description": 'Says "hello" \\ and {braces}'},
     {"service_name": "from-git", "detectorkit_requirement": "detectorkit @ git+https://git.example.com/diamond.git#subdirectory=detectorkit"},
 ]
+
+
+def test_every_detector_kind_is_baked_and_linted_here_and_its_suite_run():
+    from test_baked_project import SUITES
+
+    kinds = json.loads((REPO / "cookiecutter.json").read_text())["detector_kind"]
+    assert {extra.get("detector_kind", kinds[0]) for extra in COMBINATIONS} == set(kinds)
+    assert {extra.get("detector_kind", kinds[0]) for extra in SUITES.values()} == set(kinds) == set(SUITES)
 
 
 def baked_files(path: pathlib.Path):

@@ -39,11 +39,15 @@ def installed(cookies):
         subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", name], check=False)
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [{}, {"service_name": "order-bursts", "package_name": "bursts", "input_topic": "orders", "detector_kind": "burst"}],
-    ids=["threshold", "burst"],
-)
+# One bake per detector_kind, its whole suite run: the unit tests and the service on the broker.
+SUITES = {
+    "threshold": {},
+    "burst": {"service_name": "order-bursts", "package_name": "bursts", "input_topic": "orders", "detector_kind": "burst"},
+    "silence": {"service_name": "quiet-customers", "package_name": "quiet", "detector_kind": "silence"},
+}
+
+
+@pytest.mark.parametrize("extra", list(SUITES.values()), ids=list(SUITES))
 def test_baked_project_test_suite_passes(installed, extra, kafka_bootstrap_servers, tmp_path):
     project = installed(**extra)
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap_servers}
