@@ -130,6 +130,7 @@ def test_the_build_context_leaves_out_secrets_and_local_state_but_keeps_what_the
         f"src/{package}/__pycache__/detector.cpython-311.pyc",
         ".pytest_cache/v/cache/nodeids",
         ".ruff_cache/CACHEDIR.TAG",
+        ".hypothesis/examples/0f/1a",
         "build/lib/x.py",
         "dist/x.whl",
         f"src/{package}.egg-info/PKG-INFO",
