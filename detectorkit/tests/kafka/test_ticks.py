@@ -1,7 +1,7 @@
 """The source's ticks: a detector with timers gets a batch now and then even when nothing arrives,
 with an empty range for every partition that has nothing to read (their timers fire in it)."""
 
-from detectorkit.kafka.source import TICK, KafkaStreamReader, SourceOptions
+from detectorkit.kafka.source import CAUGHT_UP, TICK, KafkaStreamReader, SourceOptions
 
 
 def reader(tick_seconds):
@@ -14,8 +14,16 @@ def ranges_of(parts):
 
 def test_a_new_tick_plans_empty_ranges_for_the_partitions_with_nothing_to_read():
     start = {"in": {"0": 10, "1": 20}, TICK: 1}
-    end = {"in": {"0": 15, "1": 20}, TICK: 2}
+    end = {"in": {"0": 15, "1": 20}, TICK: 2, CAUGHT_UP: [0, 1]}
     assert ranges_of(reader(10).partitions(start, end)) == [(0, 10, 15), (1, 20, 20)]
+
+
+def test_a_partition_whose_records_wait_behind_the_batch_cap_is_not_quiet():
+    """Its event time must come from its records, not from the wall clock: seen firing a silence
+    timer while the customer's next record waited in Kafka (MAX_RECORDS_PER_BATCH=5)."""
+    start = {"in": {"0": 10, "1": 20}, TICK: 1}
+    end = {"in": {"0": 15, "1": 20}, TICK: 2, CAUGHT_UP: [0]}
+    assert ranges_of(reader(10).partitions(start, end)) == [(0, 10, 15)]
 
 
 def test_within_one_tick_only_partitions_with_records_are_planned():

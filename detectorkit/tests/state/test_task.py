@@ -14,6 +14,7 @@ from detectorkit.runtime.processing import TaskContext, _open_stores, _process
 from detectorkit.runtime.stage import as_stage
 from detectorkit.state import cache, changelog
 from detectorkit.state.changelog import StateContext
+from detectorkit.state.store import EVENT_TIME_KEY
 
 from ..detectors import COUNT, SILENCE, CountConfig, SilenceConfig
 from ..runtime.test_processing import arrow
@@ -79,7 +80,7 @@ def test_outputs_are_flushed_before_the_changelog_and_the_store_is_kept_for_the_
     first_changelog = kinds.index(("send", "svc.state"))
     assert ("flush", None) in kinds[:first_changelog] and kinds[-1] == ("flush", None)
     changes = [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "svc.state"]
-    assert {e[2] for e in changes} == {b"k0", b"k1", b"k2", b"k3"}
+    assert {e[2] for e in changes} == {b"k0", b"k1", b"k2", b"k3", EVENT_TIME_KEY.encode()}  # and the partition's event time
     assert {e[4]["input_offset"] for e in changes} == {b"104"} and {e[5] for e in changes} == {3}
 
     kafka["sink"] = Sink()

@@ -90,6 +90,36 @@ def test_on_timer_that_raises_is_a_dead_letter_and_the_others_fire():
     assert fired_of(run) == [("a", 10)]
 
 
+def test_the_event_time_a_quiet_partition_reached_survives_a_restart():
+    """A late record after the wall clock moved a quiet partition on: with or without a restart, its
+    key's timer (already past) fires at once. The partition's event time is in the changelog too."""
+    for restart in (False, True):
+        run = DetectorHarness(SILENCE)
+        run.batch(stream([("a", 0)]))
+        run.advance(pd.Timestamp(100, unit="s", tz="UTC"))
+        if restart:
+            run.restart()
+        run.batch(stream([("b", 50)]))
+        assert fired_of(run) == [("a", 10), ("b", 60)], restart
+
+
+def test_a_key_whose_on_timer_fails_loses_its_timer_and_keeps_its_state():
+    calls = []
+
+    def failing(fired, config):
+        calls.append(list(fired.index))
+        raise ValueError("cannot")
+
+    run = DetectorHarness(Detector(name="s", detect=detect, config=Config, state=State(columns=("last_ms",), ttl_seconds=5), on_timer=failing))
+    run.batch(stream([("a", 0)]))
+    with pytest.raises(DetectorError, match="cannot"):
+        run.advance(pd.Timestamp(20, unit="s", tz="UTC"))
+    run.restart()
+    run.advance(pd.Timestamp(40, unit="s", tz="UTC"))  # no second firing, and its TTL applies again
+    assert calls == [["a"]]
+    assert run.state() == {}
+
+
 def test_a_timer_for_a_key_without_state_is_refused():
     def no_state(records, state, config):
         return pd.DataFrame(index=records.index[:0]), pd.DataFrame({"last_ms": []}), records["event_time"]

@@ -138,8 +138,10 @@ class SourceOptions:
 
 
 _SECRET_OPTION = "detectorkit.secret."
-# The offset's field that counts the source's ticks (SourceOptions.tick_seconds).
+# The offset's fields that count the source's ticks (SourceOptions.tick_seconds) and name the
+# partitions planned to their end (only those are quiet when nothing is planned for them).
 TICK = "detectorkit.tick"
+CAUGHT_UP = "detectorkit.caught_up"
 
 
 class KafkaInputPartition(InputPartition):
@@ -278,10 +280,14 @@ class KafkaStreamReader(DataSourceStreamReader):
         if limit is None:  # PySpark before 4.2 passes neither argument
             limit = self.getDefaultReadLimit()
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        end = to_spark(self.options.topic, cap_end_offsets(planned, latest, max_rows))
+        capped = cap_end_offsets(planned, latest, max_rows)
+        end = to_spark(self.options.topic, capped)
         if self.options.tick_seconds:
             # A new tick is a new offset: Spark plans a batch even when no record arrived.
             end[TICK] = int(time.time() // self.options.tick_seconds)
+            # Only a partition read to its end is quiet: one whose records wait behind the cap is not,
+            # and its event time must come from them, not from the wall clock.
+            end[CAUGHT_UP] = sorted(p for p, o in capped.items() if o >= latest[p])
         return end
 
     def partitions(self, start: dict, end: dict) -> list[KafkaInputPartition]:
@@ -291,9 +297,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         tick = end.get(TICK)
         if tick is not None:
             if tick != (start or {}).get(TICK):
-                # Every partition with nothing to read gets an empty range: its task fires its timers.
-                planned = {r.partition for r in ranges}
-                ranges += [PartitionRange(topic, p, o, o) for p, o in sorted(last.items()) if p not in planned]
+                # Every caught-up partition with nothing to read gets an empty range: its task fires its timers.
+                planned, quiet = {r.partition for r in ranges}, set(end.get(CAUGHT_UP, ()))
+                ranges += [PartitionRange(topic, p, o, o) for p, o in sorted(last.items()) if p not in planned and p in quiet]
             ranges = [dataclasses.replace(r, tick=tick) for r in ranges]
         return [KafkaInputPartition(group) for group in pack_ranges(ranges, self.options.max_tasks, self.options.min_task_records)]
 

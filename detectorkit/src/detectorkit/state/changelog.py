@@ -13,7 +13,6 @@ ListOffsets is not on Tansu); a read that stops making progress fails the task, 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from detectorkit.kafka import broker_kind, clients
+from detectorkit.kafka.worker_clients import WorkerClients
 from detectorkit.settings import SettingsError
 from detectorkit.state.codec import tag_of
 
@@ -59,32 +59,39 @@ def create(base_conf: Mapping[str, Any], topic: str, input_topic: str, kind: str
         )
 
 
+# One consumer per worker process, assigned for each read: a restore is often a catch-up of a few
+# records, which a new consumer per read would cost more than.
+_consumers = WorkerClients(close=lambda consumer: consumer.close())
+
+
 def read(ctx: StateContext, partition: int, start: int | None) -> Iterator[tuple[str, bytes | None, int | None, int]]:
     """(key, value, input offset, changelog offset) of partition `partition` from `start` (None: its
     first record) to its end."""
     conf = clients.consumer(
         ctx.client_conf,
-        f"detectorkit-restore-{uuid.uuid4()}",
+        "detectorkit-restore",  # never subscribes or commits: assigned only
         **{"enable.partition.eof": True, "isolation.level": "read_uncommitted", "enable.auto.commit": False},
     )
-    consumer = clients.new_consumer(conf)
-    try:
+    with _consumers.use(clients.conf_key(conf), lambda: clients.new_consumer(conf)) as consumer:
         consumer.assign([TopicPartition(ctx.topic, partition, OFFSET_BEGINNING if start is None else start)])
-        progress = time.monotonic()
-        while True:
-            messages = consumer.consume(10_000, timeout=0.5)
-            if messages:
-                progress = time.monotonic()
-            elif time.monotonic() - progress > ctx.timeout:
-                raise TimeoutError(f"reading state changelog {ctx.topic}-{partition} made no progress for {ctx.timeout:g} s")
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        return
-                    if error.fatal() or not error.retriable():
-                        raise KafkaException(error)
-                    continue
-                yield message.key().decode(), message.value(), tag_of(message.headers()), message.offset()
-    finally:
-        consumer.close()
+        try:
+            progress = time.monotonic()
+            while True:
+                # A short wait: consume() returns only when it has as many records as asked or its
+                # timeout passed, and the end of a catch-up comes after a few.
+                messages = consumer.consume(10_000, timeout=0.05)
+                if messages:
+                    progress = time.monotonic()
+                elif time.monotonic() - progress > ctx.timeout:
+                    raise TimeoutError(f"reading state changelog {ctx.topic}-{partition} made no progress for {ctx.timeout:g} s")
+                for message in messages:
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            return
+                        if error.fatal() or not error.retriable():
+                            raise KafkaException(error)
+                        continue
+                    yield message.key().decode(), message.value(), tag_of(message.headers()), message.offset()
+        finally:
+            consumer.unassign()

@@ -192,6 +192,7 @@ def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int
         (key, at), values = due[0], fired.iloc[0].drop(DEADLINE).to_dict()
         value = json.dumps({"key": key, "state": values, "deadline_ms": at}, default=str).encode()
         result.failed_timers.append(TimerFailure(key, message, value))
+        store.clear_timer(key, tag)  # spent, as if it had fired: it would fail again, and hold its key past the TTL
         return
     store.write(prepared, tag)
     at_of = dict(due)

@@ -27,6 +27,9 @@ from detectorkit.state.declaration import KEY, State
 
 # A change for the changelog: (key, encoded value or None for a tombstone).
 Change = tuple[str, bytes | None]
+# The changelog record that holds the partition's event time (no customer key looks like it): a
+# restore gets the time a quiet partition reached from the wall clock, not only its keys' times.
+EVENT_TIME_KEY = "\x00detectorkit.event_ms"
 
 
 class PartitionStore:
@@ -43,6 +46,7 @@ class PartitionStore:
         self._expiry: list[tuple[int, str]] = []  # (seen_ms, key), stale entries skipped
         self._timers: list[tuple[int, str]] = []  # (timer_ms, key), stale entries skipped
         self._changes: dict[str, bytes | None] = {}
+        self._event_written = 0  # the event time the changelog has
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -145,9 +149,18 @@ class PartitionStore:
         return dropped
 
     def take_changes(self) -> list[Change]:
-        """The changes since the last call, one per key (its last), for the changelog."""
+        """The changes since the last call, one per key (its last), and the event time if it moved."""
         changes, self._changes = self._changes, {}
+        if self.event_ms > self._event_written:
+            changes[EVENT_TIME_KEY] = str(self.event_ms).encode()
+            self._event_written = self.event_ms
         return list(changes.items())
+
+    def clear_timer(self, key: str, tag: int) -> None:
+        """`key` loses its timer and keeps its state (its firing failed: a dead letter)."""
+        entry = self.entries[key]
+        values = codec.decode(entry.value, self.state, self.where)[0]
+        self.write([(key, codec.encode(values, entry.seen_ms), entry.seen_ms, None)], tag)
 
     # ---- the changelog read back ------------------------------------------------------------------
 
@@ -157,6 +170,9 @@ class PartitionStore:
         `tombs` remembers deleted keys' tags for the length of one restore."""
         if tag is not None and tag > until:
             return False  # written by a batch that was never committed: the replay writes it again
+        if key == EVENT_TIME_KEY:
+            self.event_ms = self._event_written = max(self.event_ms, int(value or b"0"))
+            return True
         held = self.entries.get(key)
         held_tag = held.tag if held is not None else tombs.get(key, -1)
         if tag is not None and tag < held_tag:
