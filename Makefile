@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup tools demo diamond scale-demo test test-runtime test-template test-tansu lint bench clean
+.PHONY: setup tools demo diamond scale-demo test test-runtime test-template test-tansu lint bench bench-stateful clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -72,6 +72,10 @@ lint: setup
 # The benchmark: 1,000,000 records and 60 s of latency per contender (several minutes).
 bench: setup
 	$(PY) bench/run.py
+
+# Detectors with state beside Kafka Streams, and a restore of 1M keys (~5 min; bench/results/stateful.md).
+bench-stateful: setup
+	$(PY) bench/run.py --stateful
 
 clean:
 	rm -rf $(VENV) .demo .diamond .scale-demo bench/.work bench/.venv-quix
