@@ -49,8 +49,9 @@ def create(base_conf: Mapping[str, Any], topic: str, input_topic: str, kind: str
     wanted = len(clients.topic_partitions(admin, input_topic, timeout))
     # Tansu has no compaction; there the changelog just grows (a demo broker).
     config = {} if kind == broker_kind.TANSU else TOPIC_CONFIG
-    clients.create_topics(base_conf, {topic: wanted}, timeout, config=config)
-    have = len(clients.topic_partitions(admin, topic, timeout))
+    if topic in clients.create_topics(base_conf, {topic: wanted}, timeout, config=config):
+        return  # created now, as asked (its metadata may take a moment to reach every broker)
+    have = len(_partitions_when_known(admin, topic, timeout))
     if have != wanted:
         raise SettingsError(
             f"state changelog {topic!r} has {have} partitions, input topic {input_topic!r} has {wanted}: "
@@ -62,6 +63,20 @@ def create(base_conf: Mapping[str, Any], topic: str, input_topic: str, kind: str
 # One consumer per worker process, assigned for each read: a restore is often a catch-up of a few
 # records, which a new consumer per read would cost more than.
 _consumers = WorkerClients(close=lambda consumer: consumer.close())
+
+
+def _partitions_when_known(admin, topic: str, timeout: float) -> list[int]:
+    """The partitions of a topic that exists, once the broker's metadata shows it: another instance
+    may have created it a moment ago (seen failing a job's start when the diamond's jobs started
+    side by side)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return clients.topic_partitions(admin, topic, timeout)
+        except LookupError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def read(ctx: StateContext, partition: int, start: int | None) -> Iterator[tuple[str, bytes | None, int | None, int]]:
