@@ -36,4 +36,3 @@ def test_one_another_instance_created_is_awaited_and_checked(broker):
     broker.update(late=0, partitions=2)
     with pytest.raises(SettingsError, match="has 2 partitions, input topic 'in' has 4"):
         changelog.create({}, "svc.state", "in", "kafka", timeout=5)
-
