@@ -70,6 +70,8 @@ class CountConfig:
 def every_nth(records: pd.DataFrame, state: pd.DataFrame, config: CountConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Flag every `every`-th record of a key: any state lost, replayed twice or split between two
     owners shifts which records those are."""
+    if config.delay_seconds and (not config.slow_key or (records["key"] == config.slow_key).any()):
+        time.sleep(config.delay_seconds)
     counts = state["count"].to_dict()
     hits = []
     for index, key in records["key"].items():
