@@ -146,7 +146,7 @@ def _process_records(
         found, rejected = ctx.stage.run(values, ctx.config, source, ctx.service)
     else:
         store, tag = stores.stores[partition], stores.tags[partition]
-        found, rejected = ctx.stage.run_keyed(values, keys.to_pylist(), stamps.to_numpy(), ctx.config, source, ctx.service, store, tag, topic)
+        found, rejected = ctx.stage.run_keyed(values, keys, stamps.to_numpy(), ctx.config, source, ctx.service, store, tag, topic)
     _send_outputs(ctx, found, sink, summaries, keys, partitions, stamps, topic)
     for r in rejected:
         i = r.position
@@ -218,7 +218,7 @@ def _fire_idle(ctx: TaskContext, stores: Stores, sink: sinks.Sink, summaries: di
     empty = pa.array([], pa.binary())
     for p in stores.idle:
         found, _ = ctx.stage.run_keyed(
-            empty, [], np.array([], "int64"), ctx.config, None, ctx.service, stores.stores[p], stores.tags[p], ctx.state.input_topic, idle_ms
+            empty, empty, np.array([], "int64"), ctx.config, None, ctx.service, stores.stores[p], stores.tags[p], ctx.state.input_topic, idle_ms
         )
         _send_outputs(ctx, found, sink, summaries, None, None, None, ctx.state.input_topic)
 

@@ -131,7 +131,7 @@ class DetectorStage(StageBase):
     def run_keyed(
         self,
         values: pa.Array,
-        keys: list[bytes | None],
+        keys: pa.Array,
         stamps_ms: np.ndarray,
         config: Any,
         source: Callable[[int], Source],
@@ -146,13 +146,13 @@ class DetectorStage(StageBase):
         `idle_ms` the event time a quiet partition is taken to have reached. Detections of timers
         name no record: their key is the state's, their timestamp the timer's."""
         frame, rejected = rec.parse_arrow(values, self.detector.required_fields) if len(values) else (pd.DataFrame(), [])
-        keyless = [int(i) for i in frame.index if keys[int(i)] is None]
-        if keyless:
+        if keys.null_count:
+            keyless = [int(i) for i in frame.index if not keys[int(i)].is_valid]
             rejected += [rec.Rejected(i, rec.MISSING_FIELD, "a detector with state needs the record's Kafka key (its state's key)") for i in keyless]
             frame = frame.drop(index=keyless)
         positions = frame.index.to_numpy()
         if len(positions):
-            frame[KEY] = [keys[i].decode(errors="replace") for i in positions]
+            frame[KEY] = _texts(keys.take(pa.array(positions)))
             frame[EVENT_TIME] = pd.to_datetime(stamps_ms[positions], unit="ms", utc=True).astype("datetime64[ns, UTC]")
         result = run_stateful(self.detector, config, frame, pd.Series(stamps_ms[positions], index=frame.index), store, tag, idle_ms)
         outputs = self._outputs(result.found, source, service)
@@ -168,6 +168,14 @@ class DetectorStage(StageBase):
     @staticmethod
     def _outputs(found: list[tuple[int, dict]], source: Callable[[int], Source], service: str) -> list[Output]:
         return [Output(position, {"service": service, "detection": fields, "source": source(position).__dict__}) for position, fields in found]
+
+
+def _texts(keys: pa.Array) -> np.ndarray:
+    """Kafka keys (bytes) as the strings a detector sees: UTF-8, a byte that is not replaced."""
+    try:
+        return keys.cast(pa.string()).to_numpy(zero_copy_only=False)
+    except pa.ArrowInvalid:
+        return np.array([k.decode(errors="replace") for k in keys.to_pylist()], dtype=object)
 
 
 def as_stage(job: Detector | Stage) -> Stage:

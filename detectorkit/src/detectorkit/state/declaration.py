@@ -13,6 +13,7 @@ with the declared columns. The function returns its detections (indexed by the r
 from, as a stateless detector's) and the new state of the batch's keys, indexed by key: a key of the
 batch missing from it has no state any more. Values are JSON types (numbers, strings, booleans,
 None, lists and dicts of them): they travel through the changelog and must read back the same.
+JSON has no NaN or infinity: they read back as None (pandas' missing number, NaN, is None again).
 
 Timers: `detect` may return a third value, a Series of times indexed by key: each key of the batch
 gets that timer (NaT or absent: none). A timer fires once the partition's event time (its newest
@@ -32,6 +33,7 @@ normaliser keys by customer).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import pandas as pd
@@ -70,6 +72,10 @@ class State:
             raise ValueError(f"State(ttl_seconds=...) must be positive or None, not {self.ttl_seconds!r}")
         if not _NAME.match(self.name):
             raise ValueError(f"State(name=...) may use only letters, digits, '.', '_' and '-', not {self.name!r}")
+
+    @functools.cached_property
+    def column_set(self) -> frozenset[str]:
+        return frozenset(self.columns)
 
     @property
     def ttl_ms(self) -> int | None:

@@ -99,15 +99,21 @@ def _attempt(detector, config, frame: pd.DataFrame, stamps: pd.Series, store: Pa
 
     The cut: a record's timer that falls due before the key's next record with a timer (or before
     the records end) must fire before the records after it are run; None if none does."""
-    keys = frame[KEY]
-    batch_keys = pd.Index(keys.unique(), dtype=object)
-    first = stamps.groupby(keys, sort=False).min().to_dict()
+    # Each key once, in the order of its first record, with its first and last record times.
+    codes, uniques = pd.factorize(frame[KEY].to_numpy())
+    times = stamps.to_numpy(dtype="int64")
+    first = np.full(len(uniques), np.iinfo(np.int64).max)
+    last = np.full(len(uniques), np.iinfo(np.int64).min)
+    np.minimum.at(first, codes, times)
+    np.maximum.at(last, codes, times)
+    batch_keys = pd.Index(uniques, dtype=object)
+    keys = uniques.tolist()
     try:
-        out = detector.detect(frame, store.read(batch_keys, first), config)
+        out = detector.detect(frame, store.read(keys, first), config)
         found, new_state, timers = _unpack(out, frame.index, len(frame) == 1, "detect")
         new_state = detector.state.check_returned(new_state, batch_keys)
         final, cut = _record_timers(timers, frame, marks)
-        prepared = store.prepare(new_state, batch_keys, stamps.groupby(keys, sort=False).max().to_dict(), final)
+        prepared = store.prepare(new_state, keys, last, final)
     except Exception as exc:  # noqa: BLE001 - user code: isolated by _bisect
         return exc
     return found, prepared, cut
@@ -172,7 +178,7 @@ def _fire(detector, config, store: PartitionStore, event_ms: int, tag: int, resu
 def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int]], tag: int, result: Result) -> None:
     keys = [k for k, _ in due]
     index = pd.Index(keys, dtype=object, name=KEY)
-    fired = pd.DataFrame(store.values_of(keys), index=index, columns=list(detector.state.columns))
+    fired = store.frame_of(keys)
     fired[DEADLINE] = pd.to_datetime([at for _, at in due], unit="ms", utc=True).astype("datetime64[ns, UTC]")
     try:
         out = detector.on_timer(fired, config)
@@ -181,7 +187,7 @@ def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int
             raise ValueError("on_timer() returned detections whose index is not a key whose timer fired")
         new_state = detector.state.check_returned(new_state, index)
         # A fired timer is spent: the key has a timer again only if on_timer sets one.
-        prepared = store.prepare(new_state, keys, {k: store.seen_of(k) for k in keys}, {k: None for k in keys} | _key_timers(timers, index))
+        prepared = store.prepare(new_state, keys, [store.seen_of(k) for k in keys], {k: None for k in keys} | _key_timers(timers, index))
     except Exception as exc:  # noqa: BLE001 - user code: a dead letter, never a crash
         if len(due) > 1:
             middle = len(due) // 2
