@@ -18,6 +18,11 @@ def write(store, counts, tag, at_ms=0):
     store.advance(at_ms)
 
 
+def records(log):
+    """(key, value, tag) as the changelog holds them, with their changelog offsets."""
+    return [(key, value, tag, offset) for offset, (key, value, tag) in enumerate(log)]
+
+
 def test_a_batch_reads_what_the_last_one_wrote_and_a_key_left_out_loses_its_state():
     store = PartitionStore(STATE, 0)
     write(store, {"a": 1, "b": 2}, tag=10)
@@ -99,29 +104,28 @@ def test_restore_skips_changes_of_batches_never_committed_and_a_zombies_late_wri
         log += [(k, v, tag) for k, v in written.take_changes()]
     log.append(("a", codec.encode({"count": 1}, 0), 100))  # a zombie's batch, written late
     restored = PartitionStore(STATE, 0)
-    tombs = {}
-    applied = [restored.apply(k, v, t, 200, tombs) for k, v, t in log]
+    assert restored.restore(records(log), 200) == len(log)
     assert restored.snapshot() == {"a": {"count": 2}, "b": {"count": 1}}
-    assert applied == [True, True, True, False, False, False]
+    assert restored.changelog_offset == len(log)
+    restored.advance(STATE.ttl_ms + 1)  # the restored keys expire as the written ones would
+    assert restored.expire(200) == 2 and len(restored) == 0
 
 
 def test_a_tombstone_is_not_undone_by_an_older_write_read_after_it():
     store = PartitionStore(STATE, 0)
-    tombs = {}
-    store.apply("a", codec.encode({"count": 1}, 0), 100, 500, tombs)
-    store.apply("a", None, 200, 500, tombs)
-    store.apply("a", codec.encode({"count": 1}, 0), 100, 500, tombs)
+    store.restore(records([("a", codec.encode({"count": 1}, 0), 100), ("a", None, 200), ("a", codec.encode({"count": 1}, 0), 100)]), 500)
     assert store.snapshot() == {}
+    assert store.bytes == 0
 
 
 def test_state_of_another_shape_stops_with_the_store_named_and_what_to_do():
     store = PartitionStore(State(columns=("total",)), 3, "state changelog svc.state-3")
     with pytest.raises(StateSchemaError) as raised:
-        store.apply("a", codec.encode({"count": 1}, 0), 1, 10, {})
+        store.restore(records([("a", codec.encode({"count": 1}, 0), 1)]), 10)
     message = str(raised.value)
     assert "svc.state-3" in message and "['count']" in message and "['total']" in message and "State(name=...)" in message
     with pytest.raises(StateSchemaError, match="not detectorkit state"):
-        store.apply("a", b"not json", 1, 10, {})
+        store.restore(records([("a", b"not json", 1)]), 10)
 
 
 def test_nan_and_infinity_which_json_lacks_read_back_as_none():

@@ -46,12 +46,7 @@ def open_store(ctx: StateContext, state: State, partition: int, start: int, tick
         store, first = PartitionStore(state, partition, f"state changelog {ctx.topic}-{partition}"), None
     else:
         first = store.changelog_offset
-    tombs: dict[str, int] = {}
-    read = 0
-    for key_, value, tag, offset in changelog.read(ctx, partition, first):
-        store.apply(key_, value, tag, start, tombs)
-        store.changelog_offset = offset + 1
-        read += 1
+    read = store.restore(changelog.read(ctx, partition, first), start)
     store.position, store.tick = start, tick
     return Opened(store, read, time.monotonic() - began)
 

@@ -114,9 +114,7 @@ class DetectorHarness:
         self.stores = {}
         for p, records in self.changelog.items():
             store = self.stores[p] = PartitionStore(self.detector.state, p)
-            tombs: dict[str, int] = {}
-            for key, value, tag in records:
-                store.apply(key, value, tag, self.offsets[p], tombs)
+            store.restore(((key, value, tag, offset) for offset, (key, value, tag) in enumerate(records)), self.offsets[p])
             store.position = self.offsets[p]
 
     def state(self) -> dict[str, dict]:

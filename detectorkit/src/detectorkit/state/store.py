@@ -197,29 +197,49 @@ class PartitionStore:
 
     # ---- the changelog read back ------------------------------------------------------------------
 
-    def apply(self, key: str, value: bytes | None, tag: int | None, until: int, tombs: dict[str, int]) -> bool:
-        """A changelog record read back: applied when it reflects input before `until` (the group's
-        committed offset) and is not older than what the key holds (a zombie's late write);
-        `tombs` remembers deleted keys' tags for the length of one restore."""
-        if tag is not None and tag > until:
-            return False  # written by a batch that was never committed: the replay writes it again
-        if key == EVENT_TIME_KEY:
-            self.event_ms = self._event_written = max(self.event_ms, int(value or b"0"))
-            return True
-        held = self.entries.get(key)
-        held_tag = held[TAG] if held is not None else tombs.get(key, -1)
-        if tag is not None and tag < held_tag:
-            return False
-        if value is None:
-            self._delete(key, record=False)
-            tombs[key] = tag if tag is not None else -1
-        else:
-            _, seen, timer = codec.decode(value, self.state, self.where)  # a shape the detector cannot read stops here
-            self._put(key, (value, seen, tag if tag is not None else -1, timer))
-            tombs.pop(key, None)
+    def restore(self, records: Iterable[tuple[str, bytes | None, int | None, int]], until: int) -> int:
+        """Changelog records (key, value, input offset tag, changelog offset) read back, in order,
+        onto what the store holds; returns how many were read. A record is applied when it reflects
+        input before `until` (the group's committed offset) and is not older than what its key
+        holds (a zombie's late write). One loop, the heaps built once at its end: a restore reads
+        every key of a partition, and each call and heap push per record shows in its time."""
+        entries, tombs, state, where = self.entries, {}, self.state, self.where
+        decode, get = codec.decode, entries.get
+        added: list[tuple[int, str]] = []  # (seen_ms, key) of what was written: the expiry heap's
+        timed: list[tuple[int, str]] = []  # (timer_ms, key)
+        read, size = 0, self.bytes
+        for key, value, tag, offset in records:
+            read += 1
+            self.changelog_offset = offset + 1
+            if tag is not None and tag > until:
+                continue  # written by a batch that was never committed: the replay writes it again
+            if key == EVENT_TIME_KEY:
+                self.event_ms = self._event_written = max(self.event_ms, int(value or b"0"))
+                continue
+            held = get(key)
+            if tag is None:
+                tag = -1
+            elif tag < (held[TAG] if held is not None else tombs.get(key, -1)):
+                continue  # tombs: deleted keys' tags, for the length of this restore
+            if held is not None:
+                size -= len(held[VALUE])
+            if value is None:
+                entries.pop(key, None)
+                tombs[key] = tag
+                continue
+            _, seen, timer = decode(value, state, where)  # a shape the detector cannot read stops here
+            entries[key] = (value, seen, tag, timer)
+            size += len(value)
+            added.append((seen, key))
+            if timer is not None:
+                timed.append((timer, key))
             if seen > self.event_ms:
                 self.event_ms = seen
-        return True
+        self.bytes = size
+        if self.state.ttl_ms is not None:
+            self._expiry = _merged(self._expiry, added)
+        self._timers = _merged(self._timers, timed)
+        return read
 
     # ---- inside ---------------------------------------------------------------------------------
 
@@ -245,15 +265,26 @@ class PartitionStore:
                 self._timers = [(e[TIMER], k) for k, e in self.entries.items() if e[TIMER] is not None]
                 heapq.heapify(self._timers)
 
-    def _delete(self, key: str, record: bool = True) -> None:
+    def _delete(self, key: str) -> None:
         old = self.entries.pop(key, None)
         if old is not None:
             self.bytes -= len(old[VALUE])
-        if record:
-            # Also for a key this store never held: a batch that was written but not committed may
-            # have given it state, and this tombstone is what overrides that in the changelog.
-            self._changes[key] = None
+        # Also for a key this store never held: a batch that was written but not committed may have
+        # given it state, and this tombstone is what overrides that in the changelog.
+        self._changes[key] = None
 
     def snapshot(self) -> dict[str, Any]:
         """What the store holds, for tests: key -> values."""
         return {k: codec.state_of(e[VALUE]) for k, e in self.entries.items()}
+
+
+def _merged(heap: list[tuple[int, str]], items: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """`items` into `heap`: pushed one by one when they are few, the whole heapified once when not.
+    Stale items (a key's older time, a deleted key) are skipped where the heap is read."""
+    if len(items) < len(heap) // 8:
+        for item in items:
+            heapq.heappush(heap, item)
+        return heap
+    heap.extend(items)
+    heapq.heapify(heap)
+    return heap
