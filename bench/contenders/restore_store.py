@@ -1,11 +1,11 @@
-"""Restores state stores from their changelog as the service's tasks do (detectorkit.state.cache.open_store,
+"""Restores state stores from their changelog as the service's tasks do (detectorkit.state.cache.open_stores,
 in a fresh process: nothing cached), and prints what it took as one JSON line.
 
     restore_store.py BOOTSTRAP CHANGELOG_TOPIC DETECTOR PARTITION=START [PARTITION=START ...]
 
 DETECTOR is module:attribute of the detector whose State the changelog holds; START is the group's
 committed input offset of the partition (changes tagged past it are skipped, as on a real restore).
-The partitions are restored one after the other, as one Python worker would.
+The partitions are read together, as one Spark task of a Python worker reads its partitions.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ def main(argv: list[str]) -> int:
     ctx = StateContext(topic, clients.base(bootstrap))
     partitions = {}
     started = time.time()
-    for pair in pairs:
-        p, _, start = pair.partition("=")
-        opened = cache.open_store(ctx, state, int(p), int(start))
+    wanted = {int(p): (int(start), 0) for p, _, start in (pair.partition("=") for pair in pairs)}
+    for p, opened in cache.open_stores(ctx, state, wanted).items():
         partitions[p] = {"records": opened.restored, "keys": len(opened.store), "bytes": opened.store.bytes, "seconds": opened.seconds}
     ended = time.time()
     # ru_maxrss is in KiB on Linux.

@@ -13,6 +13,8 @@ import pytest
 from detectorkit.kafka import clients
 from detectorkit.runtime.job import StreamJob
 from detectorkit.samples import Sample
+from detectorkit.state import changelog
+from detectorkit.state.changelog import StateContext
 from detectorkit.testing import create_test_topics, produce, read_all
 
 from ..detectors import COUNT, RESHAPED, SILENCE, SilenceConfig, every_nth_reference
@@ -167,3 +169,25 @@ def test_a_timer_due_while_its_partition_moves_fires_once_on_the_new_owner(spark
     second.stop()
     assert second.error() is None
     assert timer_detections(bs, topics) == {s.sample.key.decode(): 1 for s in sent}
+
+
+def test_a_tasks_partitions_are_read_back_together_each_to_its_own_end(kafka_bootstrap_servers):
+    """One assignment for every partition a task opens: each partition's records come back as its
+    own, from where its store stopped, and an empty partition ends the read like the others."""
+    topic = f"changelog-read.{time.time_ns()}"
+    base = clients.base(kafka_bootstrap_servers)
+    clients.create_topics(base, {topic: 3})
+    producer = clients.new_producer(clients.producer(base))
+    written = {0: [f"a{i}" for i in range(5)], 2: [f"c{i}" for i in range(3)]}
+    for p, keys in written.items():
+        for i, key in enumerate(keys):
+            producer.produce(topic, key=key.encode(), value=b"{}", headers=[("input_offset", str(10 + i).encode())], partition=p)
+    producer.flush(30)
+    ctx = StateContext(topic, base, timeout=30.0)
+    read = collections.defaultdict(list)
+    for p, records in changelog.read(ctx, {0: None, 1: None, 2: 1}):
+        read[p] += records
+    assert dict(read) == {
+        0: [(f"a{i}", b"{}", 10 + i, i) for i in range(5)],
+        2: [(f"c{i}", b"{}", 10 + i, i) for i in range(1, 3)],  # from offset 1, where its store stopped
+    }

@@ -47,10 +47,11 @@ def kafka(monkeypatch):
         state["sink"].log = log
         yield state["sink"]
 
-    def read(ctx, partition, start):
-        state["reads"].append((partition, start))
-        records = log.get(partition, [])
-        return iter([(k, v, tag, offset) for offset, (k, v, tag) in enumerate(records) if offset >= (start or 0)])
+    def read(ctx, starts):
+        for partition, start in starts.items():
+            state["reads"].append((partition, start))
+            records = log.get(partition, [])
+            yield partition, [(k, v, tag, offset) for offset, (k, v, tag) in enumerate(records) if offset >= (start or 0)]
 
     monkeypatch.setattr(processing.sinks, "for_worker", for_worker)
     monkeypatch.setattr(changelog, "read", read)

@@ -226,16 +226,14 @@ def _fire_idle(ctx: TaskContext, stores: Stores, sink: sinks.Sink, summaries: di
 def _open_stores(ctx: TaskContext, ranges: list[PartitionRange]) -> Stores:
     """Each partition's store, reflecting its input up to the range's start (the group's committed
     offset): restored from the changelog first when this worker's copy is not that."""
-    stores, tags, restored = {}, {}, {}
     idle = {r.partition for r in ranges if r.size == 0}
-    for r in ranges:
-        opened = cache.open_store(ctx.state, ctx.stage.state, r.partition, r.start, r.tick)
-        stores[r.partition], tags[r.partition] = opened.store, r.end
-        if opened.restored or opened.seconds:
-            _log.info(
-                "state restored", partition=r.partition, changelog_records=opened.restored, keys=len(opened.store), seconds=round(opened.seconds, 3)
-            )
-        restored[r.partition] = (opened.restored, opened.seconds)
+    opened = cache.open_stores(ctx.state, ctx.stage.state, {r.partition: (r.start, r.tick) for r in ranges})
+    for p, o in opened.items():
+        if o.restored or o.seconds:
+            _log.info("state restored", partition=p, changelog_records=o.restored, keys=len(o.store), seconds=round(o.seconds, 3))
+    stores = {p: o.store for p, o in opened.items()}
+    tags = {r.partition: r.end for r in ranges}
+    restored = {p: (o.restored, o.seconds) for p, o in opened.items()}
     return Stores(stores, tags, restored, idle)
 
 

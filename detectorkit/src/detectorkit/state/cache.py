@@ -32,23 +32,34 @@ _stores: dict[tuple[str, int, State], tuple[PartitionStore, float]] = {}
 _lock = threading.Lock()
 
 
-def open_store(ctx: StateContext, state: State, partition: int, start: int, tick: int = 0) -> Opened:
-    """Partition `partition`'s store, reflecting its input up to offset `start` and the source's
-    ticks up to `tick` (timers fired on a quiet partition change state at the same offset)."""
+def open_stores(ctx: StateContext, state: State, wanted: dict[int, tuple[int, int]]) -> dict[int, Opened]:
+    """Each partition's store, reflecting its input up to the start offset and the source's ticks
+    up to the tick of `wanted` (partition -> (start, tick); timers fired on a quiet partition change
+    state at the same offset). The stores not current here are read from the changelog together,
+    through one assignment: a task's partitions cost one round of fetches, not one each."""
     began = time.monotonic()
-    key = (ctx.topic, partition, state)
     with _lock:
         _drop_idle(ctx.idle_seconds, began)
-        store, _ = _stores.pop(key, (None, 0.0))
-    if store is not None and (store.position, store.tick) == (start, tick):
-        return Opened(store, 0, 0.0)
-    if store is None or (store.position, store.tick) > (start, tick):
-        store, first = PartitionStore(state, partition, f"state changelog {ctx.topic}-{partition}"), None
-    else:
-        first = store.changelog_offset
-    read = store.restore(changelog.read(ctx, partition, first), start)
-    store.position, store.tick = start, tick
-    return Opened(store, read, time.monotonic() - began)
+        cached = {p: _stores.pop((ctx.topic, p, state), (None, 0.0))[0] for p in wanted}
+    opened, reads, tombs = {}, {}, {}
+    for p, (start, tick) in wanted.items():
+        store = cached[p]
+        if store is not None and (store.position, store.tick) == (start, tick):
+            opened[p] = Opened(store, 0, 0.0)
+            continue
+        if store is None or (store.position, store.tick) > (start, tick):
+            store, reads[p] = PartitionStore(state, p, f"state changelog {ctx.topic}-{p}"), None
+        else:
+            reads[p] = store.changelog_offset
+        opened[p], tombs[p] = Opened(store, 0, 0.0), {}
+    if reads:
+        for p, records in changelog.read(ctx, reads):
+            opened[p].restored += opened[p].store.restore(records, wanted[p][0], tombs[p])
+        seconds = time.monotonic() - began
+        for p in reads:
+            opened[p].store.position, opened[p].store.tick = wanted[p]
+            opened[p].seconds = seconds
+    return opened
 
 
 def keep(ctx: StateContext, store: PartitionStore) -> None:

@@ -1,13 +1,14 @@
-"""The changelog topic: created with the service's topics, read back partition by partition.
+"""The changelog topic: created with the service's topics, read back a task's partitions at a time.
 
 One changelog partition per input partition (partition p's state in partition p), compacted, so it
 holds about one record per live key. Compaction waits an hour (`min.compaction.lag.ms`): a crash
 leaves changes of a batch that was never committed in the log, and until its replay writes them
 again, the older, committed value of a key must still be there for a restore to find.
 
-A partition is read back with a consumer of its own, assigned, in no group (as Kafka Streams'
-`StoreChangelogReader`), until the end it reports after a fetch (exact on every broker, where
-ListOffsets is not on Tansu); a read that stops making progress fails the task, and with it the batch.
+A task's partitions are read back together, with a consumer of its own, assigned, in no group (as
+Kafka Streams' `StoreChangelogReader`), each until the end it reports after a fetch (exact on every
+broker, where ListOffsets is not on Tansu); a read that stops making progress fails the task, and
+with it the batch.
 """
 
 from __future__ import annotations
@@ -79,34 +80,41 @@ def _partitions_when_known(admin, topic: str, timeout: float) -> list[int]:
             time.sleep(0.2)
 
 
-def read(ctx: StateContext, partition: int, start: int | None) -> Iterator[tuple[str, bytes | None, int | None, int]]:
-    """(key, value, input offset, changelog offset) of partition `partition` from `start` (None: its
-    first record) to its end."""
+def read(ctx: StateContext, starts: dict[int, int | None]) -> Iterator[tuple[int, list[tuple[str, bytes | None, int | None, int]]]]:
+    """(partition, records) of each partition of `starts` from its start (None: its first record) to
+    its end, in parts; records are (key, value, input offset, changelog offset), in order."""
     conf = clients.consumer(
         ctx.client_conf,
         "detectorkit-restore",  # never subscribes or commits: assigned only
         **{"enable.partition.eof": True, "isolation.level": "read_uncommitted", "enable.auto.commit": False},
     )
     with _consumers.use(clients.conf_key(conf), lambda: clients.new_consumer(conf)) as consumer:
-        consumer.assign([TopicPartition(ctx.topic, partition, OFFSET_BEGINNING if start is None else start)])
+        consumer.assign([TopicPartition(ctx.topic, p, OFFSET_BEGINNING if start is None else start) for p, start in starts.items()])
+        reading = set(starts)
         try:
             progress = time.monotonic()
-            while True:
+            while reading:
                 # A short wait: consume() returns only when it has as many records as asked or its
                 # timeout passed, and the end of a catch-up comes after a few.
                 messages = consumer.consume(10_000, timeout=0.05)
                 if messages:
                     progress = time.monotonic()
                 elif time.monotonic() - progress > ctx.timeout:
-                    raise TimeoutError(f"reading state changelog {ctx.topic}-{partition} made no progress for {ctx.timeout:g} s")
+                    waiting = ", ".join(f"{ctx.topic}-{p}" for p in sorted(reading))
+                    raise TimeoutError(f"reading state changelog {waiting} made no progress for {ctx.timeout:g} s")
+                parts: dict[int, list] = {}
                 for message in messages:
                     error = message.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:
-                            return
+                            reading.discard(message.partition())
+                            continue
                         if error.fatal() or not error.retriable():
                             raise KafkaException(error)
                         continue
-                    yield message.key().decode(), message.value(), tag_of(message.headers()), message.offset()
+                    parts.setdefault(message.partition(), []).append(
+                        (message.key().decode(), message.value(), tag_of(message.headers()), message.offset())
+                    )
+                yield from parts.items()
         finally:
             consumer.unassign()

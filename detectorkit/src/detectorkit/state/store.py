@@ -197,13 +197,15 @@ class PartitionStore:
 
     # ---- the changelog read back ------------------------------------------------------------------
 
-    def restore(self, records: Iterable[tuple[str, bytes | None, int | None, int]], until: int) -> int:
+    def restore(self, records: Iterable[tuple[str, bytes | None, int | None, int]], until: int, tombs: dict[str, int] | None = None) -> int:
         """Changelog records (key, value, input offset tag, changelog offset) read back, in order,
         onto what the store holds; returns how many were read. A record is applied when it reflects
         input before `until` (the group's committed offset) and is not older than what its key
-        holds (a zombie's late write). One loop, the heaps built once at its end: a restore reads
+        holds (a zombie's late write). `tombs` (deleted keys' tags) carries over between the calls
+        of one restore read in parts. One loop, the heaps built once at its end: a restore reads
         every key of a partition, and each call and heap push per record shows in its time."""
-        entries, tombs, state, where = self.entries, {}, self.state, self.where
+        entries, state, where = self.entries, self.state, self.where
+        tombs = {} if tombs is None else tombs
         decode, get = codec.decode, entries.get
         added: list[tuple[int, str]] = []  # (seen_ms, key) of what was written: the expiry heap's
         timed: list[tuple[int, str]] = []  # (timer_ms, key)
