@@ -59,8 +59,10 @@ def detect(records: pd.DataFrame, state: pd.DataFrame, config: Config) -> tuple[
     hits = []
     # One plain loop over the records: each looks at its customer's few recent times only, and a loop
     # over plain Python values costs about a microsecond a record (a pandas groupby, far more).
-    for index, customer, t in zip(records.index, records["key"], times_ms.tolist(), strict=True):
-        times = [s for s in [*recent.get(customer, ()), t] if t - s <= window_ms]
+    for index, customer, t in zip(records.index.tolist(), records["key"].tolist(), times_ms.tolist(), strict=True):
+        oldest = t - window_ms
+        times = [s for s in recent.get(customer, ()) if s >= oldest]
+        times.append(t)
         last = flagged.get(customer)
         if len(times) >= config.min_records and (last is None or t - last > window_ms):
             hits.append((index, customer))
