@@ -38,8 +38,8 @@ EVENT_TIME_KEY = "\x00detectorkit.event_ms"
 # offset (batch end) of the change that wrote it, its timer or None). The value is decoded afresh on
 # every read, so a detector sees exactly what a restore would give it (JSON's types) and cannot change
 # the store in place. A plain tuple of atoms, not a NamedTuple: the garbage collector stops tracking
-# those, where it would walk every key's entry on each full collection (a third of a batch's CPU,
-# measured with a store of 300,000 keys).
+# those, where it would walk every key's entry on each full collection (measured over 1M records
+# and a store of ~300,000 keys: 1.4 s of full collections with a NamedTuple, 0.3 s with a tuple).
 Entry = tuple[bytes, int, int, int | None]
 VALUE, SEEN, TAG, TIMER = range(4)
 
