@@ -1,23 +1,35 @@
 """The downstream notifier's rules without Spark or Kafka: one notification per customer and
 window, duplicates dropped, bounded state restored from its changelog, deliveries retried."""
 
+import contextlib
+import dataclasses
 import email.utils
 import http.server
 import json
 import random
 import socket
 import threading
+from types import SimpleNamespace
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
+from detectorkit.kafka.planning import PartitionRange
+from detectorkit.kafka.source import ARROW_SCHEMA
 from detectorkit.roles import notifier as nt
+from detectorkit.runtime import processing
 from detectorkit.runtime import records as rec
+from detectorkit.runtime.processing import TaskContext
 from detectorkit.runtime.stage import Source
 from detectorkit.settings import SettingsError
+from detectorkit.state import cache, changelog
+from detectorkit.state.changelog import StateContext
+from detectorkit.state.store import PartitionStore
 
 HOUR_MS = 3_600_000
 T0 = 1_795_000_000_000 // HOUR_MS * HOUR_MS  # the start of an hour
+CONFIG = nt.NotifierConfig(window_seconds=3600, horizon_seconds=3 * 3600)
 
 
 def detection(service, offset, ts, partition=0):
@@ -28,22 +40,33 @@ def detection(service, offset, ts, partition=0):
     }
 
 
-def run(notifier, items, partition=0):
-    """items: (customer key, detection dict or raw bytes)"""
+def run(notifier, store, items):
+    """items: (customer key, detection dict or raw bytes), one partition's batch; then the
+    partition's expiry, as the runtime sweeps it at the batch's end."""
     values = pa.array([json.dumps(d).encode() if isinstance(d, dict) else d for _, d in items], pa.binary())
-    return notifier.run(values, nt.NotifierConfig(), lambda p: Source("detections", partition, 100 + p, 0, items[p][0]), "notifier")
+    keys = pa.array([None if c is None else c.encode() for c, _ in items], pa.binary())
+    start = max(store.position, 100)
+    tag = start + len(items)  # the batch's end
+
+    def where(position):
+        return Source("detections", store.partition, start + position, 0, items[position][0])
+
+    found = notifier.run_keyed(values, keys, np.zeros(len(items), "int64"), CONFIG, where, "notifier", store, tag, "detections")
+    store.expire(tag)
+    return found
 
 
 def fresh():
     n = nt.Notifier(delivery=nt.LogDelivery())
-    n.prepare(nt.NotifierConfig(window_seconds=3600, horizon_seconds=3 * 3600))
-    return n
+    n.prepare(CONFIG)
+    return n, PartitionStore(n.state, 0)
 
 
 def test_one_notification_per_customer_and_window_across_batches_and_duplicates():
-    n = fresh()
+    n, store = fresh()
     out, rejected = run(
         n,
+        store,
         [
             ("c-1", detection("threshold", 5, T0 + 10)),
             ("c-1", detection("burst", 6, T0 + 20)),
@@ -57,33 +80,45 @@ def test_one_notification_per_customer_and_window_across_batches_and_duplicates(
     assert len(c1["detections"]) == 2  # the replayed copy of offset 5 counted once
     assert c1["window_start"].endswith(":00:00.000Z") and c1["window_end"] > c1["window_start"]
     # A later batch: the same detection again (a replay), and a new one, in the same window.
-    out, _ = run(n, [("c-1", detection("threshold", 5, T0 + 10))])
+    out, _ = run(n, store, [("c-1", detection("threshold", 5, T0 + 10))])
     assert out == [] and n.counts["duplicate"] == 1
-    out, _ = run(n, [("c-1", detection("threshold", 9, T0 + 50))])
+    out, _ = run(n, store, [("c-1", detection("threshold", 9, T0 + 50))])
     assert out == [] and n.counts["merged"] == 1
     # The next hour is another window.
-    out, _ = run(n, [("c-1", detection("threshold", 11, T0 + HOUR_MS + 1))])
+    out, _ = run(n, store, [("c-1", detection("threshold", 11, T0 + HOUR_MS + 1))])
     assert [o.key for o in out] == ["c-1"]
 
 
 def test_state_is_bounded_by_the_horizon_and_restored_from_its_changelog():
-    n = fresh()
+    n, store = fresh()
+    changelog = []
     for hour in range(10):
-        run(n, [(f"c-{hour}", detection("threshold", hour, T0 + hour * HOUR_MS))])
-    assert n.state.size() <= 4  # windows within 3 h of the newest, and the newest
-    changelog = n.state.take_changes()
-    assert any(value is None for _, _, value in changelog)  # evicted windows are deleted
+        run(n, store, [(f"c-{hour}", detection("threshold", hour, T0 + hour * HOUR_MS))])
+        changelog += [(key, value, store.position) for key, value in store.take_changes()]
+    assert len(store) == 4  # windows whose newest detection is within 3 h of the partition's newest
+    assert any(value is None for _, value, _ in changelog)  # windows past the horizon are deleted
 
-    again = fresh()
-    again.state.restore(0, [(key, value) for p, key, value in changelog if p == 0])
-    assert again.state.partitions[0].windows == n.state.partitions[0].windows
-    out, _ = run(again, [("c-9", detection("threshold", 9, T0 + 9 * HOUR_MS))])
+    again, restored = fresh()
+    restored.restore([(key, value, tag, offset) for offset, (key, value, tag) in enumerate(changelog)], store.position)
+    assert restored.snapshot() == store.snapshot()
+    out, _ = run(again, restored, [("c-9", detection("threshold", 9, T0 + 9 * HOUR_MS))])
     assert out == [] and again.counts["duplicate"] == 1  # notified before the restart: not again
 
 
+def test_a_detection_within_the_horizon_is_never_notified_twice_and_one_past_it_may_be():
+    n, store = fresh()
+    run(n, store, [("c-1", detection("threshold", 1, T0 + 10))])
+    run(n, store, [("c-2", detection("threshold", 2, T0 + 10 + 3 * HOUR_MS))])  # exactly the horizon later
+    out, _ = run(n, store, [("c-1", detection("threshold", 1, T0 + 10))])
+    assert out == []
+    run(n, store, [("c-2", detection("threshold", 3, T0 + 11 + 3 * HOUR_MS))])  # a millisecond past it: c-1's window leaves
+    out, _ = run(n, store, [("c-1", detection("threshold", 1, T0 + 10))])
+    assert [o.key for o in out] == ["c-1"]  # a duplicate, not a lost notification
+
+
 def test_what_is_no_detection_is_a_dead_letter():
-    n = fresh()
-    out, rejected = run(n, [("c-1", b"{nope"), ("c-1", b"[1]"), ("c-1", {"service": "x"}), (None, detection("t", 1, T0))])
+    n, store = fresh()
+    out, rejected = run(n, store, [("c-1", b"{nope"), ("c-1", b"[1]"), ("c-1", {"service": "x"}), (None, detection("t", 1, T0))])
     assert out == []
     assert [r.reason for r in rejected] == [rec.MALFORMED_JSON, rec.NOT_AN_OBJECT, rec.MISSING_FIELD, rec.MISSING_FIELD]
 
@@ -295,3 +330,148 @@ def test_webhook_backoff_settings():
 def test_a_wrong_notifier_setting_is_one_line(env, says):
     with pytest.raises(SettingsError, match=says):
         nt.NotifierConfig.from_env(env)
+
+
+# ---- the notifier in the driver: its windows in the runtime's state stores --------------------
+
+
+class Crash(BaseException):
+    """The process dies: not an Exception, so no delivery turns it into a dead letter."""
+
+
+class Recorder:
+    """A delivery that keeps what it was given, or dies (`crash`) when asked to deliver."""
+
+    def __init__(self, crash=False):
+        self.delivered, self.crash = [], crash
+
+    def deliver(self, notification):
+        if self.crash:
+            raise Crash
+        self.delivered.append(notification)
+
+
+class DriverKafka:
+    """The driver's Kafka: what is sent and flushed, and the changelog topics, which outlive a
+    process (a "process" is the stores' cache, replaced by `restart`)."""
+
+    def __init__(self, monkeypatch):
+        self.events, self.topics = [], {}
+        self.monkeypatch = monkeypatch
+        kafka = self
+
+        class Sink:
+            def send(self, topic, key, value, headers=None, partition=None, timestamp_ms=None):
+                kafka.events.append(("send", topic, key, value, dict(headers or []), partition))
+                if topic.endswith((".notifications", ".state")):
+                    kafka.topics.setdefault(topic, {}).setdefault(partition, []).append((key.decode(), value, dict(headers or [])))
+
+            def flush(self, timeout):
+                kafka.events.append(("flush",))
+
+        @contextlib.contextmanager
+        def for_worker(conf, idle=None):
+            yield Sink()
+
+        def read(ctx, starts):
+            for p, start in starts.items():
+                log = self.topics.get(ctx.topic, {}).get(p, [])
+                tags = [int(h["input_offset"]) if "input_offset" in h else None for _, _, h in log]
+                yield p, [(k, v, tag, o) for o, ((k, v, _), tag) in enumerate(zip(log, tags, strict=True)) if o >= (start or 0)]
+
+        monkeypatch.setattr(processing.sinks, "for_worker", for_worker)
+        monkeypatch.setattr(changelog, "read", read)
+        self.restart()
+
+    def restart(self):
+        self.monkeypatch.setattr(cache, "_stores", {})
+
+    def sent(self, topic):
+        return [e for e in self.events if e[0] == "send" and e[1] == topic]
+
+
+@pytest.fixture
+def driver_kafka(monkeypatch):
+    return DriverKafka(monkeypatch)
+
+
+GROUP = "notifier-group"
+
+
+def driver_batch(notifier, kafka, monkeypatch, items, start, partition=0):
+    """One batch of the notifier as the job runs it in the driver (process_in_driver): `items`
+    ((customer, detection)) at offsets start.. of `partition`, its range planned from `start`."""
+    n = len(items)
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array([c.encode() for c, _ in items], pa.binary()),
+            pa.array([json.dumps(d).encode() for _, d in items], pa.binary()),
+            pa.array(["detections"] * n),
+            pa.array([partition] * n, pa.int32()),
+            pa.array(range(start, start + n), pa.int64()),
+            pa.array([T0 * 1000] * n, pa.timestamp("us", tz="UTC")),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+    monkeypatch.setattr(processing, "read_planned", lambda source, ranges: iter([batch]))
+    ranges = [dataclasses.astuple(PartitionRange("detections", partition, start, start + n))]
+    state = StateContext(f"{GROUP}.notifications", {}, 5.0, 600.0, 60.0, "detections")
+    ctx = TaskContext("notifier", notifier, CONFIG, {}, "notifications", "notifier.dlq", state=state)
+    frame = SimpleNamespace(collect=lambda: [SimpleNamespace(ranges=json.dumps(ranges))])
+    return processing.process_in_driver(ctx, None, frame)
+
+
+def prepared(delivery):
+    n = nt.Notifier(delivery=delivery)
+    n.prepare(CONFIG)
+    return n
+
+
+def test_the_notifiers_windows_are_state_in_its_own_changelog_and_show_in_the_state_summary(driver_kafka, monkeypatch):
+    n = prepared(Recorder())
+    assert n.state.changelog_topic(GROUP) == f"{GROUP}.notifications"  # not `.state`: earlier versions wrote another format there
+    items = [("c-1", detection("threshold", 5, T0 + 10)), ("c-1", detection("burst", 6, T0 + 20)), ("c-2", detection("threshold", 7, T0 + 30))]
+    rows = driver_batch(n, driver_kafka, monkeypatch, items, start=100)
+    assert len(n.delivery.delivered) == 2
+    state = json.loads(rows[0].state)
+    assert state["keys"] == 2 and state["bytes"] > 0 and state["written"] >= 2
+    written = {k: v for k, v, _ in driver_kafka.topics[f"{GROUP}.notifications"][0]}
+    window = T0 // HOUR_MS
+    assert json.loads(written[f"c-1|{window}"])["state"]["ids"] == sorted(nt.detection_id(d) for _, d in items[:2])
+    # Every change carries the batch's end: a restore knows whether the group committed it.
+    assert {h["input_offset"] for _, _, h in driver_kafka.topics[f"{GROUP}.notifications"][0]} == {b"103"}
+
+
+def test_a_restarted_notifier_reads_its_windows_back_from_the_changelog(driver_kafka, monkeypatch):
+    first = prepared(Recorder())
+    driver_batch(first, driver_kafka, monkeypatch, [("c-1", detection("threshold", 5, T0 + 10))], start=100)
+    driver_kafka.restart()  # a new process (or the instance the partition was handed to): no store in memory
+    again = prepared(Recorder())
+    rows = driver_batch(again, driver_kafka, monkeypatch, [("c-1", detection("threshold", 5, T0 + 10))], start=101)  # a replay
+    assert again.delivery.delivered == [] and again.counts == {"duplicate": 1}
+    assert json.loads(rows[0].state)["restored"] > 0
+    driver_batch(again, driver_kafka, monkeypatch, [("c-1", detection("threshold", 8, T0 + HOUR_MS))], start=102)
+    assert [d["customer"] for d in again.delivery.delivered] == ["c-1"]  # its next window
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["the-batch-retried-in-the-same-process", "a-new-process"])
+def test_a_crash_after_the_state_is_written_and_before_delivery_loses_no_notification(driver_kafka, monkeypatch, restart):
+    """The state's changes reach the changelog before the notifications are delivered (both after
+    the notifications are flushed, before the offsets are committed). A crash in between leaves
+    the changelog saying "notified" for a notification never delivered: the changes carry the
+    batch's end, past the group's committed offset, so the replay reads the state without them
+    and notifies again."""
+    n = prepared(Recorder(crash=True))
+    items = [("c-1", detection("threshold", 5, T0 + 10))]
+    with pytest.raises(Crash):
+        driver_batch(n, driver_kafka, monkeypatch, items, start=100)
+    log = driver_kafka.topics[f"{GROUP}.notifications"][0]
+    assert f"c-1|{T0 // HOUR_MS}" in {k for k, _, _ in log}  # written before the delivery that died
+    if restart:
+        driver_kafka.restart()
+        n = prepared(Recorder())
+    else:
+        n.delivery = Recorder()
+    # Nothing was committed: the batch runs again from the same offset.
+    driver_batch(n, driver_kafka, monkeypatch, items, start=100)
+    assert [d["customer"] for d in n.delivery.delivered] == ["c-1"]

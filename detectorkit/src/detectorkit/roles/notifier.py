@@ -4,17 +4,26 @@ per customer and time window out, delivered by a log line or an HTTP webhook.
 The pipeline is at-least-once, so a detection may arrive twice: the same detector's detection of
 the same source record (topic, partition, offset) is the same detection. Windows are event time
 (the source record's Kafka timestamp), so a replay puts a detection in the window it had the first
-time. The state is, per input partition, the windows already notified and the detections seen in
-each; a window leaves the state once it ended more than the horizon before the newest detection
-of its partition, so the state stays bounded. A detection older than that is notified again:
-a duplicate is better than a lost notification.
+time.
 
-The state is kept in a compacted changelog topic with the input's partition count (partition p's
-state in partition p), written after the notifications are flushed and before the input offsets
-are committed: a crash in between sends a notification twice, never loses one. An instance given a
-partition reads its state from the changelog first.
+Its state is the runtime's keyed state (`detectorkit.state`), as a detector's: per input
+partition, one key per window notified ("customer|window index") holding the ids of the window's
+detections, the window's newest detection its event time, and the horizon its TTL. A window leaves
+once its newest detection is more than the horizon older than the partition's newest detection,
+so the state stays bounded. (The notifier's own changelog before counted from the window's end, so
+a window may now leave up to one window earlier.) What the horizon promises is unchanged: a
+detection within it of its partition's newest detection is never notified twice; an older one may
+be: a duplicate is better than a lost notification.
 
-It runs in the driver (detections are few): one place holds each partition's state.
+The state lives where every stage's does: a compacted changelog topic, `<consumer group>.notifications`
+(a name of its own: the `<consumer group>.state` of earlier versions holds another format and is
+never read; it can be deleted), read back before a partition's first batch on whichever instance
+gets it, and counted in the `detector_state_*` metrics. The commit sequence is the runtime's
+(`runtime.checkpoint`): the notifications are flushed, the state's changes written, the
+notifications delivered (`after_flush`), the offsets committed; `processing.process_in_driver`
+says why a crash between the state and the delivery loses nothing.
+
+It runs in the driver: detections are few, and a delivery's retries hold the batch.
 """
 
 from __future__ import annotations
@@ -26,17 +35,20 @@ import random
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import httpx
+import pandas as pd
 import pyarrow as pa
 import structlog
 
 from detectorkit.runtime.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Refused, Rejected, parse_object
 from detectorkit.runtime.stage import Output, Source, StageBase
 from detectorkit.settings import SettingsError, config_from_env
+from detectorkit.state.declaration import State
+from detectorkit.state.store import PartitionStore
 
 log = structlog.get_logger("detectorkit.notifier")
 
@@ -79,73 +91,17 @@ def detection_id(detection: Mapping[str, Any]) -> str:
     return f"{detection['service']}|{s['topic']}|{s['partition']}|{s['offset']}"
 
 
-@dataclasses.dataclass
-class PartitionState:
-    """The windows notified for one input partition: (customer, window index) -> detection ids."""
-
-    windows: dict[tuple[str, int], set[str]] = dataclasses.field(default_factory=dict)
-    newest_ms: int = 0
+# The state's name: its changelog is `<consumer group>.notifications`.
+STATE_NAME = "notifications"
 
 
-class NotificationState:
-    def __init__(self, window_ms: int, horizon_ms: int):
-        self.window_ms = window_ms
-        self.horizon_ms = horizon_ms
-        self.partitions: dict[int, PartitionState] = {}
-        # Changelog records not yet written: (partition, key, value or None to delete).
-        self.changes: list[tuple[int, str, bytes | None]] = []
-
-    def offer(self, partition: int, customer: str, event_ms: int, ids: Iterable[str]) -> str:
-        """ "notify" for a window not notified yet, "duplicate" when every id was seen already in
-        it, "merged" when the window was notified and this brings a new detection to it."""
-        state = self.partitions.setdefault(partition, PartitionState())
-        state.newest_ms = max(state.newest_ms, event_ms)
-        window = event_ms // self.window_ms
-        key = (customer, window)
-        ids = set(ids)
-        seen = state.windows.get(key)
-        outcome = "notify" if seen is None else ("duplicate" if ids <= seen else "merged")
-        if outcome != "duplicate":
-            state.windows[key] = (seen or set()) | ids
-            self.changes.append((partition, _key(key), json.dumps(sorted(state.windows[key])).encode()))
-        return outcome
-
-    def evict(self) -> int:
-        """Drop windows that ended more than the horizon before their partition's newest detection."""
-        dropped = 0
-        for partition, state in self.partitions.items():
-            oldest = (state.newest_ms - self.horizon_ms) // self.window_ms
-            for key in [k for k in state.windows if k[1] < oldest]:
-                del state.windows[key]
-                self.changes.append((partition, _key(key), None))
-                dropped += 1
-        return dropped
-
-    def restore(self, partition: int, records: Iterable[tuple[str, bytes | None]]) -> None:
-        """Partition `partition`'s state from its changelog records, oldest first."""
-        state = self.partitions[partition] = PartitionState()
-        for key, value in records:
-            customer, _, window = key.rpartition("|")
-            if value is None:
-                state.windows.pop((customer, int(window)), None)
-            else:
-                state.windows[(customer, int(window))] = set(json.loads(value))
-                state.newest_ms = max(state.newest_ms, int(window) * self.window_ms)
-
-    def forget(self, partitions: Iterable[int]) -> None:
-        for p in partitions:
-            self.partitions.pop(p, None)
-
-    def take_changes(self) -> list[tuple[int, str, bytes | None]]:
-        changes, self.changes = self.changes, []
-        return changes
-
-    def size(self) -> int:
-        return sum(len(s.windows) for s in self.partitions.values())
+def notification_state(horizon_seconds: float) -> State:
+    """A window's state: the ids of its detections; kept for the horizon in event time."""
+    return State(columns=("ids",), ttl_seconds=horizon_seconds, name=STATE_NAME)
 
 
-def _key(key: tuple[str, int]) -> str:
-    return f"{key[0]}|{key[1]}"
+def window_key(customer: str, window: int) -> str:
+    return f"{customer}|{window}"
 
 
 def _iso(ms: int) -> str:
@@ -291,31 +247,52 @@ def delivery_for(config: NotifierConfig) -> Delivery:
 
 @dataclasses.dataclass
 class Notifier(StageBase):
-    """The downstream role as a stage the runtime runs in the driver (`runs_in_driver`)."""
+    """The downstream role as a stage the runtime runs in the driver (`runs_in_driver`), its
+    windows kept as keyed state (`state`) that the runtime restores and writes as a detector's."""
 
     name: str = "notifier"
     reasons: tuple[str, ...] = (MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, DELIVERY_FAILED)
     counts_as_detection: bool = False
     runs_in_driver: bool = True
-    state: NotificationState | None = None
+    # Its TTL is the configured horizon once `prepare` has run: at the job's start, before any batch.
+    state: State = notification_state(NotifierConfig.horizon_seconds)
     delivery: Delivery | None = None
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     # Notifications written in this batch, delivered once they are flushed.
     pending: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    state_topic: str = ""
-    _read_state: Callable[[int], Iterable[tuple[str, bytes | None]]] | None = None
 
     def load_config(self) -> NotifierConfig:
         return NotifierConfig.from_env()
 
     def prepare(self, config: NotifierConfig) -> None:
-        self.state = NotificationState(int(config.window_seconds * 1000), int(config.horizon_seconds * 1000))
+        self.state = notification_state(config.horizon_seconds)
         self.delivery = self.delivery or delivery_for(config)
 
+    def prepare_job(self, config: NotifierConfig, settings: Any, base_conf: Mapping[str, Any], broker_kind: str) -> None:
+        """The state's TTL and the delivery, from the configuration (the runtime creates the changelog)."""
+        self.prepare(config)
+
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[Rejected]]:
-        if self.state is None:
-            self.prepare(config)
-        groups: dict[tuple[int, str, int], list[tuple[int, dict]]] = {}
+        raise TypeError("the notifier keeps state per input partition: it runs through run_keyed, with the partition's store")
+
+    def run_keyed(
+        self,
+        values: pa.Array,
+        keys: pa.Array,
+        stamps_ms: Any,
+        config: NotifierConfig,
+        source: Callable[[int], Source] | None,
+        service: str,
+        store: PartitionStore,
+        tag: int,
+        topic: str,
+        idle_ms: int | None = None,
+    ) -> tuple[list[Output], list[Rejected]]:
+        """One input partition's detections, with the partition's store; `tag` is the batch's end.
+        Its time is its detections' (`source.timestamp_ms`), never the Kafka timestamps nor the
+        wall clock (`idle_ms`): it has no timers, and a quiet partition's windows wait for detections."""
+        window_ms = int(config.window_seconds * 1000)
+        groups: dict[tuple[str, int], list[tuple[int, dict]]] = {}
         rejected = []
         for position, value in enumerate(values.to_pylist()):
             try:
@@ -333,56 +310,53 @@ class Notifier(StageBase):
             if not where.key:
                 rejected.append(Rejected(position, MISSING_FIELD, "a detection is keyed by its customer; this one has no key"))
                 continue
-            customer = where.key
-            window = event_ms // self.state.window_ms
-            groups.setdefault((where.partition, customer, window), []).append((position, detection))
-        outputs = []
-        for (partition, customer, window), found in groups.items():
+            groups.setdefault((where.key, event_ms // window_ms), []).append((position, detection))
+        if not groups:
+            return [], rejected
+        names = {group: window_key(*group) for group in groups}
+        held = store.read(list(names.values()))
+        notified = dict(zip(held.index, held["ids"], strict=True))
+        outputs, changed, newest = [], {}, store.event_ms
+        for (customer, window), found in groups.items():
+            name = names[(customer, window)]
+            ids = {detection_id(d) for _, d in found}
             event_ms = max(int(d["source"]["timestamp_ms"]) for _, d in found)
-            outcome = self.state.offer(partition, customer, event_ms, (detection_id(d) for _, d in found))
+            newest = max(newest, event_ms)
+            seen = notified.get(name)
+            outcome = "notify" if seen is None else ("duplicate" if ids <= set(seen) else "merged")
             self.counts[outcome] = self.counts.get(outcome, 0) + 1
+            if outcome == "duplicate":
+                continue
+            changed[name] = (sorted(ids.union(seen or ())), event_ms)
             if outcome != "notify":
                 continue
             unique = {detection_id(d): d for _, d in found}
             notification = {
                 "customer": customer,
-                "window_start": _iso(window * self.state.window_ms),
-                "window_end": _iso((window + 1) * self.state.window_ms),
+                "window_start": _iso(window * window_ms),
+                "window_end": _iso((window + 1) * window_ms),
                 "detections": list(unique.values()),
             }
             outputs.append(Output(found[0][0], notification, key=customer))
             self.pending.append(notification)
-        self.state.evict()
+        if changed:
+            names_changed = list(changed)
+            new_state = pd.DataFrame({"ids": [ids for ids, _ in changed.values()]}, index=pd.Index(names_changed, dtype=object))
+            store.write(store.prepare(new_state, names_changed, [ms for _, ms in changed.values()]), tag)
+        # The TTL's clock: the runtime sweeps the windows it leaves behind once the batch is done.
+        store.advance(newest)
         return outputs, rejected
 
-    # ---- the hooks the runtime calls for a stage with state ----------------------------------
-
-    def prepare_job(self, config: NotifierConfig, settings: Any, base_conf: Mapping[str, Any], broker_kind: str) -> None:
-        """Create the state's changelog topic (compacted, the input's partition count)."""
-        from detectorkit.kafka import clients
-
-        self.prepare(config)
-        self.state_topic = f"{settings.consumer_group}.state"
-        partitions = len(clients.topic_partitions(clients.new_admin(base_conf), settings.input_topic, settings.connect_timeout_seconds))
-        # Tansu has no compaction; there the changelog just grows (a demo broker).
-        compact = {} if broker_kind == "tansu" else {"cleanup.policy": "compact"}
-        clients.create_topics(base_conf, {self.state_topic: partitions}, settings.connect_timeout_seconds, config=compact)
-        self._read_state = lambda p: _read_partition(base_conf, self.state_topic, p, settings.connect_timeout_seconds)
-
-    def partitions_assigned(self, partitions: Iterable[int]) -> None:
-        for p in partitions:
-            self.state.restore(p, self._read_state(p) if self._read_state else ())
-            log.info("notifier state restored", partition=p, windows=len(self.state.partitions[p].windows))
-
-    def partitions_released(self, partitions: Iterable[int]) -> None:
-        self.state.forget(partitions)
-
     def after_flush(self, ctx: Any) -> dict[str, int]:
-        """The notifications are written: deliver them (those that keep failing go to the
-        dead-letter topic), then write the state's changes, and flush both."""
+        """The notifications are flushed and the state's changes written (`runtime.checkpoint`,
+        steps 3 and 4): deliver them, those that keep failing to the dead-letter topic."""
         from detectorkit.kafka import sink as sinks
 
         pending, self.pending = self.pending, []
+        if not pending:
+            return {}
+        if self.delivery is None:
+            self.delivery = delivery_for(ctx.config)
         failed: dict[str, int] = {}
         with sinks.for_worker(ctx.producer_conf, ctx.client_idle_seconds) as sink:
             for notification in pending:
@@ -396,14 +370,5 @@ class Notifier(StageBase):
                     ]
                     sink.send(ctx.dlq_topic, notification["customer"].encode(), json.dumps(notification).encode(), headers)
                     failed[DELIVERY_FAILED] = failed.get(DELIVERY_FAILED, 0) + 1
-            for partition, key, value in self.state.take_changes():
-                if self.state_topic:
-                    sink.send(self.state_topic, key.encode(), value, partition=partition)
             sink.flush(ctx.flush_timeout)
         return failed
-
-
-def _read_partition(base_conf: Mapping[str, Any], topic: str, partition: int, timeout: float) -> list[tuple[str, bytes | None]]:
-    from detectorkit.kafka.topic_reader import read_messages
-
-    return [(m.key().decode(), m.value()) for m in read_messages(base_conf, topic, timeout, partitions=[partition])]

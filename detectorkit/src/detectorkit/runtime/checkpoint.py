@@ -1,14 +1,17 @@
 """A batch's commit sequence, in the order it runs: nothing is committed that is not written, and
 no state change stands for an output that was not written (Quix Streams' `Checkpoint.commit`).
 
-In each task (a Python worker; `runtime.processing._process`):
+In each task (a Python worker; `runtime.processing._process`; for a stage that runs in the driver,
+the driver, `processing.process_in_driver`):
   1. the records are processed: detections and dead letters sent as they are found;
   2. the timers of partitions with nothing to read fire (a tick of the source);
   3. the outputs are flushed (`finish_task`, from here on);
   4. the state's changes are sent, one record per key tagged with the batch's end, and flushed;
   5. the stores go back into the worker's cache; a failed task's are read back instead.
 In the driver, once every task has returned (`runtime.job.StreamJob._process`):
-  6. a stage that runs in the driver delivers and writes its own state (`Stage.after_flush`);
+  6. a stage that runs in the driver delivers what it wrote (`Stage.after_flush`: the notifier's
+     notifications): after 4, but a restore counts 4's changes only once 7 has committed them, so
+     a crash during the deliveries delivers them again;
   7. the batch's end offsets are committed to the group, for the partitions this instance still owns;
   8. metrics, and the batch's log line.
 A crash before 7 replays the batch from the committed offsets, with state read back as of them

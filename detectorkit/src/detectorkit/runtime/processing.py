@@ -281,13 +281,22 @@ def warm_worker(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator
 
 
 def process_in_driver(ctx: TaskContext, source: SourceOptions, frame) -> list[SimpleNamespace]:
-    """A batch of a stage that keeps state (`runs_in_driver`): the driver reads the planned ranges
-    itself and runs the stage as a task would; then the stage's `after_flush` (deliveries, its
-    state's changelog) runs once the outputs are flushed and before anything is committed. The
-    summary rows are those the tasks would have given."""
+    """A batch of a stage that runs in the driver (`runs_in_driver`): the driver reads the planned
+    ranges itself and runs the stage as a task would, its state's stores opened, written and kept
+    as a task's (in the driver's process); then the stage's `after_flush` (deliveries) runs once
+    the outputs are flushed and the state's changes written, before anything is committed. The
+    summary rows are those the tasks would have given.
+
+    The state is written before `after_flush` delivers, so a crash in between leaves the
+    changelog holding changes (a notification marked as sent) for outputs never delivered. Nothing
+    is lost: those changes are tagged with the batch's end, and the group's offsets stay at the
+    batch's start until after `after_flush` (the commit sequence, runtime.checkpoint); whoever
+    runs the batch again (this process, whose stores are then ahead of the start and read back, or
+    the partition's next owner) reads the state as of the start, skipping them, and delivers again."""
     ranges = [r for row in frame.collect() for r in ranges_from_row(row.ranges)]
     ends = {r.partition: r.end for r in ranges}
-    summaries = list(_process(ctx, read_planned(source, ranges) if ranges else iter(()), ends))
+    stores = _open_stores(ctx, ranges) if ctx.state is not None else None
+    summaries = list(_process(ctx, read_planned(source, ranges) if ranges else iter(()), ends, stores))
     rows = [SimpleNamespace(**row) for batch in summaries for row in batch.to_pylist()]
     dead = ctx.stage.after_flush(ctx)
     for row in rows[:1]:  # dead letters of the delivery count with the batch, on any one row
