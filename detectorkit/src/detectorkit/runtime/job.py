@@ -329,7 +329,6 @@ class StreamJob:
         before = self._running or frozenset()
         self._stop_query()
         if owned:
-            self.stage.partitions_assigned(owned - before)  # a stage with state in the driver reads it first
             start = self._start_offsets(owned)
             self._start_query(owned, start)
         self._running = owned
@@ -358,7 +357,6 @@ class StreamJob:
         with self._offsets_lock:
             self._committable -= partitions
             self.metrics.forget_partitions(partitions)
-        self.stage.partitions_released(partitions)
         log.info("partitions released", partitions=sorted(partitions), lost=lost, handover_seconds=round(time.monotonic() - began, 3))
 
     def _start_offsets(self, owned: frozenset[int]) -> dict[int, int]:

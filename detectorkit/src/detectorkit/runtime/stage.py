@@ -10,7 +10,7 @@ record's key) and its value; a rejection goes to the dead-letter topic with its 
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,13 +49,17 @@ class Output:
 
 class Stage(Protocol):
     """What a job applies to each batch, and the points of the job's life it is told of, in the
-    order they come (runtime.job calls each; `StageBase` gives the ones a stage has no use for)."""
+    order they come (runtime.job calls each; `StageBase` gives the ones a stage has no use for).
+    A hand-over needs nothing of a stage: what it keeps per partition is its `state`, which the
+    runtime restores wherever the partition goes."""
 
     name: str
     reasons: tuple[str, ...]  # dead-letter reasons it may give, shown as zeros from the start
     counts_as_detection: bool  # whether its outputs count in detector_detections_written_total
     runs_in_driver: bool  # its batches run in the driver, which reads the planned ranges itself
-    state: State | None  # keyed state its tasks keep per partition (runtime.processing opens it)
+    # Keyed state it keeps per partition (runtime.processing opens the partition's store): such a
+    # stage is run through `run_keyed` (as `DetectorStage.run_keyed`), one partition with its store.
+    state: State | None
     ticks: bool  # it needs batches with nothing to read now and then (timers of quiet partitions)
 
     def load_config(self) -> Any: ...
@@ -63,20 +67,14 @@ class Stage(Protocol):
     def prepare_job(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str) -> None:
         """1. At start, before the group is joined: create what it needs (its topics)."""
 
-    def partitions_assigned(self, partitions: Iterable[int]) -> None:
-        """2. Partitions given to this instance, before any of their records is read."""
-
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[rec.Rejected]]:
-        """3. Each batch: `values` are the records' Kafka values (bytes or null); outputs and
+        """2. Each batch: `values` are the records' Kafka values (bytes or null); outputs and
         rejections name a record by its position there, and `source(position)` says where it was read."""
         ...
 
     def after_flush(self, ctx: Any) -> dict[str, int]:
-        """4. A stage that runs in the driver: once the batch's outputs are flushed, before its
-        offsets are committed (deliveries, its own changelog); returns dead letters by reason."""
-
-    def partitions_released(self, partitions: Iterable[int]) -> None:
-        """5. Partitions taken away, once the batch in flight has committed them."""
+        """3. A stage that runs in the driver: once the batch's outputs are flushed and its state's
+        changes written, before its offsets are committed (deliveries); returns dead letters by reason."""
 
 
 class StageBase:
@@ -89,14 +87,8 @@ class StageBase:
     def prepare_job(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str) -> None:
         return None
 
-    def partitions_assigned(self, partitions: Iterable[int]) -> None:
-        return None
-
     def after_flush(self, ctx: Any) -> dict[str, int]:
         return {}
-
-    def partitions_released(self, partitions: Iterable[int]) -> None:
-        return None
 
 
 @dataclass(frozen=True)
