@@ -2,6 +2,7 @@
 the changelog, the store kept only after its task succeeded, timers of quiet partitions."""
 
 import contextlib
+import dataclasses
 import json
 import time
 
@@ -137,3 +138,17 @@ def test_a_tick_run_by_another_worker_is_seen_by_this_one_so_no_timer_fires_twic
     kafka["sink"] = Sink()
     run(ctx, None, 102, 102, tick=3)  # back on worker b, whose store still has them
     assert not [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]
+
+
+def test_a_partitions_records_read_in_interleaved_chunks_go_to_the_detector_once_in_offset_order(kafka):
+    calls = []
+
+    def detect(records, state, config):
+        calls.append(list(records["i"]))
+        return COUNT.detect(records, state, config)
+
+    ctx = task(dataclasses.replace(COUNT, detect=detect), CountConfig(every=2))
+    chunks = [arrow(values(2), partition=p, first_offset=100 + 2 * c) for c in range(3) for p in (3, 5)]  # 3, 5, 3, 5, ...
+    ranges = [PartitionRange("in", p, 100, 106) for p in (3, 5)]
+    list(_process(ctx, iter(chunks), {3: 106, 5: 106}, _open_stores(ctx, ranges)))
+    assert calls == [[0, 1, 0, 1, 0, 1]] * 2  # one call a partition, its chunks in the order read

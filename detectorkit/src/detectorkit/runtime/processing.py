@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -110,20 +110,24 @@ def _headers(ctx: TaskContext, reason: str, message: str, topic: str, partition:
     ]
 
 
-def process_batch(
-    ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, summaries: dict[int, PartitionSummary], stores: Stores | None = None
-) -> None:
+def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, summaries: dict[int, PartitionSummary]) -> None:
+    """A stateless stage's records, as read (a stage with state goes by partition: `_process`)."""
     if batch.num_rows == 0:
         return
-    partitions = batch.column("partition").to_numpy()
-    if stores is not None:
-        # State is per partition: each partition's records go through the detector on their own,
-        # in offset order, with that partition's store.
-        for p in np.unique(partitions).tolist():
-            part = batch if (partitions == p).all() else batch.filter(pa.array(partitions == p))
-            _process_records(ctx, part, sink, summaries, stores, p)
-        return
     _process_records(ctx, batch, sink, summaries, None, None)
+
+
+def _by_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Each Kafka partition's records of `batches`, in the order read, as one record batch."""
+    parts: dict[int, list[pa.RecordBatch]] = {}
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        partitions = batch.column("partition").to_numpy()
+        for p in np.unique(partitions).tolist():
+            parts.setdefault(p, []).append(batch if (partitions == p).all() else batch.filter(pa.array(partitions == p)))
+    for p, chunks in parts.items():
+        yield p, chunks[0] if len(chunks) == 1 else pa.Table.from_batches(chunks).combine_chunks().to_batches()[0]
 
 
 def _process_records(
@@ -241,8 +245,16 @@ def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch], ends: dict[int
     summaries: dict[int, PartitionSummary] = {}
     with sinks.for_worker(ctx.producer_conf, ctx.client_idle_seconds) as sink:
         # The commit sequence's task steps (runtime.checkpoint): 1. the records.
-        for batch in batches:
-            process_batch(ctx, batch, sink, summaries, stores)
+        if stores is None:
+            for batch in batches:
+                process_batch(ctx, batch, sink, summaries)
+        else:
+            # With state, a partition's records of the whole task go through the detector at once
+            # (the reader hands them over in interleaved chunks of 20,000): a key the chunks share
+            # is read, decoded, encoded and written once, not once a chunk. It holds the task's
+            # records (MAX_RECORDS_PER_BATCH at most) in Arrow meanwhile.
+            for p, part in _by_partition(batches):
+                _process_records(ctx, part, sink, summaries, stores, p)
         if stores is not None:
             _fire_idle(ctx, stores, sink, summaries)  # 2. the timers of partitions with nothing to read
             for p in stores.stores:
