@@ -358,6 +358,7 @@ class DriverKafka:
     def __init__(self, monkeypatch):
         self.events, self.topics = [], {}
         self.monkeypatch = monkeypatch
+        self.failing_flushes = 0  # flushes to fail from now on
         kafka = self
 
         class Sink:
@@ -368,6 +369,9 @@ class DriverKafka:
 
             def flush(self, timeout):
                 kafka.events.append(("flush",))
+                if kafka.failing_flushes:
+                    kafka.failing_flushes -= 1
+                    raise RuntimeError("broker gone")
 
         @contextlib.contextmanager
         def for_worker(conf, idle=None):
@@ -474,4 +478,16 @@ def test_a_crash_after_the_state_is_written_and_before_delivery_loses_no_notific
         n.delivery = Recorder()
     # Nothing was committed: the batch runs again from the same offset.
     driver_batch(n, driver_kafka, monkeypatch, items, start=100)
+    assert [d["customer"] for d in n.delivery.delivered] == ["c-1"]
+
+
+def test_a_batch_that_failed_before_its_deliveries_leaves_none_behind_for_the_next_one(driver_kafka, monkeypatch):
+    """Its notifications are written again by the batch's replay: delivered once, with the replay's."""
+    n = prepared(Recorder())
+    items = [("c-1", detection("threshold", 5, T0 + 10))]
+    driver_kafka.failing_flushes = 1  # the notifications' flush: the batch fails, nothing is delivered
+    with pytest.raises(RuntimeError, match="broker gone"):
+        driver_batch(n, driver_kafka, monkeypatch, items, start=100)
+    assert n.delivery.delivered == []
+    driver_batch(n, driver_kafka, monkeypatch, items, start=100)  # the query restarted from the committed offset
     assert [d["customer"] for d in n.delivery.delivered] == ["c-1"]

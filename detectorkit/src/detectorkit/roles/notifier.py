@@ -316,7 +316,7 @@ class Notifier(StageBase):
         names = {group: window_key(*group) for group in groups}
         held = store.read(list(names.values()))
         notified = dict(zip(held.index, held["ids"], strict=True))
-        outputs, changed, newest = [], {}, store.event_ms
+        outputs, changed, newest = [], {}, 0
         for (customer, window), found in groups.items():
             name = names[(customer, window)]
             ids = {detection_id(d) for _, d in found}
@@ -352,7 +352,10 @@ class Notifier(StageBase):
         steps 3 and 4): deliver them, those that keep failing to the dead-letter topic."""
         from detectorkit.kafka import sink as sinks
 
-        pending, self.pending = self.pending, []
+        # Once per window: a batch that failed before its deliveries left its notifications here,
+        # and its replay has just written them again (the replay's copy is the one delivered).
+        pending = list({idempotency_key(n): n for n in self.pending}.values())
+        self.pending = []
         if not pending:
             return {}
         if self.delivery is None:
