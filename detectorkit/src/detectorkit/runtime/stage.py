@@ -65,7 +65,8 @@ class Stage(Protocol):
     def load_config(self) -> Any: ...
 
     def prepare_job(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str) -> None:
-        """1. At start, before the group is joined: create what it needs (its topics)."""
+        """1. At start, before the group is joined and before any batch: create what it needs
+        (its topics) and take its configuration (the notifier: its state's TTL, its delivery)."""
 
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[rec.Rejected]]:
         """2. Each batch: `values` are the records' Kafka values (bytes or null); outputs and
