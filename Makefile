@@ -33,13 +33,18 @@ scale-demo: setup
 	bash scripts/scale-demo.sh
 
 # The dashboard test queries a real Prometheus, the Alertmanager example is checked by amtool:
-# Debian's packages, installed where we are root.
+# Debian's packages, installed where we are root. Buildah builds the default bake's image, on a stand-in
+# for its base image that debootstrap makes from Debian's packages (tests/test_image_build.py); with their
+# recommends (crun, gnupg, the archive keyring), as on the machine where the test was made.
 # The Kubernetes manifests' Pod Security check is the Pod Security Admission's own code, built with
 # Go from the Go module proxy (about a minute the first time, then cached; tests/test_deploy.py).
 tools:
 	@{ command -v prometheus && command -v amtool; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; } || \
 		echo "prometheus or amtool is not installed: their tests will be skipped (apt-get install prometheus prometheus-alertmanager)"
+	@{ command -v buildah && command -v debootstrap; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap >/dev/null; } || \
+		echo "buildah or debootstrap is not installed: the image build test will be skipped (apt-get install buildah debootstrap)"
 	@if command -v go >/dev/null 2>&1; then \
 		cd tests/tools/psa-check && go build -trimpath -buildvcs=false -o "$${XDG_CACHE_HOME:-$$HOME/.cache}/detectorkit/psa-check" .; \
 	else echo "go is not installed: the Pod Security check of the Kubernetes manifests will be skipped"; fi

@@ -1,0 +1,219 @@
+"""The default bake's image, built by a real image builder and then run.
+
+Buildah (Debian's package) builds the baked Dockerfile as root without a daemon. Docker Hub may be out of
+reach, so the base image is a stand-in built here from Debian's own packages: `python:3.11-slim-bookworm`
+is Debian bookworm with CPython 3.11, and bookworm's python3 is 3.11. The stand-in is tagged with the
+Dockerfile's own FROM so the build resolves it locally and never pulls. detectorkit comes the way the
+baked Dockerfile documents for a build without the team's index: wheels in the bake's wheels/.
+
+Buildah's storage (vfs: no overlay mounts needed) lives in ${XDG_CACHE_HOME:-~/.cache}/detectorkit/image-build,
+with the stand-in it keeps (250 MB) and detectorkit's dependencies' wheels (530 MB), so a second run skips
+debootstrap and PyPI: here 2.5 min the first time, then 1.5 (the build itself, a copy of the built image
+into a container, a Spark job). The built image and its container are removed after the test."""
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from dockerfile_parse import DockerfileParser
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "detectorkit" / "image-build"
+# Debian's packages that make its minimal base into the official slim Python image, as far as the
+# Dockerfile uses it: python, pip, and the CA certificates pip's and apt's HTTPS need.
+STAND_IN_PACKAGES = "python3,python3-pip,python3-venv,python-is-python3,ca-certificates"
+DEBIAN_MIRROR = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SERVICE = "high-value-orders"
+PACKAGE = "high_value_orders"
+SPARK_JOB = "from pyspark.sql import SparkSession; s = SparkSession.builder.master('local[1]').getOrCreate(); print(s.range(3).count()); s.stop()"
+
+buildah_exe = shutil.which("buildah")
+debootstrap_exe = shutil.which("debootstrap") or next((p for p in ("/usr/sbin/debootstrap",) if os.access(p, os.X_OK)), None)
+missing = [
+    reason
+    for reason, absent in (
+        ("buildah is not installed (apt-get install buildah)", buildah_exe is None),
+        ("debootstrap is not installed (apt-get install debootstrap): it builds the stand-in base image", debootstrap_exe is None),
+        ("not root: buildah builds here as root, without a daemon or user namespaces", os.geteuid() != 0),
+    )
+    if absent
+]
+pytestmark = pytest.mark.skipif(bool(missing), reason="; ".join(missing))
+
+
+def unavailable(reason: str):
+    """A dependency out of reach (offline): CI must build the image, elsewhere the test is skipped."""
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def buildah(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    store = ["--root", str(CACHE / "storage"), "--runroot", str(CACHE / "run"), "--storage-driver", "vfs"]
+    return subprocess.run([buildah_exe, *store, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def ok(result: subprocess.CompletedProcess, what: str) -> str:
+    # The error first: a build's stdout is mostly apt's and pip's progress.
+    assert result.returncode == 0, f"{what} failed ({result.returncode}):\n{result.stderr[-3000:]}\n--- its output's end:\n{result.stdout[-1500:]}"
+    return result.stdout.strip()
+
+
+@contextlib.contextmanager
+def cache_lock():
+    """One run at a time builds the stand-in or touches the storage's images."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def official_python(base: str) -> tuple[str, str]:
+    """The Python version and Debian suite of an official `python:X.Y-slim-SUITE` image."""
+    match = re.fullmatch(r"(?:docker\.io/)?(?:library/)?python:(3\.\d+)-slim-(\w+)", base)
+    assert match, f"the Dockerfile's base {base!r} is not an official slim Python image, which the stand-in imitates"
+    return match[1], match[2]
+
+
+def stand_in(base: str) -> str:
+    """Build (once, then cached) a stand-in for the official `python:X.Y-slim-SUITE` image, named as
+    the Dockerfile names it, from Debian SUITE's own packages."""
+    python, suite = official_python(base)
+    name = f"docker.io/library/python:{python}-slim-{suite}"
+    if buildah("inspect", "--type", "image", name).returncode == 0:
+        return name
+    container = ok(buildah("from", "scratch"), "buildah from scratch")
+    try:
+        root = ok(buildah("mount", container), "buildah mount")
+        # debootstrap straight into the container's root: no copy of the tree.
+        bootstrap = subprocess.run(
+            [debootstrap_exe, "--variant=minbase", f"--include={STAND_IN_PACKAGES}", suite, root, DEBIAN_MIRROR],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        if bootstrap.returncode != 0:
+            unavailable(f"debootstrap {suite} from {DEBIAN_MIRROR} failed (offline?): {bootstrap.stdout[-1500:]}{bootstrap.stderr[-1500:]}")
+        shutil.rmtree(pathlib.Path(root, "var/cache/apt/archives"), ignore_errors=True)
+        pathlib.Path(root, "var/cache/apt/archives/partial").mkdir(parents=True)
+        ok(buildah("umount", container), "buildah umount")
+        version = ok(
+            buildah("run", "--isolation", "chroot", container, "--", "python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"),
+            "python3 in the stand-in",
+        )
+        if version != python:
+            pytest.skip(f"Debian {suite}'s python3 is {version}, not the image's {python}: no stand-in for {base} from Debian's packages")
+        # The official image's pip installs into its own Python; Debian's refuses (PEP 668) unless told.
+        config = ["--env", f"PATH={PATH}", "--env", "LANG=C.UTF-8", "--env", "PIP_BREAK_SYSTEM_PACKAGES=1", "--cmd", "python3"]
+        ok(buildah("config", *config, container), "buildah config")
+        ok(buildah("commit", "--rm", container, name), "buildah commit of the stand-in")
+    except BaseException:
+        buildah("rm", container)
+        raise
+    return name
+
+
+@pytest.fixture
+def default_bake(cookies):
+    result = cookies.bake(extra_context={})
+    assert result.exit_code == 0, result.exception
+    project = pathlib.Path(result.project_path)
+    assert project.name == SERVICE
+    return project
+
+
+def wheels(project: pathlib.Path, python: str) -> None:
+    """The bake's wheels/ as the Dockerfile documents it for a build without the team's index
+    (`pip wheel detectorkit "setuptools>=68" -w wheels/`), for the image's Python. detectorkit's own
+    wheel is built every run; its dependencies' wheels (half a gigabyte, mostly pyspark) are cached
+    until detectorkit's pyproject.toml changes, and hard-linked in."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == python:
+        interpreter = sys.executable
+    elif (interpreter := shutil.which(f"python{python}")) is None:
+        pytest.skip(f"no python{python} here to build the wheels for the image's Python {python}")
+
+    def pip_wheel(*args: str) -> None:
+        built = subprocess.run([interpreter, "-m", "pip", "wheel", "-q", *args], capture_output=True, text=True, timeout=1800)
+        if built.returncode != 0:
+            unavailable(f"pip wheel {' '.join(args)} failed (offline? the dependencies come from PyPI): {built.stderr[-3000:]}")
+
+    meta = (REPO / "detectorkit" / "pyproject.toml").read_bytes()
+    cached = CACHE / f"wheels-{python}-{hashlib.sha256(meta).hexdigest()[:16]}"
+    if not cached.is_dir():
+        for stale in CACHE.glob("wheels-*"):
+            shutil.rmtree(stale)
+        partial = cached.with_name(cached.name + ".partial")
+        pip_wheel(str(REPO / "detectorkit"), "setuptools>=68", "-w", str(partial))
+        for own in partial.glob("detectorkit-*.whl"):
+            own.unlink()
+        partial.rename(cached)
+    target = project / "wheels"
+    for wheel in cached.iterdir():
+        try:
+            os.link(wheel, target / wheel.name)
+        except OSError:  # another file system
+            shutil.copy2(wheel, target / wheel.name)
+    pip_wheel("--no-deps", str(REPO / "detectorkit"), "-w", str(target))
+
+
+def test_the_default_bakes_image_builds_and_runs_its_service_as_user_10001(default_bake):
+    project = default_bake
+    base = DockerfileParser(path=str(project / "Dockerfile")).baseimage
+    image = f"localhost/{SERVICE}:image-test"
+    with cache_lock():
+        wheels(project, official_python(base)[0])
+        stand_in(base)
+        # Leftovers of an interrupted run (the storage is this test's alone): gigabytes each with vfs.
+        buildah("rm", "--all")
+        buildah("rmi", "--force", image)
+        container = None
+        try:
+            # The build context as a builder gets it (.dockerignore applies), no pip-index-url secret:
+            # the Dockerfile falls back to wheels/ alone. --pull=never: the stand-in or nothing.
+            ok(
+                buildah("bud", "--isolation", "chroot", "--format", "docker", "--pull=never", "--layers=false", "-t", image, str(project)),
+                "buildah bud of the default bake",
+            )
+            config = json.loads(ok(buildah("inspect", "--type", "image", image), "buildah inspect"))["OCIv1"]["config"]
+            assert config.get("User") == "10001", f"the image runs as {config.get('User')!r}, not the unprivileged 10001"
+            assert config.get("Entrypoint") == [SERVICE], config.get("Entrypoint")
+            container = ok(buildah("from", "--pull=never", image), "buildah from the built image")
+
+            def run(*command: str) -> subprocess.CompletedProcess:
+                # buildah run runs as the image's USER, in its WORKDIR, with its ENV. Its chroot isolation
+                # names the host after the container but leaves that name out of /etc/hosts, which Docker and
+                # Kubernetes always resolve (Spark looks its own host up): a name /etc/hosts has instead.
+                return buildah("run", "--isolation", "chroot", "--hostname", "localhost", container, "--", *command)
+
+            assert ok(run("id", "-u"), "id -u in the image") == "10001"
+            imported = ok(
+                run("python", "-c", f"import {PACKAGE}.detector, detectorkit; print({PACKAGE}.detector.__file__, detectorkit.__file__)"),
+                "importing the service's detector in the image",
+            )
+            # Installed (site-packages, or dist-packages on Debian's Python), not the copied source in /app.
+            assert all(re.search(r"/(site|dist)-packages/", path) for path in imported.split()), f"not installed in the image: {imported}"
+            helped = ok(run(*config["Entrypoint"], "--help"), f"{SERVICE} --help (the entrypoint) in the image")
+            assert f"usage: {SERVICE}" in helped and "--input-topic" in helped, helped
+            # Started without a broker, the service reads its baked settings and refuses clearly: the image
+            # has no embedded broker (detectorkit's dev extra) to fall back on.
+            started = run(*config["Entrypoint"])
+            assert started.returncode == 2, started
+            assert '"input_topic": "records.normalized"' in started.stderr, started.stderr
+            assert "KAFKA_BOOTSTRAP_SERVERS is not set" in started.stderr, started.stderr
+            # Spark's JVM (the Dockerfile's JAVA_HOME) starts and runs a job, as the image's unprivileged user.
+            counted = ok(run("python", "-c", SPARK_JOB), "a local Spark job in the image")
+            assert counted.splitlines()[-1] == "3", counted
+        finally:
+            shutil.rmtree(project / "wheels", ignore_errors=True)
+            if container:
+                buildah("rm", container)
+            buildah("rmi", "--force", image)
