@@ -145,7 +145,7 @@ class JobMetrics:
         )
         self.state_restore = Histogram(
             f"{PREFIX}_state_restore_seconds",
-            "Time to restore or catch up one partition's state store from the changelog.",
+            "Time until a partition's state store was restored or caught up from the changelog (a task reads its partitions together).",
             buckets=BATCH_BUCKETS,
             registry=r,
         )
