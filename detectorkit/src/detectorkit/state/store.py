@@ -16,6 +16,7 @@ of their own.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -69,19 +70,15 @@ class PartitionStore:
         """The state of `keys` that have one, indexed by key; a key whose state expired before its
         first record here (`first_ms`, one per key) has none."""
         get, ttl = self.entries.get, self.state.ttl_ms
+        # Without a TTL or first times, no key's state has expired.
+        firsts = [-math.inf] * len(keys) if ttl is None or first_ms is None else np.asarray(first_ms).tolist()
+        ttl = ttl or 0
         found, values = [], []
-        if ttl is None or first_ms is None:
-            for key in keys:
-                entry = get(key)
-                if entry is not None:
-                    found.append(key)
-                    values.append(entry[VALUE])
-        else:
-            for key, first in zip(keys, np.asarray(first_ms).tolist(), strict=True):
-                entry = get(key)
-                if entry is not None and entry[SEEN] + ttl >= first:
-                    found.append(key)
-                    values.append(entry[VALUE])
+        for key, first in zip(keys, firsts, strict=True):
+            entry = get(key)
+            if entry is not None and entry[SEEN] + ttl >= first:
+                found.append(key)
+                values.append(entry[VALUE])
         if not found:
             return self.state.empty()
         return self._frame(found, [codec.state_of(v) for v in values])
