@@ -8,19 +8,24 @@ this store holds a batch that was never committed, and the store catches up or i
 
 Expiry is event time: a key's state is gone once the partition's newest record is more than the TTL
 past the key's newest record (a key with a pending timer stays until it fires). Keys are swept as
-event time advances, oldest first (a heap, so a sweep costs what it removes, not what the store
-holds), each with a tombstone for the changelog. Timers are kept with their key's state, in a heap
-of their own.
+event time advances, each with a tombstone for the changelog. Timers are kept with their key's state.
+
+The store is columnar: a key maps to a slot, and each slot's value (the changelog record), event
+time, tag and timer live in NumPy arrays. A batch reads and writes its keys with one dictionary
+lookup each and array operations for the rest, and a sweep or a timer check is one pass over an
+array: a store of tuples and heaps did a few microseconds of Python work per key a batch touched,
+which measured as more than the detector itself (py-spy, the stateful benchmark).
 """
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
+import orjson
 import pandas as pd
 
 from detectorkit.state import codec
@@ -28,21 +33,38 @@ from detectorkit.state.declaration import KEY, State
 
 # A change for the changelog: (key, encoded value or None for a tombstone).
 Change = tuple[str, bytes | None]
-# A key prepared for `write`: (key, encoded value or None: it loses its state, seen_ms, timer_ms).
-Prepared = tuple[str, bytes | None, int, int | None]
 # The changelog record that holds the partition's event time (no customer key looks like it): a
 # restore gets the time a quiet partition reached from the wall clock, not only its keys' times.
 EVENT_TIME_KEY = "\x00detectorkit.event_ms"
+# The timer of a key without one (and of a free slot): above every time, so the earliest timer is a minimum.
+NO_TIMER = np.iinfo(np.int64).max
+_NEVER = np.iinfo(np.int64).min
 
 
-# One key's state in a store: (changelog value, newest event time of the key's records, the input
-# offset (batch end) of the change that wrote it, its timer or None). The value is decoded afresh on
-# every read, so a detector sees exactly what a restore would give it (JSON's types) and cannot change
-# the store in place. A plain tuple of atoms, not a NamedTuple: the garbage collector stops tracking
-# those, where it would walk every key's entry on each full collection (measured over 1M records
-# and a store of ~300,000 keys: 1.4 s of full collections with a NamedTuple, 0.3 s with a tuple).
-Entry = tuple[bytes, int, int, int | None]
-VALUE, SEEN, TAG, TIMER = range(4)
+@dataclass
+class Prepared:
+    """What `prepare` gives `write`: each key with its encoded value (None: it loses its state), its
+    event time and its timer (NO_TIMER: none). Keys are distinct."""
+
+    keys: list[str]
+    values: np.ndarray  # object: bytes or None
+    seen: np.ndarray  # int64
+    timers: np.ndarray  # int64
+    slots: np.ndarray | None = None  # the keys' slots when prepared (-1: not held), valid while the store's generation is
+    generation: int = -1
+
+    @classmethod
+    def of(cls, rows: Iterable[tuple[str, bytes | None, int, int | None]]) -> Prepared:
+        """From (key, value, seen_ms, timer_ms) rows."""
+        rows = list(rows)
+        values = np.empty(len(rows), dtype=object)
+        values[:] = [v for _, v, _, _ in rows]
+        return cls(
+            [k for k, _, _, _ in rows],
+            values,
+            np.array([s for _, _, s, _ in rows], dtype=np.int64),
+            np.array([NO_TIMER if t is None else t for *_, t in rows], dtype=np.int64),
+        )
 
 
 class PartitionStore:
@@ -50,38 +72,49 @@ class PartitionStore:
         self.state = state
         self.partition = partition
         self.where = where or f"state store partition {partition}"
-        self.entries: dict[str, Entry] = {}
         self.position = -1  # input offset reflected; -1: nothing yet
         self.tick = 0  # the source's tick reflected: a tick fires timers without moving the offset
         self.changelog_offset = 0  # next changelog offset to read
         self.event_ms = 0  # the partition's event time: its newest record's
         self.bytes = 0
-        self._expiry: list[tuple[int, str]] = []  # (seen_ms, key), stale entries skipped
-        self._timers: list[tuple[int, str]] = []  # (timer_ms, key), stale entries skipped
+        self._slot: dict[str, int] = {}
+        self._free: list[int] = []  # slots of deleted keys, reused first
+        self._used = 0  # slots handed out: the arrays' prefix that matters
+        self._key = np.empty(0, dtype=object)
+        self._value = np.empty(0, dtype=object)  # the changelog value, decoded afresh on every read
+        self._size = np.empty(0, dtype=np.int64)
+        self._seen = np.empty(0, dtype=np.int64)  # the key's newest record time
+        self._tag = np.empty(0, dtype=np.int64)  # the input offset (batch end) of the change that wrote it
+        self._timer = np.empty(0, dtype=np.int64)
+        self._live = np.empty(0, dtype=bool)
+        self._grow(0)  # never empty: a lookup takes the arrays at every slot, -1 (not held) too, and masks those
+        # Lower bounds, so a batch with nothing to expire or fire scans nothing: the oldest time of
+        # a key without a timer, and the earliest timer.
+        self._expiry_floor = NO_TIMER
+        self._timer_floor = NO_TIMER
+        self._generation = 0  # moves whenever a key gets or loses a slot
         self._changes: dict[str, bytes | None] = {}
         self._event_written = 0  # the event time the changelog has
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._slot)
 
     # ---- what a batch reads and writes ------------------------------------------------------------
 
     def read(self, keys: Sequence[str], first_ms: Sequence[int] | np.ndarray | None = None) -> pd.DataFrame:
         """The state of `keys` that have one, indexed by key; a key whose state expired before its
-        first record here (`first_ms`, one per key) has none."""
-        get, ttl = self.entries.get, self.state.ttl_ms
-        # Without a TTL or first times, no key's state has expired.
-        firsts = [-math.inf] * len(keys) if ttl is None or first_ms is None else np.asarray(first_ms).tolist()
-        ttl = ttl or 0
-        found, values = [], []
-        for key, first in zip(keys, firsts, strict=True):
-            entry = get(key)
-            if entry is not None and entry[SEEN] + ttl >= first:
-                found.append(key)
-                values.append(entry[VALUE])
-        if not found:
+        first record here (`first_ms`, one per key) has none. The values are decoded afresh, so a
+        detector sees exactly what a restore would give it (JSON's types) and cannot change the
+        store in place."""
+        slots = self._slots_of(keys)
+        held = slots >= 0
+        ttl = self.state.ttl_ms
+        if ttl is not None and first_ms is not None and len(slots):
+            held &= np.where(held, self._seen[slots], _NEVER + ttl) + ttl >= np.asarray(first_ms, dtype=np.int64)
+        found = slots[held]
+        if not len(found):
             return self.state.empty()
-        return self._frame(found, [codec.state_of(v) for v in values])
+        return self._frame(self._key[found].tolist(), self._value[found])
 
     def prepare(
         self,
@@ -89,45 +122,56 @@ class PartitionStore:
         keys: Sequence[str],
         last_ms: Sequence[int] | np.ndarray,
         timers: dict[str, int | None] | None = None,
-    ) -> list[Prepared]:
-        """Every key of `keys` with the row `new_state` has for it, encoded, or None: it loses its
-        state; `last_ms` is each key's newest record time. `timers` sets the timer of each key in it
-        (None clears it); the others keep theirs. Raises (and changes nothing) when a value cannot
-        be written."""
-        columns = self.state.columns
-        # Column by column, as Python objects (numbers as int and float, not NumPy's).
-        rows = dict(zip(new_state.index.tolist(), zip(*(new_state[c].tolist() for c in columns), strict=True), strict=True)) if len(new_state) else {}
-        timers = timers or {}
+    ) -> Prepared:
+        """Every key of `keys` (distinct) with the row `new_state` has for it, encoded, or None: it
+        loses its state; `last_ms` is each key's newest record time. `timers` sets the timer of each
+        key in it (None clears it); the others keep theirs. Raises (and changes nothing) when a value
+        cannot be written."""
+        keys = list(keys)
+        rows = new_state.index.get_indexer(keys) if len(new_state) else np.full(len(keys), -1, dtype=np.intp)
+        slots = self._slots_of(keys)
+        held = slots >= 0
+        seen = np.maximum(np.asarray(last_ms, dtype=np.int64), np.where(held, self._seen[slots], _NEVER))
+        timer = np.where(held, self._timer[slots], NO_TIMER)
         if timers:
-            stateless = [k for k, at in timers.items() if at is not None and k not in rows]
+            stateless = [k for k, at in timers.items() if at is not None and k not in new_state.index]
             if stateless:
                 raise ValueError(f"a timer needs state for its key; no new state for {stateless[:3]}")
-        get, encode = self.entries.get, codec.encode
-        prepared: list[Prepared] = []
-        for key, last in zip(keys, np.asarray(last_ms).tolist(), strict=True):
-            values = rows.get(key)
-            if values is None:
-                prepared.append((key, None, last, None))
-                continue
-            entry = get(key)
-            if entry is None:
-                seen, timer = last, timers.get(key)
-            else:
-                seen = last if last > entry[SEEN] else entry[SEEN]
-                timer = timers[key] if key in timers else entry[TIMER]
-            prepared.append((key, encode(dict(zip(columns, values, strict=True)), seen, timer), seen, timer))
-        return prepared
+            at = pd.Index(list(timers), dtype=object).get_indexer(keys)
+            given = np.flatnonzero(at >= 0)
+            asked = list(timers.values())
+            timer[given] = [NO_TIMER if asked[i] is None else asked[i] for i in at[given].tolist()]
+        values = np.empty(len(keys), dtype=object)
+        kept = np.flatnonzero(rows >= 0)
+        if len(kept):
+            # Column by column, as Python objects (numbers as int and float, not NumPy's).
+            columns = self.state.columns
+            states = _as_dicts(columns, [new_state[c].tolist() for c in columns])
+            values[kept] = codec.encode_many(
+                [states[r] for r in rows[kept].tolist()],
+                seen[kept].tolist(),
+                [None if t == NO_TIMER else t for t in timer[kept].tolist()],
+            )
+        return Prepared(keys, values, seen, timer, slots, self._generation)
 
-    def write(self, prepared: Iterable[Prepared], tag: int) -> None:
+    def write(self, prepared: Prepared, tag: int) -> None:
         """What `prepare` gave, into the store and the changes for the changelog."""
         self.position = max(self.position, tag)
-        changes = self._changes
-        for key, value, seen, timer in prepared:
-            if value is None:
-                self._delete(key)
-            else:
-                self._put(key, (value, seen, tag, timer))
-                changes[key] = value
+        keys, values = prepared.keys, prepared.values
+        slots = prepared.slots if prepared.generation == self._generation else None
+        gone = np.equal(values, None)
+        if gone.any():
+            for i in np.flatnonzero(gone).tolist():
+                self._delete(keys[i])
+            slots = None  # freed slots: the others stay, but they are looked up again
+        kept = np.flatnonzero(~gone)
+        if not len(kept):
+            return
+        if len(kept) < len(keys):
+            keys = [keys[i] for i in kept.tolist()]
+            values = values[kept]
+        self._put(keys, values, prepared.seen[kept], tag, prepared.timers[kept], slots if slots is None else slots[kept])
+        self._changes.update(zip(keys, values.tolist(), strict=True))
 
     def advance(self, event_ms: int) -> None:
         """The partition's event time moves on (never back)."""
@@ -135,49 +179,50 @@ class PartitionStore:
 
     def next_timer(self) -> int | None:
         """The earliest pending timer's time."""
-        while self._timers:
-            at, key = self._timers[0]
-            entry = self.entries.get(key)
-            if entry is not None and entry[TIMER] == at:
-                return at
-            heapq.heappop(self._timers)  # stale: moved or cleared
-        return None
+        if self._timer_floor == NO_TIMER:
+            return None
+        self._timer_floor = int(self._timer[: self._used].min())
+        return None if self._timer_floor == NO_TIMER else self._timer_floor
 
     def due(self, event_ms: int) -> list[tuple[str, int]]:
         """(key, timer time) of the timers at or before `event_ms`, earliest first; each is cleared
         in the store (its firing writes the key again)."""
-        fired: dict[str, int] = {}
-        while (at := self.next_timer()) is not None and at <= event_ms:
-            _, key = heapq.heappop(self._timers)
-            fired.setdefault(key, at)  # once: a key deleted and written again with the same timer is in the heap twice
-        return list(fired.items())
+        if self._timer_floor > event_ms:
+            return []
+        timers = self._timer[: self._used]
+        slots = np.flatnonzero(timers <= event_ms)
+        if not len(slots):
+            return []
+        fired = sorted(zip(timers[slots].tolist(), self._key[slots].tolist(), strict=True))
+        timers[slots] = NO_TIMER
+        self._expiry_floor = min(self._expiry_floor, int(self._seen[slots].min()))
+        return [(key, at) for at, key in fired]
 
     def frame_of(self, keys: Sequence[str]) -> pd.DataFrame:
         """The state of `keys`, each of which has one, indexed by key."""
-        return self._frame(list(keys), [codec.state_of(self.entries[k][VALUE]) for k in keys])
+        return self._frame(list(keys), self._value[[self._slot[k] for k in keys]])
 
     def seen_of(self, key: str) -> int:
-        return self.entries[key][SEEN]
+        return int(self._seen[self._slot[key]])
 
     def expire(self, tag: int) -> int:
         """Drop the keys unseen for longer than the TTL before the partition's event time; returns how many."""
         ttl = self.state.ttl_ms
         if ttl is None:
             return 0
-        dropped = 0
-        while self._expiry and self._expiry[0][0] + ttl < self.event_ms:
-            seen, key = heapq.heappop(self._expiry)
-            entry = self.entries.get(key)
-            if entry is None:
-                continue  # deleted since
-            if entry[SEEN] != seen:
-                heapq.heappush(self._expiry, (entry[SEEN], key))  # seen since: back in at its newest time
-            elif entry[TIMER] is None:
-                self._delete(key)
-                dropped += 1
-            # else: a key with a timer stays until it fires; `_put` brings it back here once it has none.
         self.position = max(self.position, tag)
-        return dropped
+        limit = self.event_ms - ttl
+        if self._expiry_floor >= limit:
+            return 0
+        n = self._used
+        # A key with a timer stays until it fires; once it has none, `_put` or `due` lower the floor.
+        seen = np.where(self._live[:n] & (self._timer[:n] == NO_TIMER), self._seen[:n], NO_TIMER)
+        doomed = seen < limit
+        for key in self._key[:n][doomed].tolist():
+            self._delete(key)
+        seen[doomed] = NO_TIMER
+        self._expiry_floor = int(seen.min()) if n else NO_TIMER
+        return int(doomed.sum())
 
     def take_changes(self) -> list[Change]:
         """The changes since the last call, one per key (its last), and the event time if it moved."""
@@ -189,8 +234,9 @@ class PartitionStore:
 
     def clear_timer(self, key: str, tag: int) -> None:
         """`key` loses its timer and keeps its state (its firing failed: a dead letter)."""
-        entry = self.entries[key]
-        self.write([(key, codec.encode(codec.state_of(entry[VALUE]), entry[SEEN]), entry[SEEN], None)], tag)
+        slot = self._slot[key]
+        seen = int(self._seen[slot])
+        self.write(Prepared.of([(key, codec.encode(codec.state_of(self._value[slot]), seen), seen, None)]), tag)
 
     # ---- the changelog read back ------------------------------------------------------------------
 
@@ -199,14 +245,12 @@ class PartitionStore:
         onto what the store holds; returns how many were read. A record is applied when it reflects
         input before `until` (the group's committed offset) and is not older than what its key
         holds (a zombie's late write). `tombs` (deleted keys' tags) carries over between the calls
-        of one restore read in parts. One loop, the heaps built once at its end: a restore reads
-        every key of a partition, and each call and heap push per record shows in its time."""
-        entries, state, where = self.entries, self.state, self.where
+        of one restore read in parts. Each key's last applicable record is found first, then only
+        those are decoded and stored, in one pass: a restore reads every key of a partition."""
         tombs = {} if tombs is None else tombs
-        decode, get = codec.decode, entries.get
-        added: list[tuple[int, str]] = []  # (seen_ms, key) of what was written: the expiry heap's
-        timed: list[tuple[int, str]] = []  # (timer_ms, key)
-        read, size = 0, self.bytes
+        slot_of, tags = self._slot.get, self._tag
+        latest: dict[str, tuple[bytes | None, int]] = {}
+        read = 0
         for key, value, tag, offset in records:
             read += 1
             self.changelog_offset = offset + 1
@@ -215,75 +259,125 @@ class PartitionStore:
             if key == EVENT_TIME_KEY:
                 self.event_ms = self._event_written = max(self.event_ms, int(value or b"0"))
                 continue
-            held = get(key)
             if tag is None:
                 tag = -1
-            elif tag < (held[TAG] if held is not None else tombs.get(key, -1)):
-                continue  # tombs: deleted keys' tags, for the length of this restore
-            if held is not None:
-                size -= len(held[VALUE])
+            prior = latest.get(key)
+            if prior is not None:
+                held = prior[1]
+            else:
+                slot = slot_of(key)
+                held = tombs.get(key, -1) if slot is None else int(tags[slot])
+            if tag >= held:
+                latest[key] = (value, tag)
+        keys, values, written = [], [], []
+        for key, (value, tag) in latest.items():
             if value is None:
-                entries.pop(key, None)
+                self._remove(key)
                 tombs[key] = tag
-                continue
-            _, seen, timer = decode(value, state, where)  # a shape the detector cannot read stops here
-            entries[key] = (value, seen, tag, timer)
-            size += len(value)
-            added.append((seen, key))
-            if timer is not None:
-                timed.append((timer, key))
-            if seen > self.event_ms:
-                self.event_ms = seen
-        self.bytes = size
-        if self.state.ttl_ms is not None:
-            self._expiry = _merged(self._expiry, added)
-        self._timers = _merged(self._timers, timed)
+            else:
+                keys.append(key)
+                values.append(value)
+                written.append(tag)
+        if keys:
+            seen, timers = codec.decode_many(values, self.state, self.where)  # a shape the detector cannot read stops here
+            array = np.empty(len(values), dtype=object)
+            array[:] = values
+            seen_ms = np.array(seen, dtype=np.int64)
+            timer_ms = np.array([NO_TIMER if t is None else t for t in timers], dtype=np.int64)
+            self._put(keys, array, seen_ms, np.array(written, dtype=np.int64), timer_ms)
+            self.event_ms = max(self.event_ms, int(seen_ms.max()))
         return read
 
     # ---- inside ---------------------------------------------------------------------------------
 
-    def _frame(self, keys: list[str], states: list[dict[str, Any]]) -> pd.DataFrame:
-        columns = self.state.columns
+    def _slots_of(self, keys: Sequence[str]) -> np.ndarray:
+        """Each key's slot, -1 for a key not held."""
+        return np.fromiter(map(self._slot.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
+
+    def _frame(self, keys: list[str], values: np.ndarray) -> pd.DataFrame:
+        columns, loads = self.state.columns, orjson.loads
+        states = [loads(v)["state"] for v in values.tolist()]  # codec.state_of, inlined: once per key a batch reads
         return pd.DataFrame({c: [s[c] for s in states] for c in columns}, index=pd.Index(keys, dtype=object, name=KEY), columns=list(columns))
 
-    def _put(self, key: str, entry: Entry) -> None:
-        old = self.entries.get(key)
-        self.bytes += len(entry[VALUE]) - (len(old[VALUE]) if old is not None else 0)
-        self.entries[key] = entry
-        # A key's time in the expiry heap may lag its newest (a write that moves it on pushes nothing;
-        # `expire` pushes the key again when it finds it moved): one push per key, not per write. A
-        # key that loses its timer goes in again: `expire` may have passed it over while it had one.
-        if self.state.ttl_ms is not None and (old is None or entry[SEEN] < old[SEEN] or (old[TIMER] is not None and entry[TIMER] is None)):
-            heapq.heappush(self._expiry, (entry[SEEN], key))
-            if len(self._expiry) > 2 * len(self.entries) + 1024:
-                self._expiry = [(e[SEEN], k) for k, e in self.entries.items()]
-                heapq.heapify(self._expiry)
-        if entry[TIMER] is not None and (old is None or old[TIMER] != entry[TIMER]):
-            heapq.heappush(self._timers, (entry[TIMER], key))
-            if len(self._timers) > 2 * len(self.entries) + 1024:
-                self._timers = [(e[TIMER], k) for k, e in self.entries.items() if e[TIMER] is not None]
-                heapq.heapify(self._timers)
+    def _put(
+        self, keys: list[str], values: np.ndarray, seen: np.ndarray, tag: int | np.ndarray, timers: np.ndarray, slots: np.ndarray | None = None
+    ) -> None:
+        slots = self._place(keys, self._slots_of(keys) if slots is None else slots)
+        sizes = np.fromiter(map(len, values.tolist()), dtype=np.int64, count=len(values))
+        self.bytes += int(sizes.sum() - self._size[slots].sum())
+        self._value[slots] = values
+        self._size[slots] = sizes
+        self._seen[slots] = seen
+        self._tag[slots] = tag
+        self._timer[slots] = timers
+        untimed = seen[timers == NO_TIMER]
+        if len(untimed):
+            self._expiry_floor = min(self._expiry_floor, int(untimed.min()))
+        self._timer_floor = min(self._timer_floor, int(timers.min()))
+
+    def _place(self, keys: list[str], slots: np.ndarray) -> np.ndarray:
+        """The slots of `keys` (distinct; `slots`: as looked up), new keys given free slots or new ones."""
+        new = np.flatnonzero(slots < 0)
+        if not len(new):
+            return slots
+        self._generation += 1
+        slots = slots.copy()
+        fresh = [keys[i] for i in new.tolist()]
+        reused = min(len(fresh), len(self._free))
+        given = self._free[len(self._free) - reused :]
+        del self._free[len(self._free) - reused :]
+        count = len(fresh) - reused
+        if self._used + count > len(self._live):
+            self._grow(self._used + count)
+        given += range(self._used, self._used + count)
+        self._used += count
+        self._slot.update(zip(fresh, given, strict=True))
+        slots[new] = given
+        self._key[given] = fresh
+        self._live[given] = True
+        return slots
+
+    def _grow(self, needed: int) -> None:
+        capacity = max(1024, 2 * len(self._live), needed)
+
+        def grown(array: np.ndarray, fill: Any) -> np.ndarray:
+            bigger = np.full(capacity, fill, dtype=array.dtype)
+            bigger[: len(array)] = array
+            return bigger
+
+        self._key, self._value = grown(self._key, None), grown(self._value, None)
+        self._size, self._seen, self._tag = grown(self._size, 0), grown(self._seen, 0), grown(self._tag, -1)
+        self._timer, self._live = grown(self._timer, NO_TIMER), grown(self._live, False)
+
+    def _remove(self, key: str) -> None:
+        slot = self._slot.pop(key, None)
+        if slot is None:
+            return
+        self._generation += 1
+        self.bytes -= int(self._size[slot])
+        self._key[slot] = self._value[slot] = None
+        self._size[slot] = 0
+        self._timer[slot] = NO_TIMER
+        self._live[slot] = False
+        self._free.append(slot)
 
     def _delete(self, key: str) -> None:
-        old = self.entries.pop(key, None)
-        if old is not None:
-            self.bytes -= len(old[VALUE])
+        self._remove(key)
         # Also for a key this store never held: a batch that was written but not committed may have
         # given it state, and this tombstone is what overrides that in the changelog.
         self._changes[key] = None
 
     def snapshot(self) -> dict[str, Any]:
         """What the store holds, for tests: key -> values."""
-        return {k: codec.state_of(e[VALUE]) for k, e in self.entries.items()}
+        return {k: codec.state_of(self._value[s]) for k, s in self._slot.items()}
 
 
-def _merged(heap: list[tuple[int, str]], items: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    """`items` into `heap`: pushed one by one when they are few, the whole heapified once when not.
-    Stale items (a key's older time, a deleted key) are skipped where the heap is read."""
-    if len(items) < len(heap) // 8:
-        for item in items:
-            heapq.heappush(heap, item)
-        return heap
-    heap.extend(items)
-    heapq.heapify(heap)
-    return heap
+def _as_dicts(columns: tuple[str, ...], values: list[list[Any]]) -> list[dict[str, Any]]:
+    """Rows of column values as dicts: for one or two columns (most states) without a zip per row."""
+    if len(columns) == 1:
+        (c,) = columns
+        return [{c: v} for v in values[0]]
+    if len(columns) == 2:
+        c, d = columns
+        return [{c: v, d: w} for v, w in zip(values[0], values[1], strict=True)]
+    return [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
