@@ -152,3 +152,21 @@ def test_a_partitions_records_read_in_interleaved_chunks_go_to_the_detector_once
     ranges = [PartitionRange("in", p, 100, 106) for p in (3, 5)]
     list(_process(ctx, iter(chunks), {3: 106, 5: 106}, _open_stores(ctx, ranges)))
     assert calls == [[0, 1, 0, 1, 0, 1]] * 2  # one call a partition, its chunks in the order read
+
+
+def test_a_worker_back_on_its_partition_reads_only_what_others_wrote_since(kafka, monkeypatch):
+    """Spark swaps a job's partitions between its Python workers from batch to batch: a store that
+    reread its own changes each time it came back read the changelog twice over."""
+    ctx = task(COUNT, CountConfig(every=3))
+    workers = {"a": {}, "b": {}}
+    monkeypatch.setattr(cache, "_stores", workers["a"])
+    run(ctx, arrow(values(4), partition=3, first_offset=100), 100, 104)
+    mine = len(kafka["log"][3])  # 4 keys and the event time
+    monkeypatch.setattr(cache, "_stores", workers["b"])
+    run(ctx, arrow(values(4), partition=3, first_offset=104), 104, 108)
+    monkeypatch.setattr(cache, "_stores", workers["a"])
+    kafka["sink"] = Sink(log=kafka["log"])
+    run(ctx, arrow(values(4), partition=3, first_offset=108), 108, 112)
+    assert kafka["reads"] == [(3, None), (3, None), (3, mine)]  # worker a: b's changes only
+    out = [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]
+    assert sorted(e[2] for e in out) == [b"k0", b"k1", b"k2", b"k3"]  # each key's third record, b's counts included
