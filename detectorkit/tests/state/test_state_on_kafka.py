@@ -3,6 +3,7 @@ changelog, consistent with the offsets after a kill -9, and refused when its sha
 
 import collections
 import json
+import pathlib
 import random
 import signal
 import sys
@@ -37,12 +38,18 @@ def detections(bs, topics):
     return collections.Counter((v["source"]["partition"], v["source"]["offset"]) for v in values)
 
 
-@pytest.mark.parametrize("kept", [True, False], ids=["store-kept-in-the-worker", "store-restored-every-batch"])
-def test_state_carries_across_micro_batches_exactly_as_one_pass_would(spark, kafka_bootstrap_servers, kept):
+@pytest.mark.parametrize(
+    ("kept", "tasks_claim"),
+    [(True, False), (False, False), (True, True)],
+    ids=["store-kept-in-the-worker", "store-restored-every-batch", "two-tasks-claim-their-partitions"],
+)
+def test_state_carries_across_micro_batches_exactly_as_one_pass_would(spark, kafka_bootstrap_servers, kept, tasks_claim):
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state", partitions=PARTITIONS)
     sent = produce(bs, topics.input, keyed(3_000))
-    job = StreamJob(COUNT, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=250), spark)
+    # Two tasks a batch (one per core): they claim their partitions among themselves (kafka.claims).
+    per_task = {"min_records_per_task": 1} if tasks_claim else {}
+    job = StreamJob(COUNT, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=250, **per_task), spark)
     if not kept:
         job.state_idle_seconds = 0  # every task reads its partitions' state back from the changelog
     job.start()
@@ -57,6 +64,8 @@ def test_state_carries_across_micro_batches_exactly_as_one_pass_would(spark, kaf
     changelog = f"{topics.group}.state"
     assert len(clients.topic_partitions(clients.new_admin(clients.base(bs)), changelog, 10)) == PARTITIONS
     assert keys_held == len({s.sample.key for s in sent})
+    if tasks_claim:
+        assert list(pathlib.Path(job.source_options().claims_dir).glob("*.json"))  # the batches' claims
     if not kept:  # (kept, a store is still read back when Spark runs its partition in the other worker)
         restored = sum(s.value for f in job.metrics.state_restored_records.collect() for s in f.samples if s.name.endswith("_total"))
         assert restored > 0

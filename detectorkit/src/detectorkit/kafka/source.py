@@ -38,6 +38,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from detectorkit.kafka import broker_kind as kinds
 from detectorkit.kafka import clients
+from detectorkit.kafka.claims import Claim, claims_for
 from detectorkit.kafka.end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets
 from detectorkit.kafka.planning import (
     MIN_TASK_RECORDS,
@@ -110,6 +111,9 @@ class SourceOptions:
     # Plan a batch at least this often, with an empty range for each partition that has nothing to
     # read (a tick: timers of quiet partitions fire in it); None: only when there are records.
     tick_seconds: float | None = None
+    # Where a batch's tasks claim their partitions when they all run on this machine (kafka.claims):
+    # set for a stateful stage in local mode, so a worker keeps the partitions whose stores it holds.
+    claims_dir: str | None = None
 
     def resolved(self) -> SourceOptions:
         """These options with the broker kind detected, if it was AUTO."""
@@ -147,9 +151,10 @@ CAUGHT_UP = "detectorkit.caught_up"
 class KafkaInputPartition(InputPartition):
     """One Spark task: the ranges of one or more Kafka partitions, read at once."""
 
-    def __init__(self, ranges: list[PartitionRange]):
+    def __init__(self, ranges: list[PartitionRange], claim: Claim | None = None):
         super().__init__(ranges)
         self.ranges = ranges
+        self.claim = claim  # the ranges are the whole batch's, of which the task claims its share
 
 
 class KafkaSource(DataSource):
@@ -301,7 +306,10 @@ class KafkaStreamReader(DataSourceStreamReader):
                 planned, quiet = {r.partition for r in ranges}, set(end.get(CAUGHT_UP, ()))
                 ranges += [PartitionRange(topic, p, o, o) for p, o in sorted(last.items()) if p not in planned and p in quiet]
             ranges = [dataclasses.replace(r, tick=tick) for r in ranges]
-        return [KafkaInputPartition(group) for group in pack_ranges(ranges, self.options.max_tasks, self.options.min_task_records)]
+        groups = pack_ranges(ranges, self.options.max_tasks, self.options.min_task_records)
+        if self.options.claims_dir and len(groups) > 1 and self.task is not None:
+            return [KafkaInputPartition(ranges, claim) for claim in claims_for(self.options.claims_dir, ranges, len(groups))]
+        return [KafkaInputPartition(group) for group in groups]
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the job commits each batch's offsets itself once its output is flushed."""
@@ -315,7 +323,9 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def read(self, partition: KafkaInputPartition) -> Iterator:
         if self.task is not None:
-            yield from pickle.loads(self.task)(self.options, partition.ranges)
+            task = pickle.loads(self.task)
+            claim = getattr(partition, "claim", None)
+            yield from (task(self.options, partition.ranges) if claim is None else task(self.options, partition.ranges, claim=claim))
         elif self.options.deliver == "ranges":
             yield (json.dumps([dataclasses.astuple(r) for r in partition.ranges]),)
         else:

@@ -150,7 +150,15 @@ class StreamJob:
             broker_kind=self.broker_kind,
             client_idle_seconds=self.client_idle_seconds,
             tick_seconds=self._tick_seconds(),
+            claims_dir=self._claims_dir(),
         )
+
+    def _claims_dir(self) -> str | None:
+        """Where a stateful batch's tasks claim their partitions (kafka.claims), when they all run on
+        this machine: Spark in local mode. On a cluster each task runs the ranges it was planned."""
+        if self.stage.state is None or not self.spark.sparkContext.master.startswith("local"):
+            return None
+        return os.path.join(tempfile.gettempdir(), "detectorkit-claims", f"{self.settings.consumer_group}-{os.getpid()}")
 
     def _tick_seconds(self) -> float | None:
         """How often the source plans a batch with nothing to read, for the timers of quiet partitions."""

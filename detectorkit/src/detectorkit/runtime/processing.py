@@ -9,6 +9,7 @@ driver collects to commit offsets and count.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -22,7 +23,9 @@ import pyarrow.compute as pc
 import structlog
 
 from detectorkit import logs
+from detectorkit.kafka import claims
 from detectorkit.kafka import sink as sinks
+from detectorkit.kafka.claims import Claim
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.source import SourceOptions, ranges_from_row, read_planned
 from detectorkit.metrics import executors
@@ -193,15 +196,21 @@ def process_partition(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> It
     return _process(ctx, batches, {})
 
 
-def process_planned(ctx: TaskContext, source: SourceOptions, ranges: list[PartitionRange]) -> Iterator[pa.RecordBatch]:
+def process_planned(ctx: TaskContext, source: SourceOptions, ranges: list[PartitionRange], claim: Claim | None = None) -> Iterator[pa.RecordBatch]:
     """A task of the job's source (kafka.source.task_source): reads its planned ranges, in the
     source's own Python worker, and processes them as `process_partition` does, so records never
     cross the JVM.
 
     The position it reports is each range's planned end, not its last record + 1: the offsets
     after the last record may hold transaction markers or aborted records, and a position short
-    of them would leave lag that never reaches 0."""
+    of them would leave lag that never reaches 0.
+
+    With a `claim`, `ranges` are the whole batch's, and the task runs the share it claims
+    (kafka.claims), the partitions whose stores this worker holds first."""
     logs.setup_once(ctx.log_level, **dict(ctx.log_context))  # in a Python worker: the job's JSON logs
+    if claim is not None:
+        held = cache.held(ctx.state, ctx.stage.state) if ctx.state is not None else set()
+        ranges = claims.take(claim, ranges, held)
     ends: dict[int, int] = {}
     stores = _open_stores(ctx, ranges) if ctx.state is not None else None
 
@@ -234,7 +243,15 @@ def _open_stores(ctx: TaskContext, ranges: list[PartitionRange]) -> Stores:
     opened = cache.open_stores(ctx.state, ctx.stage.state, {r.partition: (r.start, r.tick) for r in ranges})
     for p, o in opened.items():
         if o.restored or o.seconds:
-            _log.info("state restored", partition=p, changelog_records=o.restored, keys=len(o.store), seconds=round(o.seconds, 3))
+            _log.info(
+                "state restored",
+                partition=p,
+                changelog_records=o.restored,
+                keys=len(o.store),
+                seconds=round(o.seconds, 3),
+                rebuilt=o.rebuilt,
+                worker_pid=os.getpid(),  # Spark runs a partition's tasks in whichever of its Python workers is free
+            )
     stores = {p: o.store for p, o in opened.items()}
     tags = {r.partition: r.end for r in ranges}
     restored = {p: (o.restored, o.seconds) for p, o in opened.items()}

@@ -25,6 +25,7 @@ class Opened:
     store: PartitionStore
     restored: int  # changelog records read
     seconds: float
+    rebuilt: bool = False  # read from the changelog's start (this worker had no usable copy), not caught up
 
 
 # Keyed by the declaration too: a detector that declares other state never reads this one's store.
@@ -51,7 +52,7 @@ def open_stores(ctx: StateContext, state: State, wanted: dict[int, tuple[int, in
             store, reads[p] = PartitionStore(state, p, f"state changelog {ctx.topic}-{p}"), None
         else:
             reads[p] = store.changelog_offset
-        opened[p], tombs[p] = Opened(store, 0, 0.0), {}
+        opened[p], tombs[p] = Opened(store, 0, 0.0, reads[p] is None), {}
     if reads:
         for p, records in changelog.read(ctx, reads):
             opened[p].restored += opened[p].store.restore(records, wanted[p][0], tombs[p])
@@ -60,6 +61,12 @@ def open_stores(ctx: StateContext, state: State, wanted: dict[int, tuple[int, in
             opened[p].store.position, opened[p].store.tick = wanted[p]
             opened[p].seconds = seconds
     return opened
+
+
+def held(ctx: StateContext, state: State) -> set[int]:
+    """The partitions whose stores this worker holds (current or a catch-up away)."""
+    with _lock:
+        return {p for topic, p, s in _stores if topic == ctx.topic and s == state}
 
 
 def keep(ctx: StateContext, store: PartitionStore) -> None:

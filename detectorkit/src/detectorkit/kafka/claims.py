@@ -1,0 +1,100 @@
+"""Which task of a batch runs which partitions, settled by the batch's tasks on their machine.
+
+Spark runs a task in whichever of the executor's Python workers is free, and a stateful task's
+stores live in its worker. On 2 cores the two workers swapped a job's partition groups every batch
+(measured: worker pids in the "state restored" log lines of the stateful benchmark), so every task
+found its stores a batch behind and read the other worker's changes back from the changelog: a
+third of the workers' time (py-spy). So when all of a batch's tasks run on one machine (Spark in
+local mode, as a detector service runs), the planner gives each task every range of the batch, and
+each task claims its share as it starts: first the partitions whose stores its worker holds, then
+others, up to an even share of the records; the last task to start takes what is left.
+
+The claims of a batch are one small file, changed under an exclusive lock: a partition is never
+run by two tasks of one batch, and a task attempt Spark retries gets the same partitions as the
+attempt before it (a claim is kept by the task's index). A batch's file is found by a digest of
+its plan, so a batch planned again with the same offsets keeps its claims too.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import pathlib
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from detectorkit.kafka.planning import PartitionRange
+
+# Claim files older than this are removed as new ones are written (a batch lasts seconds).
+KEEP_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a task needs to claim its partitions: travels with the task's input partition."""
+
+    directory: str
+    batch: str  # the digest of the batch's plan
+    index: int  # the task's
+    tasks: int
+
+
+def claims_for(directory: str, ranges: list[PartitionRange], tasks: int) -> list[Claim]:
+    """One claim per task of a batch planned as `ranges`."""
+    plan = json.dumps([[r.topic, r.partition, r.start, r.end, r.tick] for r in sorted(ranges, key=lambda r: r.partition)] + [tasks])
+    batch = hashlib.sha256(plan.encode()).hexdigest()[:32]
+    return [Claim(directory, batch, index, tasks) for index in range(tasks)]
+
+
+def take(claim: Claim, ranges: list[PartitionRange], held: Collection[int]) -> list[PartitionRange]:
+    """The ranges this task runs: those it claimed before (a retried attempt), or its share now,
+    the partitions of `held` (whose stores this worker has) first."""
+    directory = pathlib.Path(claim.directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{claim.batch}.json"
+    with open(path, "a+", encoding="utf-8") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        file.seek(0)
+        text = file.read()
+        claimed: dict[str, list[int]] = json.loads(text) if text else {}
+        mine = claimed.get(str(claim.index))
+        if mine is None:
+            mine = _share(claim, ranges, held, {p for taken in claimed.values() for p in taken}, len(claimed))
+            claimed[str(claim.index)] = mine
+            file.seek(0)
+            file.truncate()
+            file.write(json.dumps(claimed))
+            file.flush()
+    if not text:
+        _sweep(directory, path)
+    wanted = set(mine)
+    return [r for r in ranges if r.partition in wanted]
+
+
+def _share(claim: Claim, ranges: list[PartitionRange], held: Collection[int], taken: set[int], before: int) -> list[int]:
+    free = [r for r in ranges if r.partition not in taken]
+    if before >= claim.tasks - 1:
+        return [r.partition for r in free]  # the last to start: everything left
+    # An even share of the records (an empty range, which only fires timers, counts as one).
+    target = sum(max(1, r.size) for r in ranges) / claim.tasks
+    mine, records = [], 0
+    for r in sorted(free, key=lambda r: (r.partition not in held, -r.size, r.partition)):
+        if records >= target:
+            break
+        mine.append(r.partition)
+        records += max(1, r.size)
+    return mine
+
+
+def _sweep(directory: pathlib.Path, keep: pathlib.Path) -> None:
+    """Claim files of batches long done (a file is written once per batch, by its first task)."""
+    now = time.time()
+    for old in directory.glob("*.json"):
+        try:
+            if old != keep and now - old.stat().st_mtime > KEEP_SECONDS:
+                os.unlink(old)
+        except FileNotFoundError:
+            pass  # another task swept it
