@@ -367,6 +367,10 @@ class DriverKafka:
                 if topic.endswith((".notifications", ".state")):
                     kafka.topics.setdefault(topic, {}).setdefault(partition, []).append((key.decode(), value, dict(headers or [])))
 
+            def send_all(self, topic, partition, records, headers):
+                for key, value in records:
+                    self.send(topic, key.encode(), value, headers, partition)
+
             def flush(self, timeout):
                 kafka.events.append(("flush",))
                 if kafka.failing_flushes:

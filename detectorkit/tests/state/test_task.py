@@ -31,6 +31,10 @@ class Sink:
         if topic == "svc.state":
             self.log.setdefault(partition, []).append((key.decode(), value, int(dict(headers)["input_offset"])))
 
+    def send_all(self, topic, partition, records, headers):
+        for key, value in records:
+            self.send(topic, key.encode(), value, headers, partition)
+
     def flush(self, timeout):
         self.events.append(("flush",))
         if self.fail_flush:

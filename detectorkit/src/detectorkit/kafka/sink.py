@@ -7,7 +7,7 @@ is closed (see `worker_clients`); after a failure it is dropped, since it may be
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -55,6 +55,18 @@ class Sink:
                 return
             except BufferError:
                 self.producer.poll(0.05)  # local queue full: let deliveries drain
+
+    def send_all(self, topic: str, partition: int, records: Iterable[tuple[str, bytes | None]], headers: Sequence[tuple[str, bytes]]) -> None:
+        """`send` of many records with the same headers to one partition, in one loop: a task
+        writes a changelog record per key it touched."""
+        produce = self.producer.produce
+        for key, value in records:
+            while True:
+                try:
+                    produce(topic, value, key, partition=partition, headers=headers)
+                    break
+                except BufferError:
+                    self.producer.poll(0.05)  # local queue full: let deliveries drain
 
     def flush(self, timeout: float) -> None:
         """Wait for every record sent so far; DeliveryError if any could not be written."""

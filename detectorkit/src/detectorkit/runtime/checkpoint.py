@@ -42,8 +42,7 @@ def finish_task(ctx: TaskContext, sink: sinks.Sink, stores: Stores | None, summa
         expired = store.expire(tag)
         changes = store.take_changes()
         headers = [(INPUT_OFFSET_HEADER, str(tag).encode())]
-        for key, value in changes:
-            sink.send(ctx.state.topic, key.encode(), value, headers, partition=p)
+        sink.send_all(ctx.state.topic, p, changes, headers)
         restored, seconds = stores.restored[p]
         summaries[p].state = {
             "keys": len(store),
