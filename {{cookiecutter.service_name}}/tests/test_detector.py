@@ -54,6 +54,18 @@ def test_records_spread_wider_than_the_window_are_no_burst():
     assert run.run(one_by_one(records(*[("c-1", 30 * i) for i in range(6)]))).empty
 
 
+def test_a_record_exactly_a_window_after_the_first_completes_the_burst():
+    run = DetectorHarness(DETECTOR, Config(min_records=5, window_seconds=60))
+    assert list(run.batch(records(*[("c-1", 15 * i) for i in range(5)])).index) == [14]  # 0, 15, ... 60 s
+
+
+def test_a_late_record_counts_with_the_times_its_customer_still_keeps():
+    # The record stamped 5 s comes after the one at 30 s, whose window had dropped the one at 0 s.
+    batch = records(("c-1", 0), ("c-1", 30), ("c-1", 5), ("c-1", 8), ("c-2", 0), ("c-2", 1))
+    out = DetectorHarness(DETECTOR, Config(min_records=3, window_seconds=10)).batch(batch)
+    assert list(out.index) == [13]  # 30, 5 and 8 s: the record at 8 s completes the burst
+
+
 def test_a_customer_still_bursting_is_flagged_again_once_a_window_has_passed_since_the_last_flag():
     batch = records(*[("c-1", 5 * i) for i in range(37)], first_index=0)  # every 5 s for 3 minutes
     run = DetectorHarness(DETECTOR, Config(min_records=5, window_seconds=60))
@@ -130,34 +142,83 @@ def reference(stream, config):
 
 # Each record comes `gap` ms after the one before: event time never goes back, as Kafka timestamps in a
 # partition roughly do (the TTL follows the partition's newest time). Gaps around a 5 s window, often
-# on its edges, some longer than the state's TTL.
+# on its edges, some longer than the state's TTL. One customer alone puts its own gaps on the edges.
 TTL_MS = int(DETECTOR.state.ttl_seconds * 1000)
 GAPS_MS = st.one_of(st.integers(0, 6_000), st.sampled_from([0, 1, 2_500, 4_999, 5_000, 5_001, TTL_MS, TTL_MS + 1]))
-STREAMS = st.lists(st.tuples(st.sampled_from(["c-1", "c-2", "c-3"]), GAPS_MS), max_size=60)
+CUSTOMERS = st.sampled_from([["c-1"], ["c-1", "c-2", "c-3"]])
+
+
+def streams(gaps):
+    return CUSTOMERS.flatmap(lambda names: st.lists(st.tuples(st.sampled_from(names), gaps), max_size=60))
+
+
+def in_batches(data, timed, config, partitions):
+    """Runs `timed`, a list of (customer, time in ms), cut into batches, with restarts between some,
+    both drawn from `data`: the harness and the detections as (position, customer), sorted."""
+    frame = records(*timed, first_index=0, unit="ms")
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(timed)), max_size=10), label="batch boundaries"))
+    restarts = data.draw(st.sets(st.integers(0, len(cuts))), label="restarts after batches")
+    run = DetectorHarness(DETECTOR, config, partitions=partitions)
+    found = []
+    for number, (start, end) in enumerate(pairwise([0, *cuts, len(timed)])):
+        out = run.batch(frame.iloc[start:end])
+        found += [(index, row["customer"]) for index, row in out.iterrows()]
+        if number in restarts:
+            run.restart()
+    return run, sorted(found)
 
 
 @settings(max_examples=75, deadline=None)
 @given(
     data=st.data(),
-    stream=STREAMS,
+    stream=streams(GAPS_MS),
     min_records=st.integers(2, 4),
     partitions=st.integers(1, 3),
 )
 def test_detections_do_not_depend_on_batches_partitions_or_restarts(data, stream, min_records, partitions):
     config = Config(min_records=min_records, window_seconds=5)
     timed = list(zip([c for c, _ in stream], accumulate(gap for _, gap in stream), strict=True))
-    frame = records(*timed, first_index=0, unit="ms")
+    _, found = in_batches(data, timed, config, partitions)
+    assert found == reference(timed, config)
 
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10), label="batch boundaries"))
-    restarts = data.draw(st.sets(st.integers(0, len(cuts))), label="restarts after batches")
-    run = DetectorHarness(DETECTOR, config, partitions=partitions)
-    found = []
-    for number, (start, end) in enumerate(pairwise([0, *cuts, len(stream)])):
-        out = run.batch(frame.iloc[start:end])
-        found += [(index, row["customer"]) for index, row in out.iterrows()]
-        if number in restarts:
-            run.restart()
-    assert sorted(found) == reference(timed, config)
+
+def rule_record_by_record(stream, config):
+    """`reference` for times that may go back: the rule as one plain loop, record by record, as the
+    detector ran it before it was vectorised. Each customer keeps the last min_records - 1 of their
+    times that are inside the window of their latest record; which those are then depends on the order
+    the records came in. The detections as in `reference`, and each customer's state at the end."""
+    window_ms = config.window_seconds * 1000
+    kept, flagged, found = {}, {}, []
+    for position, (customer, t) in enumerate(stream):
+        times = [s for s in kept.get(customer, []) if s >= t - window_ms] + [t]
+        last = flagged.get(customer)
+        if len(times) >= config.min_records and (last is None or t - last > window_ms):
+            found.append((position, customer))
+            flagged[customer] = t
+        kept[customer] = times[1 - config.min_records :]
+    return found, {c: {"recent_ms": kept[c], "flagged_ms": flagged.get(c)} for c in kept}
+
+
+# A customer's times may go back now and then: a late record (Kafka timestamps are the producers'
+# clocks). Well within the TTL, so the state the stores hold at the end is every customer's.
+LATE_GAPS_MS = st.one_of(st.integers(-3_000, 6_000), st.sampled_from([0, 1, -1, 4_999, 5_000, 5_001, -5_000]))
+
+
+@settings(max_examples=75, deadline=None)
+@given(
+    data=st.data(),
+    stream=streams(LATE_GAPS_MS),
+    min_records=st.integers(2, 4),
+    partitions=st.integers(1, 3),
+)
+def test_late_records_get_the_rules_answers_and_state_whatever_the_batches(data, stream, min_records, partitions):
+    config = Config(min_records=min_records, window_seconds=5)
+    noon_ms = NOON.value // 1_000_000
+    timed = list(zip([c for c, _ in stream], accumulate(gap for _, gap in stream), strict=True))
+    run, found = in_batches(data, timed, config, partitions)
+    expected, state = rule_record_by_record([(c, noon_ms + t) for c, t in timed], config)
+    assert found == expected
+    assert run.state() == state
 {%- elif cookiecutter.detector_kind == "silence" %}
 
 from itertools import accumulate

@@ -13,7 +13,12 @@ comes from detectorkit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+{%- if cookiecutter.detector_kind == "burst" %}
+from itertools import chain
 
+import numpy as np
+{%- else %}
+{% endif %}
 import pandas as pd
 from detectorkit import Detector{% if cookiecutter.detector_kind in ("burst", "silence") %}, State{% endif %}
 {%- if cookiecutter.detector_kind == "burst" %}
@@ -52,35 +57,71 @@ def detect(records: pd.DataFrame, state: pd.DataFrame, config: Config) -> tuple[
     what the previous batches left for these customers (STATE's columns, indexed by customer). Each
     customer's records are taken in the order they arrived, one at a time, from that state, so the
     detections are the same however the records are split into batches, and across restarts."""
-    window_ms = int(config.window_seconds * 1000)
-    recent = dict(zip(state.index, state["recent_ms"], strict=True))
-    flagged = {c: None if pd.isna(t) else t for c, t in zip(state.index, state["flagged_ms"], strict=True)}
-    times_ms = records["event_time"].astype("int64") // 1_000_000
-    hits = []
-    # One plain loop over the records: each looks at its customer's few recent times only, and a loop
-    # over plain Python values costs about a microsecond a record (a pandas groupby, far more).
-    for index, customer, t in zip(records.index.tolist(), records["key"].tolist(), times_ms.tolist(), strict=True):
-        oldest = t - window_ms
-        times = [s for s in recent.get(customer, ()) if s >= oldest]
-        times.append(t)
-        last = flagged.get(customer)
-        if len(times) >= config.min_records and (last is None or t - last > window_ms):
-            hits.append((index, customer))
-            last = t
-        recent[customer] = times[1 - config.min_records :]  # the last min_records - 1: all a later burst can use
-        flagged[customer] = last
-    customers = records["key"].unique()
-    new_state = pd.DataFrame(
-        {"recent_ms": [recent[c] for c in customers], "flagged_ms": [flagged[c] for c in customers]}, index=customers
+    # Vectorised: the rule as one Python loop over the records cost about 2 s of CPU per 1M records, a
+    # quarter of the whole service's in the benchmark; this, about 0.8 s. A loop remains over the records
+    # that complete a burst (at most one flag per window is a sequential rule; a quarter of the records
+    # in the benchmark, at ~0.3 µs each) and over the rare customers whose times go back.
+    window_ms, keep = int(config.window_seconds * 1000), config.min_records - 1
+    codes, customers = pd.factorize(records["key"].to_numpy())
+    owner = pd.Index(customers).get_indexer(state.index)  # each state row's customer, -1: none here
+    old = [r for o, r in zip(owner.tolist(), state["recent_ms"].tolist(), strict=True) if o >= 0]
+    has_flag = (owner >= 0) & state["flagged_ms"].notna().to_numpy()
+    flagged = dict(zip(owner[has_flag].tolist(), state["flagged_ms"][has_flag].tolist(), strict=True))
+
+    # Each customer's times in arrival order, the state's first: a stable sort by customer of the
+    # state's times and the batch's. `at`: a record's position in the batch, -1 for a state's time.
+    customer = np.concatenate([np.repeat(owner[owner >= 0], [len(r) for r in old]), codes])
+    times = np.concatenate(
+        [np.fromiter(chain.from_iterable(old), np.int64), records["event_time"].astype("int64").to_numpy() // 1_000_000]
     )
+    at = np.concatenate([np.full(len(times) - len(codes), -1), np.arange(len(codes))])
+    order = np.argsort(customer, kind="stable")
+    customer, times, at = customer[order], times[order], at[order]
+
+    # A record completes a burst if the customer's time `keep` before it is inside its window.
+    burst = np.zeros(len(times), dtype=bool)
+    burst[keep:] = (customer[keep:] == customer[:-keep]) & (times[keep:] - times[:-keep] <= window_ms)
+    # A customer whose times go back takes the rule record by record: which of their times the window
+    # keeps then depends on the order they came in, which the shift above cannot see.
+    back = np.zeros(len(customers), dtype=bool)
+    back[customer[1:][(customer[1:] == customer[:-1]) & (times[1:] < times[:-1])]] = True
+    slow = back[customer]
+    found, recent = [], {}  # recent: the slow customers' times, as the rule keeps them
+    todo = slow | (burst & (at >= 0))
+    for c, t, i, one_by_one in zip(*(a[todo].tolist() for a in (customer, times, at, slow)), strict=True):
+        if one_by_one:
+            if i < 0:
+                recent.setdefault(c, []).append(t)
+                continue
+            window = [s for s in recent.get(c, ()) if s >= t - window_ms] + [t]
+            recent[c] = window[-keep:]
+            if len(window) <= keep:
+                continue
+        last = flagged.get(c)
+        if last is None or t - last > window_ms:
+            found.append(i)
+            flagged[c] = t
+
+    # What a later burst can use: each customer's last `keep` times inside the window of their newest.
+    end = np.flatnonzero(np.diff(customer, append=len(customers)))  # each customer's newest time
+    kept = ~slow & (end[customer] - np.arange(len(times)) < keep) & (times >= times[end][customer] - window_ms)
+    count = np.bincount(customer[kept], minlength=len(customers))
+    listed = times.tolist()
+    recent_ms = [listed[e + 1 - n : e + 1] for e, n in zip(end.tolist(), count.tolist(), strict=True)]
+    for c, times_kept in recent.items():
+        recent_ms[c] = times_kept
+    new_state = pd.DataFrame(
+        {"recent_ms": recent_ms, "flagged_ms": [flagged.get(c) for c in range(len(customers))]}, index=customers
+    )
+    found = np.sort(np.array(found, dtype=np.intp))
     detections = pd.DataFrame(
         {
             "rule": "burst",
-            "customer": [c for _, c in hits],
+            "customer": customers[codes[found]].tolist(),
             "records": config.min_records,
             "window_seconds": config.window_seconds,
         },
-        index=pd.Index([i for i, _ in hits], dtype=records.index.dtype),
+        index=records.index[found],
     )
     return detections, new_state
 {%- elif cookiecutter.detector_kind == "silence" %}
