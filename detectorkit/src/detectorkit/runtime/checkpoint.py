@@ -57,8 +57,9 @@ def finish_task(ctx: TaskContext, sink: sinks.Sink, stores: Stores | None, summa
     for p, store in stores.stores.items():
         # Its own changes are in the changelog right after what it had read (only the task of a
         # partition writes to its changelog partition), so a later catch-up need not read them
-        # back: on 2 cores the partitions of a job swap Python workers from batch to batch, and
-        # each catch-up read both workers' changes (30% of the workers' time, py-spy). At worst
-        # (a zombie writing too) this lands short of the end, and a catch-up reads a little more.
+        # back. A partition still moves between Python workers now and then (on a cluster, or as
+        # the claims of kafka.claims even out), and before this each catch-up read both workers'
+        # changes. At worst (a zombie writing too) this lands short of the end, and a catch-up
+        # reads a little more.
         store.changelog_offset += summaries[p].state["written"]
         cache.keep(ctx.state, store)
