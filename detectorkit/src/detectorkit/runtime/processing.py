@@ -30,7 +30,7 @@ from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.source import SourceOptions, ranges_from_row, read_planned
 from detectorkit.metrics import executors
 from detectorkit.metrics.registry import bucket_counts
-from detectorkit.runtime import checkpoint
+from detectorkit.runtime import checkpoint, gc_tuning
 from detectorkit.runtime.stage import Source, Stage
 from detectorkit.state import cache
 from detectorkit.state.changelog import StateContext
@@ -192,7 +192,7 @@ def _send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int
 def process_partition(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The `mapInArrow` function over record batches: all batches of one task, then one summary
     row per Kafka partition. The position it reports is the last record read + 1."""
-    logs.setup_once(ctx.log_level, **dict(ctx.log_context))  # in a Python worker: the job's JSON logs
+    _setup_worker(ctx)
     return _process(ctx, batches, {})
 
 
@@ -207,7 +207,7 @@ def process_planned(ctx: TaskContext, source: SourceOptions, ranges: list[Partit
 
     With a `claim`, `ranges` are the whole batch's, and the task runs the share it claims
     (kafka.claims), the partitions whose stores this worker holds first."""
-    logs.setup_once(ctx.log_level, **dict(ctx.log_context))  # in a Python worker: the job's JSON logs
+    _setup_worker(ctx)
     if claim is not None:
         held = cache.held(ctx.state, ctx.stage.state) if ctx.state is not None else set()
         ranges = claims.take(claim, ranges, held)
@@ -305,8 +305,15 @@ def warm_worker(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator
     """A `mapInArrow` function that only starts a Python worker with what a task imports: this
     module (pandas, pyarrow, the Kafka clients), the stage's own modules (unpickling `ctx` imported
     them) and the job's logging; Spark reuses the worker for the job's tasks."""
-    logs.setup_once(ctx.log_level, **dict(ctx.log_context))
+    _setup_worker(ctx)
     yield from batches
+
+
+def _setup_worker(ctx: TaskContext) -> None:
+    """Once per Python worker, at its first task: the job's JSON logs, and the garbage collector
+    set for batches (runtime.gc_tuning) once the imports are done."""
+    logs.setup_once(ctx.log_level, **dict(ctx.log_context))
+    gc_tuning.tune_once()
 
 
 def process_in_driver(ctx: TaskContext, source: SourceOptions, frame) -> list[SimpleNamespace]:

@@ -1,0 +1,38 @@
+"""The garbage collector of a Python worker, set at its first task."""
+
+import gc
+
+import pytest
+
+from detectorkit.runtime import gc_tuning
+from detectorkit.runtime.processing import process_partition
+
+from .test_processing import ctx
+
+
+@pytest.fixture
+def fresh_collector(monkeypatch):
+    """As in a new worker: nothing frozen, the default thresholds; put back afterwards."""
+    before = gc.get_threshold()
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    monkeypatch.setattr(gc_tuning, "_tuned", False)
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*before)
+
+
+def test_a_workers_first_task_freezes_what_is_loaded_and_collects_less_often(fresh_collector):
+    assert gc.get_freeze_count() == 0
+    process_partition(ctx(), iter([]))
+    frozen = gc.get_freeze_count()
+    assert frozen > 10_000  # the imports: pandas, pyarrow, detectorkit
+    assert gc.get_threshold() == (gc_tuning.GEN0_THRESHOLD, 10, 10)
+    process_partition(ctx(), iter([]))  # a later task: nothing more is frozen
+    assert gc.get_freeze_count() == frozen
+
+
+def test_a_higher_threshold_is_kept(fresh_collector):
+    gc.set_threshold(100_000, 5, 5)
+    gc_tuning.tune_once()
+    assert gc.get_threshold() == (100_000, 5, 5)
