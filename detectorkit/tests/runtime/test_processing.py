@@ -10,7 +10,7 @@ import pytest
 from detectorkit.detector import Detector
 from detectorkit.kafka.source import ARROW_SCHEMA
 from detectorkit.runtime import records as rec
-from detectorkit.runtime.processing import PartitionSummary, TaskContext, process_batch
+from detectorkit.runtime.processing import PartitionSummary, TaskContext, _by_partition, process_batch
 from detectorkit.runtime.stage import as_stage, run_detector
 
 from ..detectors import THRESHOLD, Config
@@ -185,3 +185,29 @@ def test_batches_arrow_cannot_take_as_is_fall_back_to_record_by_record(odd):
     slow, slow_rejected = rec.parse(values, ("amount",))
     assert fast_rejected == slow_rejected
     pd.testing.assert_frame_equal(fast, slow)
+
+
+def test_a_tasks_interleaved_chunks_come_out_as_one_batch_per_partition_in_the_order_read():
+    # Three chunks as the reader hands them over: partitions interleaved, each in offset order.
+    chunks = [arrow([b"{}"] * 3, partition=p, first_offset=o) for p, o in ((5, 10), (2, 40), (5, 13))]
+    mixed = pa.Table.from_batches(chunks[1:]).combine_chunks().to_batches()[0]
+    empty = arrow([], partition=9)
+    parts = dict(_by_partition(iter([chunks[0], empty, mixed])))
+    assert sorted(parts) == [2, 5]
+    assert parts[5].column("offset").to_pylist() == [10, 11, 12, 13, 14, 15]
+    assert parts[2].column("offset").to_pylist() == [40, 41, 42]
+    assert parts[5].column("key").to_pylist() == [b"k0", b"k1", b"k2"] * 2
+    assert all(isinstance(b, pa.RecordBatch) for b in parts.values())
+    assert dict(_by_partition(iter([empty]))) == {}
+    (only,) = _by_partition(iter([chunks[0]]))  # one partition: handed over as it is
+    assert only == (5, chunks[0])
+
+
+def test_many_interleaved_records_keep_their_order_within_each_partition():
+    n = 500
+    batch = arrow([b"{}"] * n)
+    partitions = pa.array([i % 3 for i in range(n)], pa.int32())
+    batch = batch.set_column(batch.schema.get_field_index("partition"), "partition", partitions)
+    parts = dict(_by_partition(iter([batch.slice(0, 200), batch.slice(200)])))
+    for p in range(3):
+        assert parts[p].column("offset").to_pylist() == [100 + i for i in range(p, n, 3)]

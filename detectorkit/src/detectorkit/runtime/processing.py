@@ -121,16 +121,25 @@ def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, sum
 
 
 def _by_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """Each Kafka partition's records of `batches`, in the order read, as one record batch."""
-    parts: dict[int, list[pa.RecordBatch]] = {}
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        partitions = batch.column("partition").to_numpy()
-        for p in np.unique(partitions).tolist():
-            parts.setdefault(p, []).append(batch if (partitions == p).all() else batch.filter(pa.array(partitions == p)))
-    for p, chunks in parts.items():
-        yield p, chunks[0] if len(chunks) == 1 else pa.Table.from_batches(chunks).combine_chunks().to_batches()[0]
+    """Each Kafka partition's records of `batches`, in the order read, as one record batch.
+
+    One stable sort of the whole task's records by partition and one `take`, then zero-copy
+    slices: a filter per partition per chunk and a concatenation per partition copied every
+    record twice, at 0.3-0.5 µs a record (a fifth of what the state costs a record)."""
+    chunks = [b for b in batches if b.num_rows]
+    if not chunks:
+        return
+    batch = chunks[0] if len(chunks) == 1 else pa.Table.from_batches(chunks).combine_chunks().to_batches()[0]
+    partitions = batch.column("partition").to_numpy()
+    if (partitions == partitions[0]).all():
+        yield int(partitions[0]), batch
+        return
+    order = np.argsort(partitions, kind="stable")
+    ordered = batch.take(pa.array(order))
+    partitions = partitions[order]
+    starts = [0, *(np.flatnonzero(partitions[1:] != partitions[:-1]) + 1).tolist()]
+    for start, end in zip(starts, [*starts[1:], len(partitions)], strict=True):
+        yield int(partitions[start]), ordered.slice(start, end - start)
 
 
 def _process_records(
