@@ -56,6 +56,58 @@ def test_a_record_that_makes_the_detector_raise_leaves_the_others_and_their_stat
     assert run.state() == {"a": {"count": 3}}
 
 
+def append_in_place(records, state, config):
+    """Appends each record's id to its key's list in the state it was handed (in place), then fails
+    on a record whose `bad` is set."""
+    held = state["ids"].to_dict()
+    for index, key in records["key"].items():
+        held.setdefault(key, []).append(int(records.at[index, "id"]))
+    if records["bad"].fillna(False).astype(bool).any():
+        raise ValueError("a bad record")
+    return pd.DataFrame(index=records.index[:0]), pd.DataFrame({"ids": pd.Series(held, dtype=object)})
+
+
+APPEND = Detector(name="append", detect=append_in_place, config=Config, state=State(columns=("ids",)))
+
+
+def test_a_detector_that_changes_its_state_in_place_and_fails_leaves_the_state_as_it_was():
+    run = DetectorHarness(APPEND)
+    run.batch(stream(["a", "a"]).assign(id=[1, 2], bad=False))
+    # The second record fails: the first is run alone (bisection) from the state before both.
+    with pytest.raises(DetectorError, match="a bad record"):
+        run.batch(stream(["a", "a"], start="2026-01-02").assign(id=[3, 4], bad=[False, True]))
+    assert run.state() == {"a": {"ids": [1, 2, 3]}}
+    run.restart()
+    assert run.state() == {"a": {"ids": [1, 2, 3]}}
+
+
+def append_and_time(records, state, config):
+    """As append_in_place, and a timer 1.5 s after the batch's first record."""
+    detections, new_state = append_in_place(records.assign(bad=False), state, config)
+    first = records.index[0]
+    return detections, new_state, pd.Series([records.at[first, "event_time"] + pd.Timedelta(seconds=1.5)], index=[first])
+
+
+def fired_ids(fired, config):
+    return pd.DataFrame({"ids": [list(ids) for ids in fired["ids"]]}, index=fired.index), fired[["ids"]]
+
+
+TIMED = Detector(name="timed", detect=append_and_time, config=Config, state=State(columns=("ids",)), on_timer=fired_ids)
+
+
+def test_records_cut_at_a_timer_are_run_again_from_the_state_they_started_from():
+    run = DetectorHarness(TIMED)
+    run.batch(stream(["a"], start="2026-01-01").assign(id=[0]))
+    # Its timer fires before the next day's first record. Then the timer set at that record falls
+    # due at its third: the records are run up to there, the timer fires, then the rest; the first
+    # try over all four (which changed the state it was handed in place) is not written.
+    run.batch(stream(["a"] * 4, start="2026-01-02").assign(id=[1, 2, 3, 4]))
+    assert run.take_fired()["ids"].tolist() == [[0], [0, 1, 2]]
+    assert run.state() == {"a": {"ids": [0, 1, 2, 3, 4]}}
+    run.restart()
+    assert run.state() == {"a": {"ids": [0, 1, 2, 3, 4]}}
+
+
 def test_what_a_stateful_detector_returns_is_checked():
     def no_state(records, state, config):
         return pd.DataFrame(index=records.index[:0])
