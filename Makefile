@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup tools demo diamond scale-demo test test-runtime test-template test-tansu lint bench bench-stateful clean
+.PHONY: setup tools demo diamond scale-demo test test-runtime test-template test-tansu lint bench bench-stateful bench-stores clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -81,6 +81,10 @@ bench: setup
 # Detectors with state beside Kafka Streams, and a restore of 1M keys (~5 min; bench/results/stateful.md).
 bench-stateful: setup
 	$(PY) bench/run.py --stateful
+
+# Where state lives: the in-memory store beside RocksDB and SQLite, without Kafka or Spark (~1 min; bench/results/stores.md).
+bench-stores: setup
+	$(PY) bench/stores.py
 
 clean:
 	rm -rf $(VENV) .demo .diamond .scale-demo bench/.work bench/.venv-quix

@@ -56,3 +56,17 @@ def test_benchmark_smoke_run_processes_every_record(tmp_path):
     # Every target is judged (met or missed: the smoke run is too small to say which), with charts.
     assert {t["target"].split()[0] for t in result["targets"]} >= {"CPU", "throughput", "p99", "peak", "first"}
     assert (tmp_path / "latency.png").stat().st_size > 0 and (tmp_path / "throughput.png").stat().st_size > 0
+
+
+def test_store_comparison_smoke_run_writes_the_same_changes_with_every_store(tmp_path):
+    command = [sys.executable, str(REPO / "bench" / "stores.py"), "--records", "20000", "--restore-keys", "20000", "--out", str(tmp_path)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    stores = json.loads((tmp_path / "stores.json").read_text())["stores"]
+    assert [s["store"].split()[0] for s in stores] == ["in", "RocksDB", "SQLite"]
+    # One change per key a batch touched, whatever holds the state.
+    assert len({s["changelog_records"] for s in stores}) == 1 and stores[0]["changelog_records"] > 0
+    for s in stores:
+        assert s["cpu_seconds_per_million"] > 0 and s["restore_wall_seconds"] > 0
+    assert stores[0]["cpu_ratio"] == 1.0
+    assert "| RocksDB (rocksdict) |" in (tmp_path / "stores.md").read_text()
