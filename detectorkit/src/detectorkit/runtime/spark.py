@@ -42,6 +42,8 @@ def session(master: str | None = "local[2]", app_name: str = "detectorkit", ship
     )
     if local:
         builder = builder.config("spark.executor.extraJavaOptions", java_opts)
+        # Workers import PySpark from its installed package, bytecode cached, not from its zip (see worker_daemon).
+        builder = builder.config("spark.python.daemon.module", "detectorkit.runtime.worker_daemon")
     spark = (
         builder
         # No shuffle in the job; keep any that a user adds small on a laptop.
