@@ -4,6 +4,7 @@ import gc
 
 import pytest
 
+from detectorkit import logs
 from detectorkit.runtime import gc_tuning
 from detectorkit.runtime.processing import process_partition
 
@@ -12,7 +13,10 @@ from .test_processing import ctx
 
 @pytest.fixture
 def fresh_collector(monkeypatch):
-    """As in a new worker: nothing frozen, the default thresholds; put back afterwards."""
+    """As in a new worker: nothing frozen, the default thresholds; put back afterwards. The
+    worker's log setup is left out: in this process it would bind the logs of every later test
+    to this test's captured stderr."""
+    monkeypatch.setattr(logs, "setup_once", lambda *args, **kwargs: None)
     before = gc.get_threshold()
     gc.unfreeze()
     gc.set_threshold(700, 10, 10)
