@@ -40,7 +40,7 @@ import orjson
 import pandas as pd
 import run as bench
 import stateful
-from rocksdict import AccessType, Options, Rdict, WriteBatch
+from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
 from detectorkit.state import codec
 from detectorkit.state.declaration import KEY, State
@@ -129,8 +129,6 @@ class Rocks:
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         self.dbs = {p: Rdict(str(where / f"rocks-{p}"), options=options, access_type=AccessType.read_write()) for p in range(PARTITIONS)}
-        from rocksdict import WriteOptions
-
         self.write_options = WriteOptions()
         self.write_options.disable_wal = True
 
