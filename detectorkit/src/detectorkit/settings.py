@@ -138,8 +138,20 @@ class Settings(BaseModel):
         description="A detector's timers on a partition that got no record for this long fire as the wall clock minus it passes them.",
     )
     kafka_options: dict[str, str] = Field(default_factory=dict, description="librdkafka settings passed through (security.protocol, sasl.*, ssl.*).")
+    processing_guarantee: Literal["at-least-once", "exactly-once"] = Field(
+        "at-least-once",
+        description="at-least-once: a crash replays the last batch's outputs. exactly-once (Apache Kafka only): each task writes "
+        "a partition's detections, dead letters, state changes and next offset in one Kafka transaction; consumers read read_committed.",
+    )
+    transaction_timeout_seconds: float = Field(
+        30.0,
+        ge=1,
+        le=900,
+        description="With exactly-once: the broker aborts a task's transaction left open this long (a killed or paused task), "
+        "which until then holds back read_committed consumers of its topics. Above the longest batch a task runs.",
+    )
 
-    @field_validator("log_level", "kafka_broker_kind", "starting_offsets", "group_protocol", mode="before")
+    @field_validator("log_level", "kafka_broker_kind", "starting_offsets", "group_protocol", "processing_guarantee", mode="before")
     @classmethod
     def _any_case(cls, value: Any, info) -> Any:
         # Only a known choice is normalised: a wrong one is reported as it was typed.
@@ -148,6 +160,10 @@ class Settings(BaseModel):
                 if value.lower() == choice.lower():
                     return choice
         return value
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee == "exactly-once"
 
     def static_instance_id(self) -> str | None:
         """group.instance.id: only an id someone chose is stable across restarts."""

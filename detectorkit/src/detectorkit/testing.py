@@ -84,8 +84,8 @@ def produce(bootstrap_servers: str, topic: str, samples: Iterable[Sample]) -> li
     return sent  # type: ignore[return-value]
 
 
-def read_all(bootstrap_servers: str, topic: str, timeout: float = 60.0) -> list[dict]:
-    return list(read_topic(clients.base(bootstrap_servers), topic, timeout=timeout))
+def read_all(bootstrap_servers: str, topic: str, timeout: float = 60.0, committed_only: bool = False) -> list[dict]:
+    return list(read_topic(clients.base(bootstrap_servers), topic, timeout=timeout, committed_only=committed_only))
 
 
 def _docker_answers() -> bool:

@@ -139,7 +139,11 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
         health = HealthServer(job, settings.health_port, settings.health_host, settings.health_stall_seconds).start()
         log.info("health endpoint", url=f"http://{settings.health_host}:{health.port}/", paths=["/ready", "/live"])
     try:
-        job.start()
+        try:
+            job.start()
+        except SettingsError as exc:  # a setting the broker or the stage cannot honour (exactly-once on Tansu, say)
+            log.error("cannot start", error=str(exc))
+            return _fail(str(exc))
         idle = settings.stop_after_idle_seconds
         idle_since = None
         while not stop.is_set():

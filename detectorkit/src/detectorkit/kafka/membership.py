@@ -308,6 +308,11 @@ class GroupMember:
 
         return self._run(again)
 
+    def group_metadata(self) -> bytes:
+        """The member's group metadata (group, generation, member id), with which a transactional
+        producer in another process commits offsets as this member (KIP-447)."""
+        return self._run(self._consumer.consumer_group_metadata)
+
     def member_id(self) -> str:
         return self._consumer.memberid() or ""
 

@@ -114,6 +114,9 @@ class SourceOptions:
     # Where a batch's tasks claim their partitions when they all run on this machine (kafka.claims):
     # set for a stateful stage in local mode, so a worker keeps the partitions whose stores it holds.
     claims_dir: str | None = None
+    # With exactly-once: the driver's consumer group metadata (hex) at the query's start, with which
+    # the tasks commit their offsets inside their transactions (kafka.transactions).
+    group_metadata: str | None = None
 
     def resolved(self) -> SourceOptions:
         """These options with the broker kind detected, if it was AUTO."""

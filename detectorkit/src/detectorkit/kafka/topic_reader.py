@@ -16,9 +16,12 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from detectorkit.kafka import clients
 
 
-def read_topic(base_conf: Mapping[str, Any], topic: str, timeout: float = 30.0, limit: int | None = None) -> Iterator[dict]:
-    """Every record as a dict (key, value, partition, offset, timestamp_ms, headers), decoded as text."""
-    for message in read_messages(base_conf, topic, timeout, limit):
+def read_topic(
+    base_conf: Mapping[str, Any], topic: str, timeout: float = 30.0, limit: int | None = None, committed_only: bool = False
+) -> Iterator[dict]:
+    """Every record as a dict (key, value, partition, offset, timestamp_ms, headers), decoded as
+    text; with `committed_only`, as a read_committed consumer downstream sees them."""
+    for message in read_messages(base_conf, topic, timeout, limit, committed_only=committed_only):
         yield {
             "key": _text(message.key()),
             "value": _text(message.value()),
@@ -30,9 +33,15 @@ def read_topic(base_conf: Mapping[str, Any], topic: str, timeout: float = 30.0, 
 
 
 def read_messages(
-    base_conf: Mapping[str, Any], topic: str, timeout: float = 30.0, limit: int | None = None, partitions: list[int] | None = None
+    base_conf: Mapping[str, Any],
+    topic: str,
+    timeout: float = 30.0,
+    limit: int | None = None,
+    partitions: list[int] | None = None,
+    committed_only: bool = False,
 ) -> Iterator:
-    conf = clients.consumer(base_conf, f"detectorkit-reader-{uuid.uuid4()}", **{"enable.partition.eof": True, "isolation.level": "read_uncommitted"})
+    isolation = "read_committed" if committed_only else "read_uncommitted"
+    conf = clients.consumer(base_conf, f"detectorkit-reader-{uuid.uuid4()}", **{"enable.partition.eof": True, "isolation.level": isolation})
     consumer = clients.new_consumer(conf)
     try:
         partitions = clients.topic_partitions(consumer, topic, timeout) if partitions is None else partitions

@@ -25,12 +25,18 @@ class WorkerClients:
         self._reaper: threading.Thread | None = None
 
     @contextmanager
-    def use(self, key: str, create: Callable[[], Any], idle_seconds: float | None = None) -> Iterator[Any]:
-        """The cached client for `key` (created if none), held for this task alone."""
+    def use(
+        self, key: str, create: Callable[[], Any], idle_seconds: float | None = None, valid: Callable[[Any], bool] | None = None
+    ) -> Iterator[Any]:
+        """The cached client for `key` (created if none, or if `valid` says the cached one is not:
+        a transactional producer another process has fenced), held for this task alone."""
         with self._lock:
             if idle_seconds is not None:
                 self.idle_seconds = idle_seconds
             entry = self._idle.pop(key, None)
+        if entry is not None and valid is not None and not valid(entry[0]):
+            self._close_quietly(entry[0])
+            entry = None
         client = entry[0] if entry else create()
         with self._lock:
             self._busy[key] = client

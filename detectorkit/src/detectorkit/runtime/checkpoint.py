@@ -14,6 +14,9 @@ In the driver, once every task has returned (`runtime.job.StreamJob._process`):
      a crash during the deliveries delivers them again;
   7. the batch's end offsets are committed to the group, for the partitions this instance still owns;
   8. metrics, and the batch's log line.
+With exactly-once (PROCESSING_GUARANTEE), 3 to 7 are one Kafka transaction per input partition,
+committed by the task (`finish_transactions`): outputs, dead letters, the state's changes and the
+partition's next offset become visible together or not at all, and the driver commits nothing.
 A crash before 7 replays the batch from the committed offsets, with state read back as of them
 (changes tagged past them are skipped): outputs may repeat, nothing is lost.
 """
@@ -23,10 +26,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from detectorkit.kafka import sink as sinks
+from detectorkit.runtime import crash_points
 from detectorkit.state import cache
 from detectorkit.state.codec import INPUT_OFFSET_HEADER
 
 if TYPE_CHECKING:
+    from detectorkit.kafka.transactions import TaskTransactions
     from detectorkit.runtime.processing import PartitionSummary, Stores, TaskContext
 
 
@@ -35,31 +40,58 @@ def finish_task(ctx: TaskContext, sink: sinks.Sink, stores: Stores | None, summa
     # 3. the outputs.
     sink.flush(ctx.flush_timeout)
     if stores is None:
+        crash_points.reach("before-commit")  # the driver's commit is next
         return
     # 4. the state's changes, in the changelog partition of the input partition.
-    for p, store in stores.stores.items():
-        tag = stores.tags[p]
-        expired = store.expire(tag)
-        changes = store.take_changes()
-        headers = [(INPUT_OFFSET_HEADER, str(tag).encode())]
-        sink.send_all(ctx.state.topic, p, changes, headers)
-        restored, seconds = stores.restored[p]
-        summaries[p].state = {
-            "keys": len(store),
-            "bytes": store.bytes,
-            "written": len(changes),
-            "expired": expired,
-            "restored": restored,
-            "restore_seconds": seconds,
-        }
+    for p in stores.stores:
+        _send_changes(ctx, sink, stores, p, summaries)
     sink.flush(ctx.flush_timeout)
     # 5. only now: a task that failed before here leaves no store behind.
+    _keep(ctx, stores, summaries)
+    crash_points.reach("before-commit")
+
+
+def finish_transactions(
+    ctx: TaskContext, txns: TaskTransactions, stores: Stores | None, summaries: dict[int, PartitionSummary], ends: dict[int, int]
+) -> None:
+    """Steps 3 to 5 with exactly-once: per partition, its state's changes join its transaction,
+    which commits the outputs, the changes and the partition's next offset together (kafka.transactions)."""
+    for i, p in enumerate(sorted(ends)):
+        sink = txns.of(p)
+        if stores is not None and p in stores.stores:
+            _send_changes(ctx, sink, stores, p, summaries)
+        crash_points.reach("before-commit")
+        txns.commit(p, ends[p])
+        if i < len(ends) - 1:
+            crash_points.reach("between-commits")
+    if stores is not None:
+        _keep(ctx, stores, summaries)
+
+
+def _send_changes(ctx: TaskContext, sink: sinks.Sink, stores: Stores, p: int, summaries: dict[int, PartitionSummary]) -> None:
+    store, tag = stores.stores[p], stores.tags[p]
+    expired = store.expire(tag)
+    changes = store.take_changes()
+    headers = [(INPUT_OFFSET_HEADER, str(tag).encode())]
+    sink.send_all(ctx.state.topic, p, changes, headers)
+    restored, seconds = stores.restored[p]
+    summaries[p].state = {
+        "keys": len(store),
+        "bytes": store.bytes,
+        "written": len(changes),
+        "expired": expired,
+        "restored": restored,
+        "restore_seconds": seconds,
+    }
+
+
+def _keep(ctx: TaskContext, stores: Stores, summaries: dict[int, PartitionSummary]) -> None:
     for p, store in stores.stores.items():
         # Its own changes are in the changelog right after what it had read (only the task of a
         # partition writes to its changelog partition), so a later catch-up need not read them
         # back. A partition still moves between Python workers now and then (on a cluster, or as
         # the claims of kafka.claims even out), and before this each catch-up read both workers'
-        # changes. At worst (a zombie writing too) this lands short of the end, and a catch-up
-        # reads a little more.
+        # changes. At worst (a zombie writing too, or a transaction's commit marker) this lands
+        # short of the end, and a catch-up reads a little more.
         store.changelog_offset += summaries[p].state["written"]
         cache.keep(ctx.state, store)

@@ -36,7 +36,7 @@ import structlog
 from confluent_kafka import KafkaException
 
 from detectorkit.detector import Detector
-from detectorkit.kafka import broker_kind, clients
+from detectorkit.kafka import broker_kind, clients, transactions
 from detectorkit.kafka.end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets, start_positions
 from detectorkit.kafka.membership import CommitRefused, GroupMember
 from detectorkit.kafka.planning import DataLossError
@@ -47,7 +47,7 @@ from detectorkit.metrics.reporter import MetricsReporter
 from detectorkit.runtime.health import Progress
 from detectorkit.runtime.processing import SUMMARY_SCHEMA, TaskContext, process_in_driver, process_partition, process_planned, warm_worker
 from detectorkit.runtime.stage import Stage, as_stage
-from detectorkit.settings import Settings
+from detectorkit.settings import Settings, SettingsError
 from detectorkit.state import changelog
 from detectorkit.state.changelog import StateContext
 
@@ -115,6 +115,7 @@ class StreamJob:
         self._base = clients.base(s.kafka_bootstrap_servers, s.kafka_options)
         self.broker_kind = s.kafka_broker_kind
         self._member: GroupMember | None = None
+        self._metadata: bytes | None = None  # with exactly-once: the group metadata the query's tasks commit with
         self._ends: ListOffsetsEnds | EndOffsetProbe | None = None
         self._reporter: MetricsReporter | None = None
         self.metrics = JobMetrics(dead_letter_reasons=self.stage.reasons)
@@ -183,6 +184,8 @@ class StreamJob:
         s = self.settings
         timeout = s.connect_timeout_seconds
         self.broker_kind = broker_kind.resolve(self.broker_kind, self._base, timeout)
+        if s.exactly_once:
+            self._check_exactly_once()
         self._task = TaskContext(
             service=self.stage.name,
             stage=self.stage,
@@ -194,6 +197,9 @@ class StreamJob:
             log_level=s.log_level,
             log_context=(("service", self.stage.name), ("instance", s.instance_id)),
             state=self._state_context(),
+            exactly_once=s.exactly_once,
+            transaction_timeout_ms=int(s.transaction_timeout_seconds * 1000),
+            flush_timeout=max(60.0, s.transaction_timeout_seconds),
         )
         self._format = SOURCE_NAME
         if self.deliver == "ranges" and not self.stage.runs_in_driver:
@@ -244,6 +250,26 @@ class StreamJob:
         self._ready.wait(timeout + s.group_session_timeout_seconds)
         return self.query
 
+    def _check_exactly_once(self) -> None:
+        """PROCESSING_GUARANTEE=exactly-once only where it holds; SettingsError in one line otherwise."""
+        name = self.stage.name
+        if self.broker_kind == broker_kind.TANSU:
+            raise SettingsError(
+                "PROCESSING_GUARANTEE=exactly-once needs Apache Kafka: the embedded broker (Tansu) shows aborted transactions "
+                "to read_committed consumers, so nothing written there can be exactly once; use at-least-once with it"
+            )
+        if self.stage.runs_in_driver:
+            raise SettingsError(
+                f"PROCESSING_GUARANTEE=exactly-once is not available for {name} yet (it delivers from the driver, "
+                "outside the tasks' transactions); run it with at-least-once"
+            )
+        if self.deliver != "ranges":
+            raise SettingsError(f"PROCESSING_GUARANTEE=exactly-once needs deliver='ranges' ({name}'s tasks write in transactions)")
+        try:
+            transactions.check_broker(clients.producer(self._base), self.settings.consumer_group, self.settings.connect_timeout_seconds)
+        except transactions.TransactionError as exc:
+            raise SettingsError(str(exc)) from None
+
     def _state_context(self) -> StateContext | None:
         state = self.stage.state
         if state is None:
@@ -256,6 +282,7 @@ class StreamJob:
             self.state_idle_seconds,
             s.timer_idle_grace_seconds,
             s.input_topic,
+            "read_committed" if s.exactly_once else "read_uncommitted",
         )
 
     def _warm_workers(self) -> None:
@@ -276,7 +303,7 @@ class StreamJob:
                 if member.fatal:
                     self._fail(member.fatal)
                     return
-                if member.joined and self._running != member.owned and not self._leaving.is_set():
+                if member.joined and self._needs_query(member) and not self._leaving.is_set():
                     try:
                         self._apply(member.owned)
                     except Exception as exc:  # noqa: BLE001 - classified by _recover: retried, or the job fails
@@ -290,6 +317,14 @@ class StreamJob:
                     return
         except Exception as exc:  # noqa: BLE001 - whatever it is, the job has failed and must say why
             self._fail(describe(exc))
+
+    def _needs_query(self, member: GroupMember) -> bool:
+        """A query must start on what the group gave: another set of partitions, or, with
+        exactly-once, the same set under a new generation (the tasks commit with the group's
+        metadata, which the broker refuses once its generation is over)."""
+        if self._running != member.owned:
+            return True
+        return self.settings.exactly_once and bool(self._running) and member.group_metadata() != self._metadata
 
     def _recover(self, reason: str) -> bool:
         """The query died, or could not start: start it again after a backoff, from the group's
@@ -388,7 +423,10 @@ class StreamJob:
         s = self.settings
         token = self._token
         checkpoint = self._checkpoint = self._fresh_checkpoint()
-        self._source = dataclasses.replace(self.source_options(), partitions=sorted(owned), start_offsets=start)
+        self._metadata = self._member.group_metadata() if s.exactly_once else None
+        self._source = dataclasses.replace(
+            self.source_options(), partitions=sorted(owned), start_offsets=start, group_metadata=self._metadata.hex() if self._metadata else None
+        )
         stream = self.spark.readStream.format(self._format).options(**self._source.to_options()).load()
         writer = (
             stream.writeStream.foreachBatch(partial(self._on_batch, token))
@@ -484,7 +522,11 @@ class StreamJob:
                 self.metrics.record_state(row.partition, json.loads(row.state))
         collected = time.monotonic()
         # 7. every task has flushed: the output and the state's changes are written, so the position may move.
-        self._commit(committed)
+        # With exactly-once the tasks have committed it in their transactions.
+        if self.settings.exactly_once:
+            self._note_committed(committed)
+        else:
+            self._commit(committed)
         commit_seconds = time.monotonic() - collected
         # 8. what the batch did.
         result = BatchResult(batch_id, records, detections, dead, committed, time.monotonic() - started)
@@ -540,6 +582,13 @@ class StreamJob:
                 raise DataLossError(f"{problem}. Some records may never have been processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
             log.warning("skipping lost records", problem=problem)
 
+    def _note_committed(self, committed: dict[int, int]) -> None:
+        with self._offsets_lock:
+            mine = {p: o for p, o in committed.items() if p in self._committable}
+            if mine:
+                self._committed_at = time.monotonic()
+                self.metrics.set_offsets(mine, self._ends.end_offsets(mine))
+
     def maintain_offsets(self) -> None:
         """Called before each metrics report: lag of every partition the instance owns, also while
         no batch runs; and, every COMMIT_REFRESH_SECONDS, the group's positions committed again.
@@ -553,8 +602,12 @@ class StreamJob:
         if member is None or self._ends is None or not partitions:
             return
         try:
-            if time.monotonic() - self._committed_at >= self.settings.commit_refresh_seconds:
-                known = member.recommit(partitions)  # the same positions: only their commit time moves
+            if time.monotonic() - self._committed_at >= self.settings.commit_refresh_seconds and self._may_recommit():
+                try:
+                    known = member.recommit(partitions)
+                finally:
+                    if self.settings.exactly_once:
+                        self._lock.release()  # the same positions: only their commit time moves
                 self._committed_at = time.monotonic()
                 log.info("positions committed again", partitions=len(known))
             else:
@@ -569,6 +622,12 @@ class StreamJob:
             if not clients.is_not_there(exc):
                 raise
             # A deleted input topic: the source and the batches say so; there is no lag to tell.
+
+    def _may_recommit(self) -> bool:
+        """With exactly-once the tasks commit, outside the driver: a recommit may only run while no
+        batch does (else it could write back a position a task's transaction has just moved on);
+        the batch lock is then held until it is done."""
+        return not self.settings.exactly_once or self._lock.acquire(blocking=False)
 
     def caught_up(self) -> bool:
         """True while nothing waits to be read: no batch running and no new record seen (also
@@ -667,7 +726,16 @@ class StreamJob:
 
 
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
-_OUR_ERRORS = ("DataLossError", "NoCommittedOffsetsError", "StateSchemaError", "DeliveryError", "TimeoutError", "KafkaException", "LookupError")
+_OUR_ERRORS = (
+    "DataLossError",
+    "NoCommittedOffsetsError",
+    "StateSchemaError",
+    "DeliveryError",
+    "TransactionError",
+    "TimeoutError",
+    "KafkaException",
+    "LookupError",
+)
 
 
 def describe(exc: BaseException) -> str:

@@ -12,7 +12,8 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -23,14 +24,15 @@ import pyarrow.compute as pc
 import structlog
 
 from detectorkit import logs
-from detectorkit.kafka import claims
+from detectorkit.kafka import claims, transactions
 from detectorkit.kafka import sink as sinks
 from detectorkit.kafka.claims import Claim
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.source import SourceOptions, ranges_from_row, read_planned
+from detectorkit.kafka.transactions import TaskTransactions
 from detectorkit.metrics import executors
 from detectorkit.metrics.registry import bucket_counts
-from detectorkit.runtime import checkpoint, gc_tuning
+from detectorkit.runtime import checkpoint, crash_points, gc_tuning
 from detectorkit.runtime.stage import Source, Stage
 from detectorkit.state import cache
 from detectorkit.state.changelog import StateContext
@@ -77,6 +79,9 @@ class TaskContext:
     log_context: tuple[tuple[str, str], ...] = ()
     # Where a stage with keyed state finds it (None: the stage keeps none).
     state: StateContext | None = None
+    # PROCESSING_GUARANTEE=exactly-once: each partition's writes and next offset in one transaction.
+    exactly_once: bool = False
+    transaction_timeout_ms: int = 30_000
 
 
 @dataclass
@@ -220,20 +225,48 @@ def process_planned(ctx: TaskContext, source: SourceOptions, ranges: list[Partit
     if claim is not None:
         held = cache.held(ctx.state, ctx.stage.state) if ctx.state is not None else set()
         ranges = claims.take(claim, ranges, held)
+    if ctx.exactly_once:
+        return _process_in_transactions(ctx, source, ranges)
     ends: dict[int, int] = {}
     stores = _open_stores(ctx, ranges) if ctx.state is not None else None
-
-    def batches():
-        reading = [r for r in ranges if r.size]
-        if reading:
-            yield from read_planned(source, reading)
-        for r in ranges:  # read in full: only now may the position move to its end
-            ends[r.partition] = max(ends.get(r.partition, -1), r.end)
-
-    return _process(ctx, batches(), ends, stores)
+    return _process(ctx, _read(source, ranges, ends), ends, stores)
 
 
-def _fire_idle(ctx: TaskContext, stores: Stores, sink: sinks.Sink, summaries: dict[int, PartitionSummary]) -> None:
+def _read(source: SourceOptions, ranges: list[PartitionRange], ends: dict[int, int]) -> Iterator[pa.RecordBatch]:
+    reading = [r for r in ranges if r.size]
+    if reading:
+        yield from read_planned(source, reading)
+    for r in ranges:  # read in full: only now may the position move to its end
+        ends[r.partition] = max(ends.get(r.partition, -1), r.end)
+
+
+def _process_in_transactions(ctx: TaskContext, source: SourceOptions, ranges: list[PartitionRange]) -> Iterator[pa.RecordBatch]:
+    """`process_planned` with exactly-once: the transactions begin before anything is read (their
+    producers fence any earlier writer of the partitions, and the committed offsets are checked),
+    then the stores are opened read_committed, and each partition's transaction commits its writes
+    with its next offset. A range an earlier attempt already committed is skipped."""
+    if source.group_metadata is None:
+        raise ValueError("exactly-once needs the group's metadata in the source options")
+    starts = {r.partition: (r.start, r.end) for r in ranges}
+    with transactions.for_task(
+        source.client_conf,
+        ctx.producer_conf,
+        source.group,
+        source.topic,
+        starts,
+        bytes.fromhex(source.group_metadata),
+        ctx.transaction_timeout_ms,
+        ctx.flush_timeout,
+        ctx.client_idle_seconds,
+    ) as (txns, done):
+        todo = [r for r in ranges if r.partition not in done]
+        ends: dict[int, int] = {}
+        stores = _open_stores(ctx, todo) if ctx.state is not None else None
+        # What an earlier attempt committed is reported as read to its end, with nothing done now.
+        return iter(list(_process(ctx, _read(source, todo, ends), ends, stores, txns, {p: starts[p][1] for p in done})))
+
+
+def _fire_idle(ctx: TaskContext, stores: Stores, sink_of: Callable[[int], sinks.Sink], summaries: dict[int, PartitionSummary]) -> None:
     """The timers of partitions with nothing to read in this batch (a tick of the source's planner)
     fire as the wall clock minus the grace passes them: no record says how far their event time got."""
     idle_ms = int(time.time() * 1000 - ctx.state.idle_grace_seconds * 1000)
@@ -242,7 +275,7 @@ def _fire_idle(ctx: TaskContext, stores: Stores, sink: sinks.Sink, summaries: di
         found, _ = ctx.stage.run_keyed(
             empty, empty, np.array([], "int64"), ctx.config, None, ctx.service, stores.stores[p], stores.tags[p], ctx.state.input_topic, idle_ms
         )
-        _send_outputs(ctx, found, sink, summaries, None, None, None, ctx.state.input_topic)
+        _send_outputs(ctx, found, sink_of(p), summaries, None, None, None, ctx.state.input_topic)
 
 
 def _open_stores(ctx: TaskContext, ranges: list[PartitionRange]) -> Stores:
@@ -267,47 +300,65 @@ def _open_stores(ctx: TaskContext, ranges: list[PartitionRange]) -> Stores:
     return Stores(stores, tags, restored, idle)
 
 
-def _process(ctx: TaskContext, batches: Iterator[pa.RecordBatch], ends: dict[int, int], stores: Stores | None = None) -> Iterator[pa.RecordBatch]:
+def _process(
+    ctx: TaskContext,
+    batches: Iterator[pa.RecordBatch],
+    ends: dict[int, int],
+    stores: Stores | None = None,
+    txns: TaskTransactions | None = None,
+    skipped: dict[int, int] | None = None,
+) -> Iterator[pa.RecordBatch]:
     summaries: dict[int, PartitionSummary] = {}
-    with sinks.for_worker(ctx.producer_conf, ctx.client_idle_seconds) as sink:
+    with sinks.for_worker(ctx.producer_conf, ctx.client_idle_seconds) if txns is None else nullcontext() as shared:
+        sink_of = txns.of if txns is not None else lambda p: shared
         # The commit sequence's task steps (runtime.checkpoint): 1. the records.
-        if stores is None:
+        crash_points.reach("before-produce")
+        if stores is None and txns is None:
             for batch in batches:
-                process_batch(ctx, batch, sink, summaries)
+                process_batch(ctx, batch, shared, summaries)
+                crash_points.reach("during-produce")
         else:
             # With state, a partition's records of the whole task go through the detector at once
             # (the reader hands them over in interleaved chunks of 20,000): a key the chunks share
             # is read, decoded, encoded and written once, not once a chunk. It holds the task's
-            # records (MAX_RECORDS_PER_BATCH at most) in Arrow meanwhile.
+            # records (MAX_RECORDS_PER_BATCH at most) in Arrow meanwhile. With exactly-once each
+            # partition's records go to its own transaction, so they are split by partition too.
             for p, part in _by_partition(batches):
-                _process_records(ctx, part, sink, summaries, stores, p)
+                _process_records(ctx, part, sink_of(p), summaries, stores, p)
+                crash_points.reach("during-produce")
         if stores is not None:
-            _fire_idle(ctx, stores, sink, summaries)  # 2. the timers of partitions with nothing to read
+            _fire_idle(ctx, stores, sink_of, summaries)  # 2. the timers of partitions with nothing to read
             for p in stores.stores:
                 summaries.setdefault(p, PartitionSummary())
-        checkpoint.finish_task(ctx, sink, stores, summaries)  # 3-5. flush, the state's changes, the stores kept
-    for p, end in ends.items():
+        if txns is None:
+            checkpoint.finish_task(ctx, shared, stores, summaries)  # 3-5. flush, the state's changes, the stores kept
+        else:
+            checkpoint.finish_transactions(ctx, txns, stores, summaries, ends)  # 3-7, a transaction per partition
+    for p, end in [*ends.items(), *(skipped or {}).items()]:
         s = summaries.setdefault(p, PartitionSummary())
         s.next_offset = max(s.next_offset, end)
     # Latency ends when the broker has acknowledged the detection: after the flush.
-    written_ms = time.time() * 1000
     if summaries:
-        items = sorted(summaries.items())
-        latencies = [[(written_ms - ts) / 1000 for ts in s.detected_at] for _, s in items]
-        yield pa.RecordBatch.from_arrays(
-            [
-                pa.array([p for p, _ in items], pa.int32()),
-                pa.array([s.next_offset for _, s in items], pa.int64()),
-                pa.array([s.records for _, s in items], pa.int64()),
-                pa.array([s.detections + s.timer_detections for _, s in items], pa.int64()),
-                pa.array([json.dumps(dict(s.dead_letters)) for _, s in items], pa.string()),
-                pa.array([json.dumps(bucket_counts(values)) for values in latencies], pa.string()),
-                pa.array([float(sum(values)) for values in latencies], pa.float64()),
-                pa.array([json.dumps(executors.report())] + ["[]"] * (len(items) - 1), pa.string()),
-                pa.array([json.dumps(s.state) if s.state else None for _, s in items], pa.string()),
-            ],
-            schema=_SUMMARY_ARROW,
-        )
+        yield _summary_batch(summaries, time.time() * 1000)
+
+
+def _summary_batch(summaries: dict[int, PartitionSummary], written_ms: float) -> pa.RecordBatch:
+    items = sorted(summaries.items())
+    latencies = [[(written_ms - ts) / 1000 for ts in s.detected_at] for _, s in items]
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([p for p, _ in items], pa.int32()),
+            pa.array([s.next_offset for _, s in items], pa.int64()),
+            pa.array([s.records for _, s in items], pa.int64()),
+            pa.array([s.detections + s.timer_detections for _, s in items], pa.int64()),
+            pa.array([json.dumps(dict(s.dead_letters)) for _, s in items], pa.string()),
+            pa.array([json.dumps(bucket_counts(values)) for values in latencies], pa.string()),
+            pa.array([float(sum(values)) for values in latencies], pa.float64()),
+            pa.array([json.dumps(executors.report())] + ["[]"] * (len(items) - 1), pa.string()),
+            pa.array([json.dumps(s.state) if s.state else None for _, s in items], pa.string()),
+        ],
+        schema=_SUMMARY_ARROW,
+    )
 
 
 def warm_worker(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -42,6 +42,8 @@ class StateContext:
     # A partition with nothing to read is taken to have reached this long before the wall clock (timers).
     idle_grace_seconds: float = 60.0
     input_topic: str = ""
+    # read_committed with exactly-once: an aborted batch's changes are never read back.
+    isolation: str = "read_uncommitted"
 
 
 def create(base_conf: Mapping[str, Any], topic: str, input_topic: str, kind: str, timeout: float) -> None:
@@ -86,7 +88,7 @@ def read(ctx: StateContext, starts: dict[int, int | None]) -> Iterator[tuple[int
     conf = clients.consumer(
         ctx.client_conf,
         "detectorkit-restore",  # never subscribes or commits: assigned only
-        **{"enable.partition.eof": True, "isolation.level": "read_uncommitted", "enable.auto.commit": False},
+        **{"enable.partition.eof": True, "isolation.level": ctx.isolation, "enable.auto.commit": False},
     )
     with _consumers.use(clients.conf_key(conf), lambda: clients.new_consumer(conf)) as consumer:
         consumer.assign([TopicPartition(ctx.topic, p, OFFSET_BEGINNING if start is None else start) for p, start in starts.items()])

@@ -1,0 +1,241 @@
+"""Exactly-once: what a task writes for one input partition, and the partition's next offset, in one
+Kafka transaction.
+
+Each input partition has its own transactional producer, `transactional.id` `<group>-<topic>-<p>`:
+the same id always stands for the same partition, so a producer that starts on it (the partition's
+next task, in another Python worker or another instance) fences every earlier one, and a zombie (a
+task of a paused instance, a retried attempt's forerunner) can neither write nor commit. The task's
+offsets go into its transaction with the driver's group metadata (`send_offsets_to_transaction`):
+the broker checks the member's generation (KIP-447), so a transaction begun before a rebalance
+cannot commit after it. A task first reads the group's committed offset of each partition
+(read_committed: it waits for a pending transaction to end) and skips a range already committed,
+so a task attempt Spark runs again after a success writes nothing twice.
+
+A worker keeps its producers between tasks (initialising one costs round trips to the transaction
+coordinator). A producer that another process of this machine has since started on the same id
+(the partition ran in the other Python worker) is fenced: a small file per id says which producer
+started last, and a fenced one is replaced before its task begins. A producer is also replaced
+when the group's generation changes, since the partition may have been in another instance since.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import structlog
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from detectorkit.kafka import clients, offset_store
+from detectorkit.kafka.sink import Sink
+from detectorkit.kafka.worker_clients import WorkerClients
+
+log = structlog.get_logger("detectorkit.transactions")
+
+_FENCED = {KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FENCED}
+_REBALANCED = {
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID,
+    KafkaError.REBALANCE_IN_PROGRESS,
+    KafkaError.FENCED_INSTANCE_ID,
+    KafkaError.STALE_MEMBER_EPOCH,
+}
+_UNSUPPORTED = {KafkaError._UNSUPPORTED_FEATURE, KafkaError.UNSUPPORTED_VERSION, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+
+
+class TransactionError(RuntimeError):
+    """A transaction could not commit; it was aborted (or its producer fenced) and the batch is planned again."""
+
+
+def transactional_id(group: str, topic: str, partition: int) -> str:
+    return f"{group}-{topic}-{partition}"
+
+
+def generation_of(metadata: bytes) -> bytes:
+    """The part of the group metadata that changes with each rebalance: all of it but the group name
+    (opaque to us; compared, never parsed)."""
+    return hashlib.sha256(metadata).digest()[:12]
+
+
+class TransactionalSink(Sink):
+    """A sink whose producer writes in transactions under one transactional id."""
+
+    def __init__(self, producer_conf: Mapping[str, Any], tid: str, timeout_ms: int, init_timeout: float):
+        super().__init__({**producer_conf, "transactional.id": tid, "transaction.timeout.ms": timeout_ms})
+        self.transactional_id = tid
+        self.token = uuid.uuid4().hex
+        self.open = False
+        try:
+            # Fences every earlier producer with this id and aborts its open transaction.
+            self.producer.init_transactions(init_timeout)
+        except KafkaException as exc:
+            self.close(0)
+            raise TransactionError(describe(exc.args[0], tid, "starting the transactional producer")) from None
+        _owner_file(tid).write_text(self.token)
+
+    def current(self) -> bool:
+        """False once another producer of this machine has started on the same id (this one is fenced)."""
+        try:
+            return _owner_file(self.transactional_id).read_text() == self.token
+        except FileNotFoundError:
+            return False
+
+    def begin(self) -> None:
+        self._errors.clear()
+        self.producer.begin_transaction()
+        self.open = True
+
+    def commit(self, offsets: list[TopicPartition], metadata: bytes, timeout: float) -> None:
+        """The offsets into the transaction, then the transaction committed; TransactionError
+        (after an abort where one is possible) when it cannot be."""
+        deadline = time.monotonic() + timeout
+        step = "adding the input offsets"
+        try:
+            self.producer.send_offsets_to_transaction(offsets, metadata, timeout)
+            step = "committing"
+            while True:
+                try:
+                    self.producer.commit_transaction(max(0.1, deadline - time.monotonic()))
+                    break
+                except KafkaException as exc:
+                    if exc.args[0].retriable() and time.monotonic() < deadline:
+                        continue
+                    raise
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.txn_requires_abort():
+                self.abort(timeout)
+            raise TransactionError(describe(error, self.transactional_id, step)) from None
+        self.open = False
+
+    def abort(self, timeout: float) -> None:
+        if not self.open:
+            return
+        self.open = False
+        try:
+            self.producer.abort_transaction(timeout)
+        except KafkaException as exc:  # fenced or timed out: the broker aborts it anyway (fencing, or the timeout)
+            log.warning("aborting a transaction failed; the broker aborts it", transactional_id=self.transactional_id, error=exc.args[0].str())
+
+
+def describe(error: KafkaError, tid: str, step: str) -> str:
+    """One line for a transaction that failed, naming the cause a reader can act on."""
+    code = error.code()
+    if code in _FENCED or (error.fatal() and "fenced" in error.str().lower()):
+        return (
+            f"transaction {tid} fenced while {step}: a newer task (another Python worker, another instance, or a retried "
+            "attempt) writes this partition now; nothing of this one becomes visible"
+        )
+    if code in _REBALANCED:
+        return f"transaction {tid} aborted while {step}: the consumer group rebalanced during the batch ({error.name()}); the batch is planned again"
+    if code == KafkaError._TIMED_OUT or "timed out" in error.str().lower() or "timeout" in error.str().lower():
+        return f"transaction {tid} timed out while {step} ({error.str()}); TRANSACTION_TIMEOUT_SECONDS must exceed a task's longest batch"
+    if code in _UNSUPPORTED:
+        return (
+            f"the broker refused transaction {tid} while {step} ({error.str()}): PROCESSING_GUARANTEE=exactly-once needs "
+            "a broker with transactions and the right to use this transactional id"
+        )
+    return f"transaction {tid} failed while {step}: {error.str()}"
+
+
+def _owner_file(tid: str) -> pathlib.Path:
+    directory = pathlib.Path(tempfile.gettempdir()) / "detectorkit-transactions"
+    directory.mkdir(exist_ok=True)
+    return directory / hashlib.sha256(tid.encode()).hexdigest()[:32]
+
+
+_producers = WorkerClients(close=lambda sink: sink.close(5.0))
+_readers = WorkerClients(close=lambda consumer: consumer.close())
+
+
+class TaskTransactions:
+    """A task's transactions: one per input partition it runs, begun at the start."""
+
+    def __init__(self, sinks: dict[int, TransactionalSink], topic: str, metadata: bytes, timeout: float):
+        self._sinks = sinks
+        self.topic = topic
+        self.metadata = metadata
+        self.timeout = timeout
+
+    def of(self, partition: int) -> TransactionalSink:
+        return self._sinks[partition]
+
+    def commit(self, partition: int, next_offset: int) -> None:
+        self._sinks[partition].commit([TopicPartition(self.topic, partition, next_offset)], self.metadata, self.timeout)
+
+    def abort_open(self) -> None:
+        for sink in self._sinks.values():
+            sink.abort(self.timeout)
+
+
+@contextmanager
+def for_task(
+    base_conf: Mapping[str, Any],
+    producer_conf: Mapping[str, Any],
+    group: str,
+    topic: str,
+    starts: Mapping[int, tuple[int, int]],
+    metadata: bytes,
+    timeout_ms: int,
+    timeout: float,
+    idle_seconds: float | None = None,
+) -> Iterator[tuple[TaskTransactions, set[int]]]:
+    """The task's transactions, and the partitions of `starts` (partition -> (start, end) of its
+    range) that an earlier attempt already committed: those are skipped. Every other partition's
+    committed offset must be its range's start, else another member moved it on: TransactionError.
+    An exception out of the block aborts the transactions still open."""
+    generation = generation_of(metadata).hex()
+    with ExitStack() as stack:
+        sinks: dict[int, TransactionalSink] = {}
+        for p in sorted(starts):
+            tid = transactional_id(group, topic, p)
+
+            def create(tid=tid):
+                return TransactionalSink(producer_conf, tid, timeout_ms, timeout)
+
+            sinks[p] = stack.enter_context(_producers.use(f"{tid}/{generation}", create, idle_seconds, valid=TransactionalSink.current))
+        # Only now, with every earlier producer of these ids fenced and its transaction aborted, is
+        # the committed offset stable: nothing can move it but this task.
+        committed = _committed(base_conf, group, topic, list(starts), timeout, idle_seconds)
+        done, moved = set(), {}
+        for p, (start, end) in starts.items():
+            at = committed.get(p)
+            if at is not None and at >= end and end > start:
+                done.add(p)
+            elif at is not None and at != start:
+                moved[p] = (at, start)
+        if moved:
+            where = ", ".join(f"{topic}-{p} at {at}, planned from {start}" for p, (at, start) in sorted(moved.items()))
+            raise TransactionError(
+                f"the group's committed offsets are not where this batch starts ({where}): another member moved them; the batch is planned again"
+            )
+        for p, sink in sinks.items():
+            if p not in done:
+                sink.begin()
+        txns = TaskTransactions({p: s for p, s in sinks.items() if p not in done}, topic, metadata, timeout)
+        try:
+            yield txns, done
+        except BaseException:
+            txns.abort_open()
+            raise
+
+
+def _committed(
+    base_conf: Mapping[str, Any], group: str, topic: str, partitions: list[int], timeout: float, idle_seconds: float | None
+) -> dict[int, int | None]:
+    # read_committed: librdkafka asks for stable offsets (KIP-447), waiting out a pending transaction's.
+    conf = clients.consumer(base_conf, group, **{"isolation.level": "read_committed", "enable.auto.commit": False})
+    with _readers.use(clients.conf_key(conf), lambda: clients.new_consumer(conf), idle_seconds) as consumer:
+        return offset_store.committed(consumer, topic, partitions, timeout)
+
+
+def check_broker(producer_conf: Mapping[str, Any], group: str, timeout: float) -> None:
+    """At start: the broker accepts transactions for this group's ids; TransactionError saying why not."""
+    sink = TransactionalSink(producer_conf, f"{group}-probe", 10_000, timeout)
+    sink.close(timeout)
