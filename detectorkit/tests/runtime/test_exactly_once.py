@@ -1,0 +1,207 @@
+"""PROCESSING_GUARANTEE=exactly-once: the job killed (every process, as kill -9) at each point of a
+task's commit sequence and started again, each time; a read_committed consumer of the output and
+the dead-letter topic then sees every detection and every dead letter exactly once, with state too."""
+
+import collections
+import json
+import os
+import pathlib
+import signal
+import sys
+
+import pytest
+
+from detectorkit.runtime import crash_points
+from detectorkit.samples import samples
+from detectorkit.testing import TANSU, create_test_topics, produce, read_all
+
+from ..detectors import every_nth_reference
+from ..jobs import COMMAND, HERE, Job, committed, job_env, run, wait_for
+from ..state.test_state_on_kafka import keyed
+
+PARTITIONS = 4
+RECORDS = 8_000
+COUNT_COMMAND = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:COUNT"]
+
+
+@pytest.fixture
+def real_kafka(kafka_broker):
+    bootstrap, kind = kafka_broker
+    if kind == TANSU:
+        pytest.skip("exactly-once needs Apache Kafka (the embedded broker refuses it: see the test below)")
+    return bootstrap
+
+
+def outputs(bs, topics, committed_only=True):
+    values = [json.loads(m["value"]) for m in read_all(bs, topics.output, committed_only=committed_only)]
+    return collections.Counter((v["source"]["partition"], v["source"]["offset"]) for v in values)
+
+
+def dead_letters(bs, topics, committed_only=True):
+    records = read_all(bs, topics.dlq, committed_only=committed_only)
+    return collections.Counter((int(m["headers"]["source_partition"]), int(m["headers"]["source_offset"])) for m in records)
+
+
+def above_threshold(sent):
+    return {(s.partition, s.offset) for s in sent if s.sample.kind == "valid" and s.sample.amount > 1000}
+
+
+def malformed(sent, stateful):
+    if stateful:  # the counting detector needs no field: only what is not a JSON object is refused
+        return {(s.partition, s.offset) for s in sent if s.sample.kind in ("malformed_json", "not_an_object")}
+    return {(s.partition, s.offset) for s in sent if s.sample.kind != "valid"}
+
+
+def start(bs, name, stateful):
+    topics = create_test_topics(bs, name, partitions=PARTITIONS)
+    if stateful:
+        sent = produce(bs, topics.input, keyed(RECORDS, seed=7))
+        expected, command = every_nth_reference(sent), COUNT_COMMAND
+    else:
+        sent = produce(bs, topics.input, samples(RECORDS, seed=5, bad_every=50, high_share=0.2))
+        expected, command = above_threshold(sent), COMMAND
+    # Batches of 1,000 in two tasks of two partitions each: many commits, each task with a partition
+    # committed before another (the point between two commits).
+    env = job_env(
+        bs,
+        topics,
+        starting_offsets="earliest",
+        max_records_per_batch=1_000,
+        min_records_per_task=1,
+        group_session_timeout_seconds=6,
+    )
+    return topics, sent, expected, command, env
+
+
+def crash(env, command, point, bs, topics):
+    """A run killed at `point` the third time its workers reach it; returns the positions at the kill."""
+    code, output = run({**env, "DETECTORKIT_CRASH_AT": f"{point}:3"}, timeout=240, command=command)
+    assert code == -signal.SIGKILL, f"the job was to be killed at {point}, it ended with {code}:\n{output}"
+    return committed(bs, topics, range(PARTITIONS))
+
+
+@pytest.mark.parametrize("stateful", [False, True], ids=["stateless", "stateful"])
+def test_kill_9_at_every_point_of_the_commit_sequence_writes_everything_exactly_once(real_kafka, stateful):
+    bs = real_kafka
+    topics, sent, expected, command, env = start(bs, "eos-kill", stateful)
+    env["PROCESSING_GUARANTEE"] = "exactly-once"
+    moved = []
+    for point in crash_points.POINTS:
+        before = sum(o or 0 for o in committed(bs, topics, range(PARTITIONS)).values())
+        after = sum(o or 0 for o in crash(env, command, point, bs, topics).values())
+        moved.append(after - before)
+    assert 0 < sum(moved) < RECORDS, f"the kills must land mid-stream (records committed by each run: {moved})"
+
+    code, output = run({**env, "STOP_AFTER_IDLE_SECONDS": "3"}, timeout=240, command=command)
+    assert code == 0, output
+    assert sum(committed(bs, topics, range(PARTITIONS)).values()) == RECORDS
+    found = outputs(bs, topics)
+    assert set(found) == expected  # nothing lost, and with state: nothing shifted
+    assert set(found.values()) == {1}  # nothing twice
+    dead = dead_letters(bs, topics)
+    assert set(dead) == malformed(sent, stateful)
+    assert all(n == 1 for n in dead.values())
+    assert dead or stateful  # (the stateful run's records are all valid)
+    # The killed runs did write outputs that never became visible: aborted, not just never written.
+    written = outputs(bs, topics, committed_only=False)
+    assert sum(written.values()) > sum(found.values()), "no kill left an aborted write behind; the test proved nothing"
+
+
+def test_a_task_that_fails_after_its_outputs_is_planned_again_without_a_duplicate(real_kafka):
+    bs = real_kafka
+    topics, sent, expected, command, env = start(bs, "eos-fail", stateful=False)
+    env = {**env, "PROCESSING_GUARANTEE": "exactly-once", "STOP_AFTER_IDLE_SECONDS": "3"}
+    code, output = run({**env, "DETECTORKIT_CRASH_AT": "before-commit:2:raise"}, timeout=240, command=command)
+    assert code == 0, output
+    assert "failure injected at before-commit" in output  # the task did fail, after writing its outputs
+    found = outputs(bs, topics)
+    assert set(found) == expected
+    assert set(found.values()) == {1}
+    assert sum(outputs(bs, topics, committed_only=False).values()) > len(found)  # its outputs were aborted
+
+
+def session_processes(sid):
+    """Pids of every process of a session: a job's driver and JVM, and its Python workers, which
+    PySpark's daemon puts in a process group of their own."""
+    pids = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # after the state: ppid, pgrp, session
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def signal_session(job, signum):
+    for pid in session_processes(job.process.pid):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_paused_instance_that_resumes_after_its_partitions_moved_is_fenced_and_nothing_of_it_shows(real_kafka):
+    bs = real_kafka
+    topics, sent, expected, command, env = start(bs, "eos-zombie", stateful=True)
+    env["PROCESSING_GUARANTEE"] = "exactly-once"
+    # A's calls are slow, so it is paused (every process of it, as a frozen VM or a long GC pause)
+    # in the middle of a transaction with outputs written.
+    zombie = Job({**env, "DETECTOR_DELAY_SECONDS": "2", "STOP_AFTER_IDLE_SECONDS": "3"}, command)
+    jobs = [zombie]
+
+    def writing_in_a_transaction():
+        written = outputs(bs, topics, committed_only=False)
+        ends = committed(bs, topics, range(PARTITIONS))
+        return sum(o or 0 for o in ends.values()) > 0 and any(offset >= (ends[p] or 0) for p, offset in written)
+
+    try:
+        wait_for(writing_in_a_transaction, timeout=180, what="the first instance writing a batch in a transaction")
+        signal_session(zombie, signal.SIGSTOP)
+        at_pause = committed(bs, topics, range(PARTITIONS))
+        # The partitions move to another instance once the paused one misses its session timeout.
+        successor = Job({**env, "STOP_AFTER_IDLE_SECONDS": "3"}, command)
+        jobs.append(successor)
+        done = lambda: sum(o or 0 for o in committed(bs, topics, range(PARTITIONS)).values()) == RECORDS  # noqa: E731
+        wait_for(done, timeout=180, what="the successor to finish")
+        signal_session(zombie, signal.SIGCONT)
+        assert successor.wait(180) == 0, successor.output()
+        assert zombie.wait(180) == 0, zombie.output()
+    finally:
+        signal_session(zombie, signal.SIGCONT)
+        for job in jobs:
+            if job.process.poll() is None:
+                job.signal_group(signal.SIGKILL)
+    assert sum(o or 0 for o in at_pause.values()) < RECORDS
+    found = outputs(bs, topics)
+    assert set(found) == expected
+    assert set(found.values()) == {1}
+    written = outputs(bs, topics, committed_only=False)
+    assert sum(written.values()) > sum(found.values()), "the paused instance had written nothing in its transaction; the test proved nothing"
+    assert "fenced" in zombie.output() or "rebalanced" in zombie.output(), zombie.output()
+
+
+def test_the_same_kill_with_at_least_once_writes_some_detections_twice(real_kafka):
+    """The scenario above, at-least-once: the kill after the outputs are flushed, before the
+    offsets are committed, replays those outputs. (What exactly-once is for, shown failing without it.)"""
+    bs = real_kafka
+    topics, _, expected, command, env = start(bs, "alo-kill", stateful=False)
+    crash(env, command, "before-commit", bs, topics)
+    code, output = run({**env, "STOP_AFTER_IDLE_SECONDS": "3"}, timeout=240, command=command)
+    assert code == 0, output
+    found = outputs(bs, topics)
+    assert set(found) == expected
+    assert max(found.values()) == 2
+
+
+def test_exactly_once_on_the_embedded_broker_is_refused_at_start_with_one_line():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "DETECTOR_", "SPARK_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p)
+    env["PROCESSING_GUARANTEE"] = "exactly-once"
+    code, output = run(env, timeout=180)
+    assert code == 2, output
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output
+    assert "PROCESSING_GUARANTEE=exactly-once needs Apache Kafka" in errors[0]
+    assert "Traceback" not in output
