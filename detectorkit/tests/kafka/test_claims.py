@@ -32,6 +32,28 @@ def test_the_last_task_to_start_takes_what_is_left_and_shares_are_even_in_record
     assert all(parts) and sum(r.size for r in a) < 200  # nobody took all
 
 
+def test_sticky_claims_keep_every_held_partition_where_it_is_however_uneven(tmp_path):
+    """Exactly-once: a partition changing worker costs a new transactional producer (and fences
+    the other worker's), so a task keeps what its worker holds even when the shares are uneven."""
+    batch = ranges([100, 100, 100, 100, 100, 100, 1, 1])
+    first, second = claims.claims_for(str(tmp_path), batch, 2, sticky=True)
+    a = claims.take(second, batch, held={6, 7})  # holds the two small ones, starts first
+    b = claims.take(first, batch, held={0, 1, 2, 3, 4, 5})
+    assert [r.partition for r in a] == [6, 7]
+    assert [r.partition for r in b] == [0, 1, 2, 3, 4, 5]
+    # The same batch without stickiness: the first task evens the records out.
+    first, second = claims.claims_for(str(tmp_path / "even"), batch, 2)
+    assert len(claims.take(second, batch, held={6, 7})) > 2
+
+
+def test_a_sticky_task_holding_nothing_takes_an_even_share(tmp_path):
+    batch = ranges([10] * 8)
+    first, second = claims.claims_for(str(tmp_path), batch, 2, sticky=True)
+    a = claims.take(first, batch, held=set())
+    b = claims.take(second, batch, held=set())
+    assert len(a) == len(b) == 4
+
+
 def test_a_retried_task_gets_what_its_first_attempt_claimed(tmp_path):
     batch = ranges([10] * 4)
     first, second = claims.claims_for(str(tmp_path), batch, 2)

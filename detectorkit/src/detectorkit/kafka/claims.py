@@ -40,13 +40,16 @@ class Claim:
     batch: str  # the digest of the batch's plan
     index: int  # the task's
     tasks: int
+    # A task keeps every partition its worker holds and takes none another worker may hold, however
+    # uneven: for exactly-once, whose producers fence each other when a partition changes worker.
+    sticky: bool = False
 
 
-def claims_for(directory: str, ranges: list[PartitionRange], tasks: int) -> list[Claim]:
+def claims_for(directory: str, ranges: list[PartitionRange], tasks: int, sticky: bool = False) -> list[Claim]:
     """One claim per task of a batch planned as `ranges`."""
     plan = json.dumps([[r.topic, r.partition, r.start, r.end, r.tick] for r in sorted(ranges, key=lambda r: r.partition)] + [tasks])
     batch = hashlib.sha256(plan.encode()).hexdigest()[:32]
-    return [Claim(directory, batch, index, tasks) for index in range(tasks)]
+    return [Claim(directory, batch, index, tasks, sticky) for index in range(tasks)]
 
 
 def take(claim: Claim, ranges: list[PartitionRange], held: Collection[int]) -> list[PartitionRange]:
@@ -78,6 +81,9 @@ def _share(claim: Claim, ranges: list[PartitionRange], held: Collection[int], ta
     free = [r for r in ranges if r.partition not in taken]
     if before >= claim.tasks - 1:
         return [r.partition for r in free]  # the last to start: everything left
+    if claim.sticky and held:
+        # Only its own: what it does not hold, another worker may (the last task takes the rest).
+        return [r.partition for r in free if r.partition in held]
     # An even share of the records (an empty range, which only fires timers, counts as one).
     target = sum(max(1, r.size) for r in ranges) / claim.tasks
     mine, records = [], 0

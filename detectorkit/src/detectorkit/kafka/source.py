@@ -309,6 +309,12 @@ class KafkaStreamReader(DataSourceStreamReader):
                 planned, quiet = {r.partition for r in ranges}, set(end.get(CAUGHT_UP, ()))
                 ranges += [PartitionRange(topic, p, o, o) for p, o in sorted(last.items()) if p not in planned and p in quiet]
             ranges = [dataclasses.replace(r, tick=tick) for r in ranges]
+        if self.options.claims_dir and self.task is not None and self.options.group_metadata is not None and self.options.max_tasks > 1:
+            # Exactly-once: a task per Python worker, even for a batch of a few records, each keeping
+            # the partitions whose transactional producers its worker holds (kafka.claims): one
+            # task would run in either worker, and its producers would fence the other's.
+            claims = claims_for(self.options.claims_dir, ranges, self.options.max_tasks, sticky=True)
+            return [KafkaInputPartition(ranges, claim) for claim in claims]
         groups = pack_ranges(ranges, self.options.max_tasks, self.options.min_task_records)
         if self.options.claims_dir and len(groups) > 1 and self.task is not None:
             return [KafkaInputPartition(ranges, claim) for claim in claims_for(self.options.claims_dir, ranges, len(groups))]

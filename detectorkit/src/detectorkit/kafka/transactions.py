@@ -151,6 +151,17 @@ def _owner_file(tid: str) -> pathlib.Path:
 
 
 _producers = WorkerClients(close=lambda sink: sink.close(5.0))
+
+
+def held(group: str, topic: str, metadata: bytes) -> set[int]:
+    """The partitions of `topic` whose transactional producers this worker holds, unfenced, for this
+    generation (kafka.claims gives a worker's tasks those partitions first)."""
+    prefix, suffix = f"{group}-{topic}-", f"/{generation_of(metadata).hex()}"
+    return {
+        int(k[len(prefix) : -len(suffix)]) for k, sink in _producers.held().items() if k.startswith(prefix) and k.endswith(suffix) and sink.current()
+    }
+
+
 _readers = WorkerClients(close=lambda consumer: consumer.close())
 
 
@@ -191,18 +202,28 @@ def for_task(
     committed offset must be its range's start, else another member moved it on: TransactionError.
     An exception out of the block aborts the transactions still open."""
     generation = generation_of(metadata).hex()
+    began, created = time.monotonic(), []
     with ExitStack() as stack:
         sinks: dict[int, TransactionalSink] = {}
         for p in sorted(starts):
             tid = transactional_id(group, topic, p)
 
-            def create(tid=tid):
+            def create(tid=tid, p=p):
+                created.append(p)
                 return TransactionalSink(producer_conf, tid, timeout_ms, timeout)
 
             sinks[p] = stack.enter_context(_producers.use(f"{tid}/{generation}", create, idle_seconds, valid=TransactionalSink.current))
         # Only now, with every earlier producer of these ids fenced and its transaction aborted, is
         # the committed offset stable: nothing can move it but this task.
+        ready = time.monotonic()
         committed = _committed(base_conf, group, topic, list(starts), timeout, idle_seconds)
+        log.debug(
+            "transactions begin",
+            partitions=sorted(starts),
+            new_producers=created,
+            producers_seconds=round(ready - began, 4),
+            committed_seconds=round(time.monotonic() - ready, 4),
+        )
         done, moved = set(), {}
         for p, (start, end) in starts.items():
             at = committed.get(p)

@@ -53,6 +53,11 @@ class WorkerClients:
                 self._close_quietly(client)  # after a failure its state is unknown (a fenced producer, say)
             self._start_reaper()
 
+    def held(self) -> dict[str, Any]:
+        """The clients held, idle or in use, by key."""
+        with self._lock:
+            return {**{k: client for k, (client, _) in self._idle.items()}, **self._busy}
+
     def close_idle(self, now: float | None = None) -> int:
         """Close clients idle for longer than `idle_seconds`; returns how many."""
         now = time.monotonic() if now is None else now

@@ -157,7 +157,7 @@ class StreamJob:
     def _claims_dir(self) -> str | None:
         """Where a stateful batch's tasks claim their partitions (kafka.claims), when they all run on
         this machine: Spark in local mode. On a cluster each task runs the ranges it was planned."""
-        if self.stage.state is None or not self.spark.sparkContext.master.startswith("local"):
+        if (self.stage.state is None and not self.settings.exactly_once) or not self.spark.sparkContext.master.startswith("local"):
             return None
         return os.path.join(tempfile.gettempdir(), "detectorkit-claims", f"{self.settings.consumer_group}-{os.getpid()}")
 
@@ -257,11 +257,6 @@ class StreamJob:
             raise SettingsError(
                 "PROCESSING_GUARANTEE=exactly-once needs Apache Kafka: the embedded broker (Tansu) shows aborted transactions "
                 "to read_committed consumers, so nothing written there can be exactly once; use at-least-once with it"
-            )
-        if self.stage.runs_in_driver:
-            raise SettingsError(
-                f"PROCESSING_GUARANTEE=exactly-once is not available for {name} yet (it delivers from the driver, "
-                "outside the tasks' transactions); run it with at-least-once"
             )
         if self.deliver != "ranges":
             raise SettingsError(f"PROCESSING_GUARANTEE=exactly-once needs deliver='ranges' ({name}'s tasks write in transactions)")
