@@ -156,9 +156,18 @@ def test_a_paused_instance_that_resumes_after_its_partitions_moved_is_fenced_and
         ends = committed(bs, topics, range(PARTITIONS))
         return sum(o or 0 for o in ends.values()) > 0 and any(offset >= (ends[p] or 0) for p, offset in written)
 
-    try:
+    def paused_in_a_transaction():
+        """Paused once it writes a batch; resumed and tried again when the batch committed before the
+        pause took hold (a task of one partition commits right after its output)."""
         wait_for(writing_in_a_transaction, timeout=180, what="the first instance writing a batch in a transaction")
         signal_session(zombie, signal.SIGSTOP)
+        if writing_in_a_transaction():
+            return True
+        signal_session(zombie, signal.SIGCONT)
+        return False
+
+    try:
+        wait_for(paused_in_a_transaction, timeout=300, what="a pause in the middle of a transaction")
         at_pause = committed(bs, topics, range(PARTITIONS))
         # The partitions move to another instance once the paused one misses its session timeout.
         successor = Job({**env, "STOP_AFTER_IDLE_SECONDS": "3"}, command)

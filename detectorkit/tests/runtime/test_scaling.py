@@ -38,8 +38,8 @@ def real_kafka(kafka_broker_kind):
         pytest.skip("group rebalances are proven on Apache Kafka (Tansu's take tens of seconds)")
 
 
-def detections(bs, topics):
-    values = [json.loads(m["value"]) for m in read_all(bs, topics.output)]
+def detections(bs, topics, committed_only=False):
+    values = [json.loads(m["value"]) for m in read_all(bs, topics.output, committed_only=committed_only)]
     return collections.Counter((v["source"]["partition"], v["source"]["offset"]) for v in values)
 
 
@@ -147,16 +147,17 @@ def setup(bs, name, partitions=PARTITIONS):
     return topics, metrics_topic
 
 
-def test_the_talks_scenario_processes_every_record_once(kafka_bootstrap_servers, real_kafka):
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_the_talks_scenario_processes_every_record_once(kafka_bootstrap_servers, real_kafka, guarantee):
     """Instance 1 alone, instance 2 joins while records flow, instance 2 leaves, instance 1 ends."""
     bs = kafka_bootstrap_servers
     topics, metrics_topic = setup(bs, "talk")
     feed = Feed(bs, topics.input, chunks=20, chunk=10_000, seed=100)  # 200,000 records
-    one = start(bs, topics, metrics_topic, STATEFUL)
+    one = start(bs, topics, metrics_topic, STATEFUL, processing_guarantee=guarantee)
     two = None
     try:
         wait_for(lambda: feed.chunks_sent >= 5 and owned(one) == set(range(PARTITIONS)), timeout=180, what="instance 1 reading")
-        two = start(bs, topics, metrics_topic, STATEFUL)
+        two = start(bs, topics, metrics_topic, STATEFUL, processing_guarantee=guarantee)
         wait_for(lambda: len(owned(two)) == 2 and len(owned(one)) == 2, timeout=180, what="the partitions split")
         # Kafka's own tool shows both members and who owns what.
         members = group_members(bs, topics.group)
@@ -171,7 +172,7 @@ def test_the_talks_scenario_processes_every_record_once(kafka_bootstrap_servers,
         for job in (one, two):
             if job is not None and job.process.poll() is None:
                 job.process.kill()
-    found = detections(bs, topics)
+    found = detections(bs, topics, committed_only=guarantee == "exactly-once")
     read = aggregated_records_read(bs, metrics_topic)
     print(f"records produced {len(sent)}, aggregated records read {read:.0f}, delta {read - len(sent):.0f}; hand-overs (s): {handovers(one, two)}")
     assert set(found) == every_nth_reference(sent)
@@ -204,7 +205,8 @@ class ScriptedInstances:
         return "".join(f"\n--- {p.name}\n" + p.read_text()[-3000:] for p in self.run_dir.glob("*.log"))
 
 
-def test_a_rolling_redeploy_loses_and_duplicates_nothing(kafka_bootstrap_servers, real_kafka, tmp_path):
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_a_rolling_redeploy_loses_and_duplicates_nothing(kafka_bootstrap_servers, real_kafka, tmp_path, guarantee):
     """scripts/rolling-redeploy.sh: for each instance in turn, start the new version's instance,
     then stop the old one gracefully."""
     bs = kafka_bootstrap_servers
@@ -217,6 +219,7 @@ def test_a_rolling_redeploy_loses_and_duplicates_nothing(kafka_bootstrap_servers
         metrics_interval_seconds=1,
         group_session_timeout_seconds=SESSION,
         max_records_per_batch=10_000,
+        processing_guarantee=guarantee,
     )
     instances = ScriptedInstances(tmp_path / "run", env)
     feed = Feed(bs, topics.input, chunks=12, chunk=5_000, seed=300)
@@ -239,7 +242,7 @@ def test_a_rolling_redeploy_loses_and_duplicates_nothing(kafka_bootstrap_servers
     finally:
         for pidfile in (tmp_path / "run").glob("*.pid"):
             subprocess.run(["kill", "-9", pidfile.read_text().strip()], check=False)
-    found = detections(bs, topics)
+    found = detections(bs, topics, committed_only=guarantee == "exactly-once")
     print(f"rolling redeploy: {output.strip()}")
     assert set(found) == every_nth_reference(sent), instances.logs()
     assert set(found.values()) == {1}

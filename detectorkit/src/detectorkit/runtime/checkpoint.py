@@ -23,12 +23,18 @@ A crash before 7 replays the batch from the committed offsets, with state read b
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+import structlog
 
 from detectorkit.kafka import sink as sinks
 from detectorkit.runtime import crash_points
 from detectorkit.state import cache
 from detectorkit.state.codec import INPUT_OFFSET_HEADER
+
+_log = structlog.get_logger("detectorkit.transactions")
 
 if TYPE_CHECKING:
     from detectorkit.kafka.transactions import TaskTransactions
@@ -52,18 +58,30 @@ def finish_task(ctx: TaskContext, sink: sinks.Sink, stores: Stores | None, summa
 
 
 def finish_transactions(
-    ctx: TaskContext, txns: TaskTransactions, stores: Stores | None, summaries: dict[int, PartitionSummary], ends: dict[int, int]
+    ctx: TaskContext,
+    txns: TaskTransactions,
+    stores: Stores | None,
+    summaries: dict[int, PartitionSummary],
+    ends: dict[int, int],
+    before_commit: Callable[[], None] | None = None,
 ) -> None:
-    """Steps 3 to 5 with exactly-once: per partition, its state's changes join its transaction,
-    which commits the outputs, the changes and the partition's next offset together (kafka.transactions)."""
-    for i, p in enumerate(sorted(ends)):
-        sink = txns.of(p)
+    """Steps 3 to 7 with exactly-once: each partition's state changes join its transaction, then
+    (a stage in the driver) the deliveries run, then each transaction commits the partition's
+    outputs, changes and next offset together (kafka.transactions). A crash before a commit
+    aborts what that partition wrote, and its replay delivers again (a delivery is at-least-once)."""
+    for p in sorted(ends):
         if stores is not None and p in stores.stores:
-            _send_changes(ctx, sink, stores, p, summaries)
+            _send_changes(ctx, txns.of(p), stores, p, summaries)
+    if ends:  # (a task that claimed nothing has nothing to commit)
         crash_points.reach("before-commit")
+    if before_commit is not None:
+        before_commit()
+    began = time.monotonic()
+    for i, p in enumerate(sorted(ends)):
         txns.commit(p, ends[p])
         if i < len(ends) - 1:
             crash_points.reach("between-commits")
+    _log.debug("transactions committed", partitions=sorted(ends), seconds=round(time.monotonic() - began, 4))
     if stores is not None:
         _keep(ctx, stores, summaries)
 

@@ -224,6 +224,8 @@ def process_planned(ctx: TaskContext, source: SourceOptions, ranges: list[Partit
     _setup_worker(ctx)
     if claim is not None:
         held = cache.held(ctx.state, ctx.stage.state) if ctx.state is not None else set()
+        if ctx.exactly_once and source.group_metadata is not None:
+            held |= transactions.held(source.group, source.topic, bytes.fromhex(source.group_metadata))
         ranges = claims.take(claim, ranges, held)
     if ctx.exactly_once:
         return _process_in_transactions(ctx, source, ranges)
@@ -245,10 +247,19 @@ def _process_in_transactions(ctx: TaskContext, source: SourceOptions, ranges: li
     producers fence any earlier writer of the partitions, and the committed offsets are checked),
     then the stores are opened read_committed, and each partition's transaction commits its writes
     with its next offset. A range an earlier attempt already committed is skipped."""
+    starts = {r.partition: (r.start, r.end) for r in ranges}
+    with _transactions(ctx, source, starts) as (txns, done):
+        todo = [r for r in ranges if r.partition not in done]
+        ends: dict[int, int] = {}
+        stores = _open_stores(ctx, todo) if ctx.state is not None else None
+        # What an earlier attempt committed is reported as read to its end, with nothing done now.
+        return iter(list(_process(ctx, _read(source, todo, ends), ends, stores, txns, {p: starts[p][1] for p in done})))
+
+
+def _transactions(ctx: TaskContext, source: SourceOptions, starts: dict[int, tuple[int, int]]):
     if source.group_metadata is None:
         raise ValueError("exactly-once needs the group's metadata in the source options")
-    starts = {r.partition: (r.start, r.end) for r in ranges}
-    with transactions.for_task(
+    return transactions.for_task(
         source.client_conf,
         ctx.producer_conf,
         source.group,
@@ -258,12 +269,7 @@ def _process_in_transactions(ctx: TaskContext, source: SourceOptions, ranges: li
         ctx.transaction_timeout_ms,
         ctx.flush_timeout,
         ctx.client_idle_seconds,
-    ) as (txns, done):
-        todo = [r for r in ranges if r.partition not in done]
-        ends: dict[int, int] = {}
-        stores = _open_stores(ctx, todo) if ctx.state is not None else None
-        # What an earlier attempt committed is reported as read to its end, with nothing done now.
-        return iter(list(_process(ctx, _read(source, todo, ends), ends, stores, txns, {p: starts[p][1] for p in done})))
+    )
 
 
 def _fire_idle(ctx: TaskContext, stores: Stores, sink_of: Callable[[int], sinks.Sink], summaries: dict[int, PartitionSummary]) -> None:
@@ -307,6 +313,7 @@ def _process(
     stores: Stores | None = None,
     txns: TaskTransactions | None = None,
     skipped: dict[int, int] | None = None,
+    before_commit: Callable[[], None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     summaries: dict[int, PartitionSummary] = {}
     with sinks.for_worker(ctx.producer_conf, ctx.client_idle_seconds) if txns is None else nullcontext() as shared:
@@ -333,7 +340,7 @@ def _process(
         if txns is None:
             checkpoint.finish_task(ctx, shared, stores, summaries)  # 3-5. flush, the state's changes, the stores kept
         else:
-            checkpoint.finish_transactions(ctx, txns, stores, summaries, ends)  # 3-7, a transaction per partition
+            checkpoint.finish_transactions(ctx, txns, stores, summaries, ends, before_commit)  # 3-7, a transaction per partition
     for p, end in [*ends.items(), *(skipped or {}).items()]:
         s = summaries.setdefault(p, PartitionSummary())
         s.next_offset = max(s.next_offset, end)
@@ -359,6 +366,24 @@ def _summary_batch(summaries: dict[int, PartitionSummary], written_ms: float) ->
         ],
         schema=_SUMMARY_ARROW,
     )
+
+
+def _in_driver_transactions(ctx: TaskContext, source: SourceOptions, ranges: list[PartitionRange]) -> tuple[list[pa.RecordBatch], dict[str, int]]:
+    """`process_in_driver` with exactly-once: the stage's outputs and state changes in each
+    partition's transaction, the deliveries after them and before the commits."""
+    dead: dict[str, int] = {}
+
+    def deliver() -> None:
+        dead.update(ctx.stage.after_flush(ctx))
+
+    starts = {r.partition: (r.start, r.end) for r in ranges}
+    with _transactions(ctx, source, starts) as (txns, done):
+        todo = [r for r in ranges if r.partition not in done]
+        ends = {r.partition: r.end for r in todo}
+        stores = _open_stores(ctx, todo) if ctx.state is not None else None
+        records = read_planned(source, todo) if todo else iter(())
+        summaries = list(_process(ctx, records, ends, stores, txns, {p: starts[p][1] for p in done}, before_commit=deliver))
+    return summaries, dead
 
 
 def warm_worker(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -390,11 +415,14 @@ def process_in_driver(ctx: TaskContext, source: SourceOptions, frame) -> list[Si
     runs the batch again (this process, whose stores are then ahead of the start and read back, or
     the partition's next owner) reads the state as of the start, skipping them, and delivers again."""
     ranges = [r for row in frame.collect() for r in ranges_from_row(row.ranges)]
-    ends = {r.partition: r.end for r in ranges}
-    stores = _open_stores(ctx, ranges) if ctx.state is not None else None
-    summaries = list(_process(ctx, read_planned(source, ranges) if ranges else iter(()), ends, stores))
+    if ctx.exactly_once:
+        summaries, dead = _in_driver_transactions(ctx, source, ranges)
+    else:
+        ends = {r.partition: r.end for r in ranges}
+        stores = _open_stores(ctx, ranges) if ctx.state is not None else None
+        summaries = list(_process(ctx, read_planned(source, ranges) if ranges else iter(()), ends, stores))
+        dead = ctx.stage.after_flush(ctx)
     rows = [SimpleNamespace(**row) for batch in summaries for row in batch.to_pylist()]
-    dead = ctx.stage.after_flush(ctx)
     for row in rows[:1]:  # dead letters of the delivery count with the batch, on any one row
         row.dead_letters = json.dumps(dict(Counter(json.loads(row.dead_letters)) + Counter(dead)))
     return rows
