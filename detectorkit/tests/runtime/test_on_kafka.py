@@ -111,6 +111,14 @@ def test_with_read_and_write_granted_the_secured_job_runs(secured_kafka):
     assert PASSWORD not in output
     assert set(detections(bs, topics.output)) == expected(sent)
 
+    # Exactly-once also needs the right to use the service's transactional ids, not granted here:
+    # refused at start, in one line that says what it needs.
+    code, output = run(sasl_env(secured_kafka, topics, PASSWORD, processing_guarantee="exactly-once"), timeout=120)
+    assert code == 2, output
+    errors = error_lines(output)
+    assert len(errors) == 1 and "refused transaction" in errors[0] and "transactional id" in errors[0], output
+    assert PASSWORD not in output and "Traceback" not in output
+
 
 # ---- transactions and Kafka's own tools ---------------------------------------------------------
 

@@ -79,6 +79,12 @@ class TransactionalSink(Sink):
             raise TransactionError(describe(exc.args[0], tid, "starting the transactional producer")) from None
         _owner_file(tid).write_text(self.token)
 
+    def close(self, timeout: float = 5.0) -> None:
+        try:
+            super().close(timeout)
+        except KafkaException:  # a fenced producer's close reports the fencing once more: nothing is left to lose
+            pass
+
     def current(self) -> bool:
         """False once another producer of this machine has started on the same id (this one is fenced)."""
         try:

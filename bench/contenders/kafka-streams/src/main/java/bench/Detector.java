@@ -22,7 +22,8 @@ import org.apache.kafka.streams.processor.api.FixedKeyRecord;
  * detector service writes it. Malformed records are skipped (the service sends them to its
  * dead-letter topic).
  *
- * <p>Usage: Detector BOOTSTRAP INPUT OUTPUT APPLICATION_ID THRESHOLD THREADS
+ * <p>Usage: Detector BOOTSTRAP INPUT OUTPUT APPLICATION_ID THRESHOLD THREADS [GUARANTEE]
+ * (GUARANTEE: at_least_once, the default, or exactly_once_v2)
  */
 public final class Detector {
   private static final ObjectMapper JSON = new ObjectMapper();
@@ -34,7 +35,8 @@ public final class Detector {
     props.put(StreamsConfig.APPLICATION_ID_CONFIG, applicationId);
     props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
     props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, Integer.parseInt(args[5]));
-    props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.AT_LEAST_ONCE);
+    // Its defaults with exactly_once_v2: a commit (a transaction) every 100 ms, as the project's docs say.
+    props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, args.length > 6 ? args[6] : StreamsConfig.AT_LEAST_ONCE);
     props.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
 
     StreamsBuilder builder = new StreamsBuilder();

@@ -1,0 +1,81 @@
+"""A partition's transaction on Apache Kafka: a range already committed is skipped, a position
+moved by someone else is refused, and a producer started elsewhere on the same id fences this one."""
+
+import uuid
+
+import pytest
+from confluent_kafka import Consumer
+
+from detectorkit.kafka import clients, transactions
+from detectorkit.testing import TANSU, read_all
+
+from ..jobs import committed
+
+
+@pytest.fixture
+def real_kafka(kafka_broker):
+    bootstrap, kind = kafka_broker
+    if kind == TANSU:
+        pytest.skip("transactions are proven on Apache Kafka (the embedded broker's read_committed shows aborted records)")
+    return bootstrap
+
+
+def topics(bs):
+    suffix = uuid.uuid4().hex[:8]
+    names = type("Topics", (), {"input": f"txn.in.{suffix}", "output": f"txn.out.{suffix}", "group": f"txn.{suffix}"})
+    clients.create_topics(clients.base(bs), {names.input: 2, names.output: 1})
+    return names
+
+
+def metadata(bs, group):
+    """The metadata of a consumer that never joined (generation -1): accepted while the group has no members."""
+    consumer = Consumer(clients.consumer(clients.base(bs), group))
+    try:
+        return consumer.consumer_group_metadata()
+    finally:
+        consumer.close()
+
+
+def run_range(bs, t, starts, value=b"x"):
+    base = clients.base(bs)
+    with transactions.for_task(base, clients.producer(base), t.group, t.input, starts, metadata(bs, t.group), 10_000, 30.0) as (txns, done):
+        for p, (_, end) in starts.items():
+            if p not in done:
+                txns.of(p).send(t.output, None, value)
+                txns.commit(p, end)
+    return done
+
+
+def test_a_committed_range_is_skipped_and_a_position_moved_elsewhere_is_refused(real_kafka):
+    bs, t = real_kafka, topics(real_kafka)
+    assert run_range(bs, t, {0: (0, 10), 1: (0, 5)}) == set()
+    assert committed(bs, t, [0, 1]) == {0: 10, 1: 5}
+    # The same ranges again (a task attempt Spark runs after one that committed): nothing written twice.
+    assert run_range(bs, t, {0: (0, 10), 1: (0, 5)}) == {0, 1}
+    assert len(read_all(bs, t.output, committed_only=True)) == 2
+    # A range that does not start where the group is: another member moved it.
+    with pytest.raises(transactions.TransactionError, match="not where this batch starts"):
+        run_range(bs, t, {0: (4, 12)})
+    assert committed(bs, t, [0, 1]) == {0: 10, 1: 5}
+    assert run_range(bs, t, {0: (10, 12)}) == set()
+    assert committed(bs, t, [0]) == {0: 12}
+
+
+def test_a_producer_started_on_the_same_id_elsewhere_fences_this_one(real_kafka):
+    bs, t = real_kafka, topics(real_kafka)
+    base = clients.base(bs)
+    tid = transactions.transactional_id(t.group, t.input, 0)
+    old = transactions.TransactionalSink(clients.producer(base), tid, 10_000, 30.0)
+    old.begin()
+    old.send(t.output, None, b"zombie")
+    new = transactions.TransactionalSink(clients.producer(base), tid, 10_000, 30.0)  # the partition's next task
+    assert new.current() and not old.current()
+    with pytest.raises(transactions.TransactionError, match="fenced"):
+        old.commit([], metadata(bs, t.group), 10.0)
+    new.begin()
+    new.send(t.output, None, b"owner")
+    new.commit([], metadata(bs, t.group), 10.0)
+    old.close(1.0)
+    new.close(1.0)
+    assert [m["value"] for m in read_all(bs, t.output, committed_only=True)] == ["owner"]
+    assert {m["value"] for m in read_all(bs, t.output)} == {"zombie", "owner"}  # written, never visible
