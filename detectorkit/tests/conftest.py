@@ -17,3 +17,15 @@ def spark():
     spark = session("local[2]", "detectorkit-tests")
     yield spark
     spark.stop()
+
+
+@pytest.fixture
+def transactional_kafka(kafka_broker):
+    """The tests' broker, for a test of transactions: skipped on the embedded broker, whose
+    read_committed shows aborted records (and where exactly-once is refused)."""
+    from detectorkit.testing import TANSU
+
+    bootstrap, kind = kafka_broker
+    if kind == TANSU:
+        pytest.skip("transactions are proven on Apache Kafka")
+    return bootstrap

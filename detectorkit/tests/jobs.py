@@ -68,8 +68,11 @@ def run(env, timeout=300, command=COMMAND):
     return code, job.output()
 
 
-def committed(bootstrap_servers, topics, partitions):
-    store = OffsetStore(clients.consumer(clients.base(bootstrap_servers), topics.group), topics.input)
+def committed(bootstrap_servers, topics, partitions, stable=True):
+    """The group's committed offsets; `stable=False` does not wait for a pending transaction's
+    (one a killed job left open) and gives the offsets committed before it."""
+    isolation = "read_committed" if stable else "read_uncommitted"
+    store = OffsetStore(clients.consumer(clients.base(bootstrap_servers), topics.group, **{"isolation.level": isolation}), topics.input)
     try:
         return store.committed(partitions)
     finally:

@@ -7,17 +7,9 @@ import pytest
 from confluent_kafka import Consumer
 
 from detectorkit.kafka import clients, transactions
-from detectorkit.testing import TANSU, read_all
+from detectorkit.testing import read_all
 
 from ..jobs import committed
-
-
-@pytest.fixture
-def real_kafka(kafka_broker):
-    bootstrap, kind = kafka_broker
-    if kind == TANSU:
-        pytest.skip("transactions are proven on Apache Kafka (the embedded broker's read_committed shows aborted records)")
-    return bootstrap
 
 
 def topics(bs):
@@ -46,8 +38,8 @@ def run_range(bs, t, starts, value=b"x"):
     return done
 
 
-def test_a_committed_range_is_skipped_and_a_position_moved_elsewhere_is_refused(real_kafka):
-    bs, t = real_kafka, topics(real_kafka)
+def test_a_committed_range_is_skipped_and_a_position_moved_elsewhere_is_refused(transactional_kafka):
+    bs, t = transactional_kafka, topics(transactional_kafka)
     assert run_range(bs, t, {0: (0, 10), 1: (0, 5)}) == set()
     assert committed(bs, t, [0, 1]) == {0: 10, 1: 5}
     # The same ranges again (a task attempt Spark runs after one that committed): nothing written twice.
@@ -61,8 +53,8 @@ def test_a_committed_range_is_skipped_and_a_position_moved_elsewhere_is_refused(
     assert committed(bs, t, [0]) == {0: 12}
 
 
-def test_a_producer_started_on_the_same_id_elsewhere_fences_this_one(real_kafka):
-    bs, t = real_kafka, topics(real_kafka)
+def test_a_producer_started_on_the_same_id_elsewhere_fences_this_one(transactional_kafka):
+    bs, t = transactional_kafka, topics(transactional_kafka)
     base = clients.base(bs)
     tid = transactions.transactional_id(t.group, t.input, 0)
     old = transactions.TransactionalSink(clients.producer(base), tid, 10_000, 30.0)

@@ -78,7 +78,7 @@ def finish_transactions(
         before_commit()
     began = time.monotonic()
     for i, p in enumerate(sorted(ends)):
-        txns.commit(p, ends[p])
+        txns.commit(p, ends[p], offsets_sent=lambda: crash_points.reach("during-commit"))
         if i < len(ends) - 1:
             crash_points.reach("between-commits")
     _log.debug("transactions committed", partitions=sorted(ends), seconds=round(time.monotonic() - began, 4))

@@ -5,7 +5,7 @@ driver and its JVM included, the n-th time any of its Python workers reaches `<p
 `<point>:<n>:raise` fails the task there instead. A kill from
 outside lands wherever the job happens to be; these land exactly between two steps, the places
 where exactly-once could break: before any output, amid the outputs, after the outputs before
-the commit, and between two partitions' commits.
+the commit, between a transaction's offsets and its end, and between two partitions' commits.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pathlib
 import signal
 import tempfile
 
-POINTS = ("before-produce", "during-produce", "before-commit", "between-commits")
+POINTS = ("before-produce", "during-produce", "before-commit", "during-commit", "between-commits")
 
 
 def _count(point: str) -> int:

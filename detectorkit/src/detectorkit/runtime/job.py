@@ -399,6 +399,10 @@ class StreamJob:
 
     def _start_offsets(self, owned: frozenset[int]) -> dict[int, int]:
         s = self.settings
+        if s.exactly_once:
+            # What a killed owner left open is aborted first, so the offsets read next are stable.
+            timeout_ms = int(s.transaction_timeout_seconds * 1000)
+            transactions.fence(clients.producer(self._base), s.consumer_group, s.input_topic, sorted(owned), timeout_ms, s.connect_timeout_seconds)
         committed = self._member.committed(owned)
         policy = s.starting_offsets
         if any(o is None for o in committed.values()) and policy != "earliest":
