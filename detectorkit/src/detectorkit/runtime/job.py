@@ -521,11 +521,7 @@ class StreamJob:
                 self.metrics.record_state(row.partition, json.loads(row.state))
         collected = time.monotonic()
         # 7. every task has flushed: the output and the state's changes are written, so the position may move.
-        # With exactly-once the tasks have committed it in their transactions.
-        if self.settings.exactly_once:
-            self._note_committed(committed)
-        else:
-            self._commit(committed)
+        self._commit(committed)
         commit_seconds = time.monotonic() - collected
         # 8. what the batch did.
         result = BatchResult(batch_id, records, detections, dead, committed, time.monotonic() - started)
@@ -550,16 +546,19 @@ class StreamJob:
         return result
 
     def _commit(self, committed: dict[int, int]) -> None:
-        """The batch's end offsets, for the partitions this instance still owns."""
+        """The batch's end offsets, for the partitions this instance still owns. With exactly-once
+        the tasks have committed them in their transactions: only the lag is measured here."""
+        exactly_once = self.settings.exactly_once
         with self._offsets_lock:
             mine = {p: o for p, o in committed.items() if p in self._committable}
-        if mine != committed:
+        if mine != committed and not exactly_once:
             log.warning("not committing partitions this instance no longer owns", partitions=sorted(set(committed) - set(mine)))
         # Not under the offsets lock: the commit runs on the group's thread, which may be handing
         # partitions over and take that lock.
         try:
             try:
-                self._member.commit(mine)
+                if not exactly_once:
+                    self._member.commit(mine)
             except CommitRefused as exc:
                 # A zombie: the group moved on while this instance was away. The output is written
                 # (the new owner writes it again), the group's offsets stay where the owner put them.
@@ -581,13 +580,6 @@ class StreamJob:
                 raise DataLossError(f"{problem}. Some records may never have been processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
             log.warning("skipping lost records", problem=problem)
 
-    def _note_committed(self, committed: dict[int, int]) -> None:
-        with self._offsets_lock:
-            mine = {p: o for p, o in committed.items() if p in self._committable}
-            if mine:
-                self._committed_at = time.monotonic()
-                self.metrics.set_offsets(mine, self._ends.end_offsets(mine))
-
     def maintain_offsets(self) -> None:
         """Called before each metrics report: lag of every partition the instance owns, also while
         no batch runs; and, every COMMIT_REFRESH_SECONDS, the group's positions committed again.
@@ -603,10 +595,10 @@ class StreamJob:
         try:
             if time.monotonic() - self._committed_at >= self.settings.commit_refresh_seconds and self._may_recommit():
                 try:
-                    known = member.recommit(partitions)
+                    known = member.recommit(partitions)  # the same positions: only their commit time moves
                 finally:
                     if self.settings.exactly_once:
-                        self._lock.release()  # the same positions: only their commit time moves
+                        self._lock.release()
                 self._committed_at = time.monotonic()
                 log.info("positions committed again", partitions=len(known))
             else:

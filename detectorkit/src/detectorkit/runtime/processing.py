@@ -242,34 +242,35 @@ def _read(source: SourceOptions, ranges: list[PartitionRange], ends: dict[int, i
         ends[r.partition] = max(ends.get(r.partition, -1), r.end)
 
 
-def _process_in_transactions(ctx: TaskContext, source: SourceOptions, ranges: list[PartitionRange]) -> Iterator[pa.RecordBatch]:
-    """`process_planned` with exactly-once: the transactions begin before anything is read (their
-    producers fence any earlier writer of the partitions, and the committed offsets are checked),
-    then the stores are opened read_committed, and each partition's transaction commits its writes
-    with its next offset. A range an earlier attempt already committed is skipped."""
-    starts = {r.partition: (r.start, r.end) for r in ranges}
-    with _transactions(ctx, source, starts) as (txns, done):
-        todo = [r for r in ranges if r.partition not in done]
-        ends: dict[int, int] = {}
-        stores = _open_stores(ctx, todo) if ctx.state is not None else None
-        # What an earlier attempt committed is reported as read to its end, with nothing done now.
-        return iter(list(_process(ctx, _read(source, todo, ends), ends, stores, txns, {p: starts[p][1] for p in done})))
-
-
-def _transactions(ctx: TaskContext, source: SourceOptions, starts: dict[int, tuple[int, int]]):
+def _process_in_transactions(
+    ctx: TaskContext, source: SourceOptions, ranges: list[PartitionRange], before_commit: Callable[[], None] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """`process_planned` with exactly-once (and `process_in_driver`, whose deliveries run as
+    `before_commit`): the transactions begin before anything is read (their producers fence any
+    earlier writer of the partitions, and the committed offsets are checked), then the stores are
+    opened read_committed, and each partition's transaction commits its writes with its next
+    offset. A range an earlier attempt already committed is skipped."""
     if source.group_metadata is None:
         raise ValueError("exactly-once needs the group's metadata in the source options")
-    return transactions.for_task(
+    starts = {r.partition: (r.start, r.end) for r in ranges}
+    metadata = bytes.fromhex(source.group_metadata)
+    with transactions.for_task(
         source.client_conf,
         ctx.producer_conf,
         source.group,
         source.topic,
         starts,
-        bytes.fromhex(source.group_metadata),
+        metadata,
         ctx.transaction_timeout_ms,
         ctx.flush_timeout,
         ctx.client_idle_seconds,
-    )
+    ) as (txns, done):
+        todo = [r for r in ranges if r.partition not in done]
+        ends: dict[int, int] = {}
+        stores = _open_stores(ctx, todo) if ctx.state is not None else None
+        # What an earlier attempt committed is reported as read to its end, with nothing done now.
+        skipped = {p: starts[p][1] for p in done}
+        return iter(list(_process(ctx, _read(source, todo, ends), ends, stores, txns, skipped, before_commit)))
 
 
 def _fire_idle(ctx: TaskContext, stores: Stores, sink_of: Callable[[int], sinks.Sink], summaries: dict[int, PartitionSummary]) -> None:
@@ -368,24 +369,6 @@ def _summary_batch(summaries: dict[int, PartitionSummary], written_ms: float) ->
     )
 
 
-def _in_driver_transactions(ctx: TaskContext, source: SourceOptions, ranges: list[PartitionRange]) -> tuple[list[pa.RecordBatch], dict[str, int]]:
-    """`process_in_driver` with exactly-once: the stage's outputs and state changes in each
-    partition's transaction, the deliveries after them and before the commits."""
-    dead: dict[str, int] = {}
-
-    def deliver() -> None:
-        dead.update(ctx.stage.after_flush(ctx))
-
-    starts = {r.partition: (r.start, r.end) for r in ranges}
-    with _transactions(ctx, source, starts) as (txns, done):
-        todo = [r for r in ranges if r.partition not in done]
-        ends = {r.partition: r.end for r in todo}
-        stores = _open_stores(ctx, todo) if ctx.state is not None else None
-        records = read_planned(source, todo) if todo else iter(())
-        summaries = list(_process(ctx, records, ends, stores, txns, {p: starts[p][1] for p in done}, before_commit=deliver))
-    return summaries, dead
-
-
 def warm_worker(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """A `mapInArrow` function that only starts a Python worker with what a task imports: this
     module (pandas, pyarrow, the Kafka clients), the stage's own modules (unpickling `ctx` imported
@@ -416,7 +399,8 @@ def process_in_driver(ctx: TaskContext, source: SourceOptions, frame) -> list[Si
     the partition's next owner) reads the state as of the start, skipping them, and delivers again."""
     ranges = [r for row in frame.collect() for r in ranges_from_row(row.ranges)]
     if ctx.exactly_once:
-        summaries, dead = _in_driver_transactions(ctx, source, ranges)
+        dead: dict[str, int] = {}
+        summaries = list(_process_in_transactions(ctx, source, ranges, before_commit=lambda: dead.update(ctx.stage.after_flush(ctx))))
     else:
         ends = {r.partition: r.end for r in ranges}
         stores = _open_stores(ctx, ranges) if ctx.state is not None else None
