@@ -72,6 +72,10 @@ def finish_transactions(
     for p in sorted(ends):
         if stores is not None and p in stores.stores:
             _send_changes(ctx, txns.of(p), stores, p, summaries)
+    # 3-4 flushed, as without transactions: the deliveries come after what they deliver is written
+    # (the commit would flush them too, but after the deliveries).
+    for p in sorted(ends):
+        txns.of(p).flush(ctx.flush_timeout)
     if ends:  # (a task that claimed nothing has nothing to commit)
         crash_points.reach("before-commit")
     if before_commit is not None:
