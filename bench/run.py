@@ -622,18 +622,19 @@ def draw_charts(result: dict, out: pathlib.Path) -> list[str]:
         return []
     names = []
     rates = sorted({r["rate"] for r in result["latency"]})
-    fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.5), squeeze=False)
-    for ax, rate in zip(axes[0], rates, strict=True):
-        runs = [r for r in result["latency"] if r["rate"] == rate and r.get("latencies_ms")]
-        ax.boxplot([r["latencies_ms"] for r in runs], whis=(1, 99), showfliers=False)
-        ax.set_xticks(range(1, len(runs) + 1), [r["name"].split(" (")[0] for r in runs], rotation=30, ha="right", fontsize=8)
-        ax.set_yscale("log")
-        ax.set_ylabel("ms, producer to detection (1st-99th percentile)")
-        ax.set_title(f"latency at {rate:,} records/s")
-    fig.tight_layout()
-    fig.savefig(out / "latency.png", dpi=110)
-    plt.close(fig)
-    names.append("latency.png")
+    if rates:  # a throughput-only run has no latency to draw
+        fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.5), squeeze=False)
+        for ax, rate in zip(axes[0], rates, strict=True):
+            runs = [r for r in result["latency"] if r["rate"] == rate and r.get("latencies_ms")]
+            ax.boxplot([r["latencies_ms"] for r in runs], whis=(1, 99), showfliers=False)
+            ax.set_xticks(range(1, len(runs) + 1), [r["name"].split(" (")[0] for r in runs], rotation=30, ha="right", fontsize=8)
+            ax.set_yscale("log")
+            ax.set_ylabel("ms, producer to detection (1st-99th percentile)")
+            ax.set_title(f"latency at {rate:,} records/s")
+        fig.tight_layout()
+        fig.savefig(out / "latency.png", dpi=110)
+        plt.close(fig)
+        names.append("latency.png")
     runs = [r for r in result["throughput"] if r.get("detections") is not None]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     labels = [r["name"].split(" (")[0] for r in runs]

@@ -104,3 +104,23 @@ def test_the_dev_tools_say_what_to_install():
     errors = [line for line in probe.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 3 and all("pip install 'detectorkit[dev]'" in e for e in errors), probe.stderr[-3000:]
     assert "Traceback" not in probe.stderr
+
+
+def test_the_spark_planners_import_of_the_source_leaves_pandas_and_pyarrow_out():
+    """Spark's planner processes (the data source's lookup, creation, read planning and the
+    streaming offsets runner) unpickle the Kafka source and so import its module and this package;
+    pandas and pyarrow there cost each of them ~50 MiB for nothing they use."""
+    probe = """
+        import sys
+        import detectorkit.kafka.source
+        print(sorted(m for m in ("pandas", "pyarrow", "numpy") if m in sys.modules))
+        import detectorkit
+        print(detectorkit.Detector.__name__, detectorkit.State.__name__)
+        try:
+            detectorkit.Nothing
+        except AttributeError as exc:
+            print(exc)
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(probe)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "Detector State", "module 'detectorkit' has no attribute 'Nothing'"]

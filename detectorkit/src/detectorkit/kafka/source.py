@@ -20,16 +20,15 @@ Spark calls it one batch late, so a redeploy would replay the last batch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import pickle
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pydantic import SecretStr
 from pyspark import cloudpickle
@@ -53,6 +52,9 @@ from detectorkit.kafka.planning import (
 )
 from detectorkit.kafka.worker_clients import WorkerClients
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 NAME = "detectorkit-kafka"
 
 # The same columns as Spark's own Kafka source, less headers.
@@ -60,16 +62,6 @@ SCHEMA = "key binary, value binary, topic string, partition int, offset long, ti
 # deliver="ranges": one row per task naming the offset ranges it owns, for a stage that reads them
 # itself (the detector job does), so records never cross into the JVM and back.
 RANGES_SCHEMA = "ranges string"
-ARROW_SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-    ]
-)
 
 # How many records one Arrow batch from `read` holds: big enough to amortise the per-batch cost of
 # the detector, small enough to keep a worker's memory flat.
@@ -177,7 +169,7 @@ class KafkaSource(DataSource):
 
 # What a task of `task_source` runs over its planned ranges: it reads them itself and yields what
 # the source's schema says.
-TaskFunction = Callable[[SourceOptions, list[PartitionRange]], Iterator[pa.RecordBatch]]
+TaskFunction = Callable[[SourceOptions, list[PartitionRange]], Iterator["pa.RecordBatch"]]
 
 
 def task_source(name: str, schema: str, task: TaskFunction) -> type[KafkaSource]:
@@ -486,7 +478,27 @@ def _existing_partitions(consumer: Consumer, topic: str, timeout: float) -> set[
         return None
 
 
+@functools.cache
+def _arrow_schema(pa) -> pa.Schema:
+    """The same columns as SCHEMA."""
+    return pa.schema(
+        [
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("timestamp", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+
+
 def _to_arrow(topic: str, keys, values, partitions, offsets, stamps) -> pa.RecordBatch:
+    # Imported here, in the workers that read: the planner processes that unpickle this module
+    # never build a batch, and pyarrow is ~20 MiB in each.
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     n = len(offsets)
     return pa.RecordBatch.from_arrays(
         [
@@ -497,5 +509,5 @@ def _to_arrow(topic: str, keys, values, partitions, offsets, stamps) -> pa.Recor
             pa.array(offsets, pa.int64()),
             pc.multiply(pa.array(stamps, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC")),
         ],
-        schema=ARROW_SCHEMA,
+        schema=_arrow_schema(pa),
     )
