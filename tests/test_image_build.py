@@ -212,6 +212,9 @@ def test_the_default_bakes_image_builds_and_runs_its_service_as_user_10001(defau
             # Spark's JVM (the Dockerfile's JAVA_HOME) starts and runs a job, as the image's unprivileged user.
             counted = ok(run("python", "-c", SPARK_JOB), "a local Spark job in the image")
             assert counted.splitlines()[-1] == "3", counted
+            # The image's build archived Spark's classes where its JVM looks for them (runtime.jvm).
+            options = ok(run("python", "-c", "from detectorkit.runtime import jvm; print(jvm.driver_options())"), "the JVM's options in the image")
+            assert "-XX:SharedArchiveFile=/opt/detectorkit/spark-" in options, options
         finally:
             shutil.rmtree(project / "wheels", ignore_errors=True)
             if container:

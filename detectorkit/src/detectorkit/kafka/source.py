@@ -333,11 +333,19 @@ class KafkaStreamReader(DataSourceStreamReader):
             yield from read_planned(self.options, partition.ranges)
 
 
+# A task's consumer reads its ranges and stops. librdkafka's defaults prefetch up to 64 MiB ahead
+# into buffers malloc'ed by its broker threads, which then stay in the worker's memory: a 64 MiB
+# arena, full, in each worker after a backlog. Fetching 1 MiB per partition, 4 MiB per request and
+# queueing 8 MiB: the two workers' peak PSS 530 -> 415 MiB, throughput unchanged (records of ~105
+# bytes; a fetch still brings ~10,000 of them).
+READER_BUFFERS = {"fetch.max.bytes": 4 * 1024 * 1024, "max.partition.fetch.bytes": 1024 * 1024, "queued.max.messages.kbytes": 8 * 1024}
+
+
 def _consumer_conf(options: SourceOptions, **extra: Any) -> dict[str, Any]:
     # The planner's end offsets were taken at the same isolation level, so a range never ends
     # inside an open transaction (read_committed) or beyond the high watermark (Tansu).
     isolation = kinds.isolation_level(options.broker_kind)
-    return clients.consumer(options.client_conf, options.group, **{"isolation.level": isolation, **extra})
+    return clients.consumer(options.client_conf, options.group, **{"isolation.level": isolation, **READER_BUFFERS, **extra})
 
 
 def read_planned(options: SourceOptions, ranges: list[PartitionRange]) -> Iterator[pa.RecordBatch]:
