@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from detectorkit.kafka.planning import PartitionRange
-from detectorkit.kafka.source import ARROW_SCHEMA
+from detectorkit.kafka.source import arrow_schema
 from detectorkit.roles import notifier as nt
 from detectorkit.runtime import processing
 from detectorkit.runtime import records as rec
@@ -419,7 +419,7 @@ def driver_batch(notifier, kafka, monkeypatch, items, start, partition=0):
             pa.array(range(start, start + n), pa.int64()),
             pa.array([T0 * 1000] * n, pa.timestamp("us", tz="UTC")),
         ],
-        schema=ARROW_SCHEMA,
+        schema=arrow_schema(),
     )
     monkeypatch.setattr(processing, "read_planned", lambda source, ranges: iter([batch]))
     ranges = [dataclasses.astuple(PartitionRange("detections", partition, start, start + n))]

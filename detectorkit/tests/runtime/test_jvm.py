@@ -39,6 +39,8 @@ def test_the_options_name_the_archive_only_when_this_machine_has_one(tmp_path, m
     assert archive.parent == tmp_path
     archive.write_bytes(b"")
     assert jvm.driver_options() == [*jvm.SMALL_JVM, f"-XX:SharedArchiveFile={archive}", *jvm.QUIET_CDS]
+    monkeypatch.setenv("DETECTORKIT_JVM_OPTIONS", " -Xmn64m  -XX:TieredStopAtLevel=4 ")
+    assert jvm.driver_options()[-2:] == ["-Xmn64m", "-XX:TieredStopAtLevel=4"]
 
 
 def test_an_archive_is_for_one_java_and_one_pyspark(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 import pytest
 
 from detectorkit.detector import Detector
-from detectorkit.kafka.source import ARROW_SCHEMA
+from detectorkit.kafka.source import arrow_schema
 from detectorkit.runtime import records as rec
 from detectorkit.runtime.processing import PartitionSummary, TaskContext, _by_partition, process_batch
 from detectorkit.runtime.stage import as_stage, run_detector
@@ -39,7 +39,7 @@ def arrow(values, partition=3, first_offset=100):
             pa.array(range(first_offset, first_offset + n), pa.int64()),
             pc.multiply(pa.array([1_700_000_000_000 + i for i in range(n)], pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC")),
         ],
-        schema=ARROW_SCHEMA,
+        schema=arrow_schema(),
     )
 
 

@@ -487,8 +487,10 @@ def _existing_partitions(consumer: Consumer, topic: str, timeout: float) -> set[
 
 
 @functools.cache
-def _arrow_schema(pa) -> pa.Schema:
-    """The same columns as SCHEMA."""
+def arrow_schema() -> pa.Schema:
+    """The same columns as SCHEMA, as the batches `read` yields."""
+    import pyarrow as pa
+
     return pa.schema(
         [
             ("key", pa.binary()),
@@ -517,5 +519,5 @@ def _to_arrow(topic: str, keys, values, partitions, offsets, stamps) -> pa.Recor
             pa.array(offsets, pa.int64()),
             pc.multiply(pa.array(stamps, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC")),
         ],
-        schema=_arrow_schema(pa),
+        schema=arrow_schema(),
     )

@@ -36,6 +36,8 @@ import pyspark
 DRIVER_MEMORY = "512m"
 SMALL_JVM = ("-XX:+UseSerialGC", "-Xms32m", "-Xmn16m", "-XX:TieredStopAtLevel=1")
 QUIET_CDS = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+# Options of the operator's, after ours (a larger heap for a detector that needs it, say).
+EXTRA_OPTIONS = "DETECTORKIT_JVM_OPTIONS"
 # Set for the archive's training run only (see _train).
 _ARCHIVE_TO = "DETECTORKIT_ARCHIVE_CLASSES_TO"
 
@@ -75,7 +77,8 @@ def driver_options() -> list[str]:
     archive = archive_path()
     if archive is not None and archive.is_file():
         options += [f"-XX:SharedArchiveFile={archive}", *QUIET_CDS]
-    return options
+    # Last, so they win: the JVM takes the last of two settings of an option.
+    return options + os.environ.get(EXTRA_OPTIONS, "").split()
 
 
 def build_archive(timeout: float = 300.0) -> tuple[pathlib.Path, float]:
