@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import psutil
 from confluent_kafka import Consumer, Producer, TopicPartition
+from density import density_run
 
 from detectorkit.devtools.embedded_broker import ENGINES, start_broker
 from detectorkit.kafka import clients
@@ -136,6 +137,7 @@ class TreeSampler(threading.Thread):
         self.interval = interval
         self.peak_rss = 0
         self.peak_pss = 0
+        self.pss = 0  # at the last sample
         self.cpu = 0.0
         self._cpu_by_pid: dict[int, float] = {}
         self._halt = threading.Event()
@@ -156,6 +158,7 @@ class TreeSampler(threading.Thread):
                 self._cpu_by_pid[proc.pid] = max(self._cpu_by_pid.get(proc.pid, 0.0), t.user + t.system)
             except psutil.Error:
                 continue
+        self.pss = pss
         self.peak_rss = max(self.peak_rss, rss)
         self.peak_pss = max(self.peak_pss, pss)
         self.cpu = sum(self._cpu_by_pid.values())
@@ -536,6 +539,18 @@ def markdown(result: dict, charts: list[str] = ()) -> str:
             f"| {r['rate']:,}/s | {r['name']} | {r['p50_ms']:,.0f} | {r['p99_ms']:,.0f} | {r['max_ms']:,.0f} | "
             f"{r['p50_ratio_to_plain']:.2f} | {r['p99_ratio_to_plain']:.2f} | {r['received']}/{r['expected']} |"
         )
+    if result.get("density"):
+        lines += [
+            "",
+            f"## Idle density: {result['density'][0]['instances']} instances of each side by side, idle, each its own group on one input topic",
+            "",
+            "| contender | PSS per idle instance | CPU per idle instance | instances that fit in this machine's memory |",
+            "|---|---:|---:|---:|",
+        ]
+        for d in result["density"]:
+            lines.append(
+                f"| {d['name']} | {d['idle_pss_bytes'] / 2**20:,.0f} MiB | {d['idle_cpu_cores'] * 100:.1f}% of a core | {d['fit_in_memory']:,} |"
+            )
     lines += ["", "## Targets (the detector service, ratios within this run)", "", "| target | measured | met |", "|---|---:|---|"]
     for t in result["targets"]:
         lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |")
@@ -561,7 +576,7 @@ def targets(result: dict) -> list[dict]:
         met = value == value and (value <= limit if at_most else value >= limit)
         return {"target": target, "measured": f"{value:.2f}{unit}" if unit == "×" else f"{value:,.0f} {unit}", "met": bool(met)}
 
-    out = exactly_once_targets(result, check)
+    out = exactly_once_targets(result, check) + kafka_streams_targets(result, check)
     if not service or not plain or service["name"] == EXACTLY_ONCE_SERVICE:
         return out
     out += [
@@ -579,6 +594,34 @@ def targets(result: dict) -> list[dict]:
         out.append(check(f"p99 latency at {low_rate:,} records/s ≤ 2× the plain loop's", lat["detector"]["p99_ratio_to_plain"], 2.0, True))
     out.append(check("peak PSS under 1 GiB", service["peak_memory_bytes"] / 2**20, 1024, True, unit="MiB"))
     out.append(check("first detection ≤ 2.5× the plain loop's time", ratio(service["first_detection_s"], plain["first_detection_s"]), 2.5, True))
+    return out
+
+
+STREAMS = "Kafka Streams (the talk's choice)"
+SERVICE_NAME = "detector service (this project)"
+
+
+def kafka_streams_targets(result: dict, check) -> list[dict]:
+    """Issue #21's, against Kafka Streams in the same run: latency at most theirs at each rate, peak
+    PSS under 1 GiB and within 1.5× theirs, launch to first detection within 3× theirs."""
+    named = {r["name"]: r for r in result["throughput"]}
+    mine, theirs = named.get(SERVICE_NAME), named.get(STREAMS)
+    if not mine or not theirs:
+        return []
+    out = []
+    for rate in result["params"]["rates"]:
+        at = {r["name"]: r for r in result["latency"] if r["rate"] == rate}
+        if SERVICE_NAME in at and STREAMS in at:
+            for q in ("p50", "p99"):
+                value = ratio(at[SERVICE_NAME][f"{q}_ms"], at[STREAMS][f"{q}_ms"])
+                out.append(check(f"{q} latency at {rate:,} records/s ≤ Kafka Streams'", value, 1.0, True))
+    out.append(check("peak PSS ≤ 1.5× Kafka Streams'", ratio(mine["peak_memory_bytes"], theirs["peak_memory_bytes"]), 1.5, True))
+    out.append(check("first detection ≤ 3× Kafka Streams' time", ratio(mine["first_detection_s"], theirs["first_detection_s"]), 3.0, True))
+    for d in result.get("density", []):
+        if d["name"] == SERVICE_NAME:
+            fit = {x["name"]: x["fit_in_memory"] for x in result["density"]}
+            measured = f"{d['fit_in_memory']} against {fit.get(STREAMS, 'n/a')} Kafka Streams applications"
+            out.append({"target": f"idle services that fit in {d['memory_bytes'] / 2**30:.0f} GiB (reported)", "measured": measured, "met": True})
     return out
 
 
@@ -682,6 +725,16 @@ def main(argv=None) -> int:
         help="latency runs only for contenders whose name starts with these words (the smoke run's shortcut)",
     )
     parser.add_argument(
+        "--density",
+        type=int,
+        default=3,
+        help="instances of the service and of Kafka Streams started side by side, idle, for the density figure (0: none)",
+    )
+    parser.add_argument(
+        "--density-settle-seconds", type=float, default=75.0, help="idle time before the density samples (Spark ends idle workers after 60 s)"
+    )
+    parser.add_argument("--density-sample-seconds", type=float, default=10.0)
+    parser.add_argument(
         "--engine",
         choices=ENGINES,
         default="kafka",
@@ -730,6 +783,24 @@ def main(argv=None) -> int:
                 f"latency at {rate:,}/s {c.name}: p50 {r['p50_ms']:,.0f} ms, p99 {r['p99_ms']:,.0f} ms ({r['received']}/{r['expected']})", flush=True
             )
             latency.append(r)
+        density = []
+        if args.density:
+            d_in = f"bench.{run_id}.density.in"
+            clients.create_topics(base, {d_in: PARTITIONS})
+            for name in (SERVICE_NAME, STREAMS):
+                if not selected([Contender(name, "", [])], args.only):
+                    continue
+
+                def make(i: int, name=name, d_in=d_in):
+                    return next(x for x in contenders(service_cmd, quix_python, bootstrap, d_in, f"bench.{run_id}.d{i}") if x.name == name)
+
+                d = density_run(
+                    name, make, base, d_in, args.density, logs,
+                    launch=launch, stop=stop, wait_until=wait_until, tail_of=OutputTail, sampler_of=TreeSampler, topics_of=topics_of,
+                    settle_s=args.density_settle_seconds, sample_s=args.density_sample_seconds,
+                )  # fmt: skip
+                print(f"density {name}: {d['idle_pss_bytes'] / 2**20:,.0f} MiB per idle instance, {d['fit_in_memory']} fit", flush=True)
+                density.append(d)
     finally:
         if broker is not None:
             broker.stop()
@@ -764,9 +835,11 @@ def main(argv=None) -> int:
             "warmup_seconds": args.warmup_seconds,
             "partitions": PARTITIONS,
             "cores": CORES,
+            "density_settle_seconds": args.density_settle_seconds,
         },
         "throughput": throughput,
         "latency": latency,
+        "density": density,
     }
     result["targets"] = targets(result)
     args.out.mkdir(parents=True, exist_ok=True)

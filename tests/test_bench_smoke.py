@@ -26,6 +26,12 @@ def test_benchmark_smoke_run_processes_every_record(tmp_path):
         "--latency-only",
         "detector service (this",
         "plain confluent",
+        "--density",
+        "1",
+        "--density-settle-seconds",
+        "1",
+        "--density-sample-seconds",
+        "2",
     ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=1500)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -52,10 +58,16 @@ def test_benchmark_smoke_run_processes_every_record(tmp_path):
         assert r["received"] == r["expected"] > 0, f"{name} missed detections in the latency run: {r}"
         assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
 
+    density = {d["name"]: d for d in result["density"]}
+    assert set(density) == {"detector service (this project)", "Kafka Streams (the talk's choice)"}
+    for name, d in density.items():
+        assert d["idle_pss_bytes"] > 0 and d["fit_in_memory"] > 0, f"{name}: {d}"
+
     table = (tmp_path / "latest.md").read_text()
+    assert "## Idle density" in table
     assert "| detector service (this project) |" in table and "× plain loop" in table
     # Every target is judged (met or missed: the smoke run is too small to say which), with charts.
-    assert {t["target"].split()[0] for t in result["targets"]} >= {"CPU", "throughput", "p99", "peak", "first", "exactly-once"}
+    assert {t["target"].split()[0] for t in result["targets"]} >= {"CPU", "throughput", "p50", "p99", "peak", "first", "exactly-once", "idle"}
     assert (tmp_path / "latency.png").stat().st_size > 0 and (tmp_path / "throughput.png").stat().st_size > 0
 
 
