@@ -35,25 +35,9 @@ def shipped_zips(path: list[str]) -> list[str]:
     return found
 
 
-def preload() -> None:
-    """Import what every task imports (pandas, pyarrow, numpy, confluent-kafka, the runtime) in the
-    daemon, before it forks the workers: they start with it loaded, and share its pages until they
-    write to them. gc.freeze() keeps the collector from touching (and so copying) them. Measured:
-    the two workers' peak PSS 415 -> 377 MiB; a worker Spark starts after another was reaped (it
-    reaps workers idle for a minute) runs its first task without ~0.5 s of imports."""
-    import gc
-
-    import pyspark.worker  # noqa: F401 - the module the daemon's workers run
-
-    import detectorkit.runtime.processing  # noqa: F401
-
-    gc.freeze()
-
-
 def main() -> None:
     dropped = set(shipped_zips(sys.path))
     sys.path[:] = [p for p in sys.path if p not in dropped]
-    preload()
     # As `python -m pyspark.daemon <worker module>`: the daemon reads the worker module from argv.
     runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
 
