@@ -71,3 +71,16 @@ def test_a_producer_started_on_the_same_id_elsewhere_fences_this_one(transaction
     new.close(1.0)
     assert [m["value"] for m in read_all(bs, t.output, committed_only=True)] == ["owner"]
     assert {m["value"] for m in read_all(bs, t.output)} == {"zombie", "owner"}  # written, never visible
+
+
+def test_a_producer_fenced_after_its_transaction_outlived_the_timeout_is_said_to_have_timed_out():
+    """The coordinator aborts a transaction open past its timeout by bumping the producer's epoch, so
+    the producer hears "fenced"; the open time tells the two apart."""
+    from confluent_kafka import KafkaError
+
+    for code in (KafkaError.INVALID_PRODUCER_EPOCH, KafkaError.PRODUCER_FENCED):
+        late = transactions.describe(KafkaError(code), "g-t-0", "committing", open_seconds=5.2, timeout_seconds=2)
+        assert late.startswith("transaction g-t-0 timed out while committing: open 5.2 s, past TRANSACTION_TIMEOUT_SECONDS (2 s)"), late
+        early = transactions.describe(KafkaError(code), "g-t-0", "committing", open_seconds=0.3, timeout_seconds=2)
+        assert "fenced while committing: a newer task" in early, early
+    assert "fenced" in transactions.describe(KafkaError(KafkaError.PRODUCER_FENCED), "g-t-0", "starting the transactional producer")

@@ -114,6 +114,21 @@ def test_a_task_that_fails_after_its_outputs_is_planned_again_without_a_duplicat
     assert sum(outputs(bs, topics, committed_only=False).values()) > len(found)  # its outputs were aborted
 
 
+def test_a_transaction_left_open_past_its_timeout_is_aborted_said_so_and_planned_again(transactional_kafka):
+    bs = transactional_kafka
+    topics, sent, expected, command, env = start(bs, "eos-timeout", stateful=False)
+    env = {**env, "PROCESSING_GUARANTEE": "exactly-once", "STOP_AFTER_IDLE_SECONDS": "3", "TRANSACTION_TIMEOUT_SECONDS": "2"}
+    # A task stalls after its outputs, inside its transaction, past the timeout (the test broker
+    # aborts timed-out transactions within a second of their timeout).
+    code, output = run({**env, "DETECTORKIT_CRASH_AT": "before-commit:2:stall5"}, timeout=240, command=command)
+    assert code == 0, output
+    assert "timed out while" in output and "past TRANSACTION_TIMEOUT_SECONDS (2 s)" in output, output
+    found = outputs(bs, topics)
+    assert set(found) == expected
+    assert set(found.values()) == {1}
+    assert sum(outputs(bs, topics, committed_only=False).values()) > len(found)  # the timed-out outputs were aborted
+
+
 def session_processes(sid):
     """Pids of every process of a session: a job's driver and JVM, and its Python workers, which
     PySpark's daemon puts in a process group of their own."""

@@ -213,6 +213,9 @@ class KafkaBroker:
             "transaction.state.log.num.partitions": "1",
             "transaction.state.log.replication.factor": "1",
             "transaction.state.log.min.isr": "1",
+            # A transaction past its timeout is aborted within a second instead of ten: a test (and a
+            # developer) sees the timeout's effect soon after it passes.
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             # Tests and demos create groups all the time; the default 3 s delay only slows them.

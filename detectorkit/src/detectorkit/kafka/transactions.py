@@ -71,7 +71,9 @@ class TransactionalSink(Sink):
         super().__init__({**producer_conf, "transactional.id": tid, "transaction.timeout.ms": timeout_ms})
         self.transactional_id = tid
         self.token = uuid.uuid4().hex
+        self.timeout_ms = timeout_ms
         self.open = False
+        self.began = time.monotonic()
         try:
             # Fences every earlier producer with this id and aborts its open transaction.
             self.producer.init_transactions(init_timeout)
@@ -97,6 +99,7 @@ class TransactionalSink(Sink):
         self._errors.clear()
         self.producer.begin_transaction()
         self.open = True
+        self.began = time.monotonic()
 
     def commit(self, offsets: list[TopicPartition], metadata: bytes, timeout: float, offsets_sent: Callable[[], None] | None = None) -> None:
         """The offsets into the transaction, then the transaction committed; TransactionError
@@ -120,7 +123,8 @@ class TransactionalSink(Sink):
             error = exc.args[0]
             if error.txn_requires_abort():
                 self.abort(timeout)
-            raise TransactionError(describe(error, self.transactional_id, step)) from None
+            opened = time.monotonic() - self.began
+            raise TransactionError(describe(error, self.transactional_id, step, opened, self.timeout_ms / 1000)) from None
         self.open = False
 
     def abort(self, timeout: float) -> None:
@@ -133,10 +137,18 @@ class TransactionalSink(Sink):
             log.warning("aborting a transaction failed; the broker aborts it", transactional_id=self.transactional_id, error=exc.args[0].str())
 
 
-def describe(error: KafkaError, tid: str, step: str) -> str:
+def describe(error: KafkaError, tid: str, step: str, open_seconds: float | None = None, timeout_seconds: float | None = None) -> str:
     """One line for a transaction that failed, naming the cause a reader can act on."""
     code = error.code()
-    if code in _FENCED or (error.fatal() and "fenced" in error.str().lower()):
+    fenced = code in _FENCED or (error.fatal() and "fenced" in error.str().lower())
+    if open_seconds is not None and timeout_seconds is not None and open_seconds >= timeout_seconds and (fenced or code == KafkaError._TIMED_OUT):
+        # The coordinator aborts a transaction open past its timeout and bumps the producer's
+        # epoch: the producer then hears "fenced", though no newer writer exists.
+        return (
+            f"transaction {tid} timed out while {step}: open {open_seconds:.1f} s, past TRANSACTION_TIMEOUT_SECONDS "
+            f"({timeout_seconds:g} s), so the broker aborted it and the batch is planned again; the timeout must exceed a task's longest batch"
+        )
+    if fenced:
         return (
             f"transaction {tid} fenced while {step}: a newer task (another Python worker, another instance, or a retried "
             "attempt) writes this partition now; nothing of this one becomes visible"

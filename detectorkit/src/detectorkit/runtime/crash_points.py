@@ -2,7 +2,7 @@
 
 `DETECTORKIT_CRASH_AT=<point>:<n>` (set only by the test suite) kills the job's processes, the
 driver and its JVM included, the n-th time any of its Python workers reaches `<point>`;
-`<point>:<n>:raise` fails the task there instead. A kill from
+`<point>:<n>:raise` fails the task there instead, `<point>:<n>:stall<seconds>` stalls it there. A kill from
 outside lands wherever the job happens to be; these land exactly between two steps, the places
 where exactly-once could break: before any output, amid the outputs, after the outputs before
 the commit, between a transaction's offsets and its end, and between two partitions' commits.
@@ -15,6 +15,7 @@ import os
 import pathlib
 import signal
 import tempfile
+import time
 
 POINTS = ("before-produce", "during-produce", "before-commit", "during-commit", "between-commits")
 
@@ -50,6 +51,9 @@ def reach(point: str) -> None:
         return
     if how == "raise":  # a task that fails there instead (Spark retries or re-plans it), once
         raise RuntimeError(f"failure injected at {point} (DETECTORKIT_CRASH_AT)")
+    if how.startswith("stall"):  # a task that stalls there for so many seconds (past a transaction's timeout, say), once
+        time.sleep(float(how[len("stall") :]))  # the stall is the fault injected
+        return
     # The job's session (its driver and JVM: a container's processes), then this worker's own
     # group (PySpark's daemon starts one): nothing of the job may run on after this.
     for group in (os.getsid(0), os.getpgid(0)):
