@@ -26,6 +26,7 @@ def test_benchmark_smoke_run_processes_every_record(tmp_path):
         "--latency-only",
         "detector service (this",
         "plain confluent",
+        "Kafka Streams (the",
         "--density",
         "1",
         "--density-settle-seconds",
@@ -51,9 +52,9 @@ def test_benchmark_smoke_run_processes_every_record(tmp_path):
     assert throughput["plain confluent-kafka loop"]["ratio_to_plain"] == 1.0
 
     latency = {r["name"].split()[0]: r for r in result["latency"]}
-    # Latency for the service and its reference only: each run starts a contender again, and the
-    # smoke run is about completeness, which the throughput runs show for every contender.
-    assert set(latency) == {"detector", "plain"}
+    # Latency for the service and the two it is judged against only: each run starts a contender
+    # again, and the smoke run is about completeness, which the throughput runs show for every contender.
+    assert set(latency) == {"detector", "plain", "Kafka"}
     for name, r in latency.items():
         assert r["received"] == r["expected"] > 0, f"{name} missed detections in the latency run: {r}"
         assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
