@@ -12,7 +12,6 @@ libraries, Spark's class archive) among them, as on a machine that runs them sid
 
 from __future__ import annotations
 
-import json
 import pathlib
 import time
 from collections.abc import Callable
@@ -21,8 +20,6 @@ import psutil
 from confluent_kafka import Producer
 
 from detectorkit.kafka import clients
-
-WARM = (b"warm", json.dumps({"id": -1, "customer": "warm", "amount": 5000.0, "currency": "EUR"}).encode())
 
 
 def density_run(
@@ -35,7 +32,7 @@ def density_run(
     *,
     launch,
     stop,
-    wait_until,
+    until_ready,
     tail_of,
     sampler_of,
     topics_of,
@@ -43,7 +40,7 @@ def density_run(
     sample_s: float = 10.0,
 ) -> dict:
     """`make(i)`: the i-th instance's contender (reading `in_topic`). The bench's own helpers are
-    passed in (launch, stop, wait_until, its output tail, its process-tree sampler, topics_of), so
+    passed in (launch, stop, until_ready, its output tail, its process-tree sampler, topics_of), so
     every contender is started, watched and measured as in the other runs."""
     contenders = [make(i) for i in range(instances)]
     for c in contenders:
@@ -57,14 +54,7 @@ def density_run(
             tails.append(tail)
             proc = launch(c, logs / f"density-{name.split()[0].lower()}-{i}.log")
             procs.append(proc)
-            ready = wait_until(
-                lambda tail=tail: (producer.produce(in_topic, key=WARM[0], value=WARM[1]), producer.flush(5)) and tail.count > 0,
-                timeout=240,
-                proc=proc,
-                what=f"{name} #{i}",
-            )
-            if not ready:
-                raise RuntimeError(f"{name} #{i} produced no detection within 240 s")
+            until_ready(producer, in_topic, tail, proc, f"{name} #{i}")
         time.sleep(settle_s)  # idle on purpose: what an idle job holds is the figure
         samplers = [sampler_of(p.pid) for p in procs]
         cpu_before = []

@@ -446,22 +446,29 @@ def paced(producer: Producer, topic: str, records: list[tuple[bytes, bytes, bool
     producer.flush(30)
 
 
+# A record every contender detects: trickled in until a contender's first detection comes out.
+WARM = (b"warm", json.dumps({"id": -1, "customer": "warm", "amount": 5000.0, "currency": "EUR"}).encode())
+
+
+def await_first_detection(producer: Producer, in_topic: str, tail: OutputTail, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
+    """Ready means a detection came out; warm-up records trickle in until then."""
+    ready = wait_until(
+        lambda: (producer.produce(in_topic, key=WARM[0], value=WARM[1]), producer.flush(5)) and tail.count > 0,
+        timeout=timeout,
+        proc=proc,
+        what=what,
+    )
+    if not ready:
+        raise RuntimeError(f"{what} produced no detection within {timeout:g} s")
+
+
 def latency_run(c: Contender, base: dict, in_topic: str, out_topic: str, rate: int, seconds: float, logs: pathlib.Path, warmup: float) -> dict:
     tail = OutputTail(base, out_topic)
     tail.start()
     proc = launch(c, logs / f"latency-{c.name.split()[0].lower()}.log")
     producer = Producer(clients.producer(base, **{"linger.ms": 1}))
-    warm = [(b"warm", json.dumps({"id": -1, "customer": "warm", "amount": 5000.0, "currency": "EUR"}).encode(), True)]
     try:
-        # Ready means a detection came out; warm-up records trickle in until then.
-        ready = wait_until(
-            lambda: (producer.produce(in_topic, key=warm[0][0], value=warm[0][1]), producer.flush(5)) and tail.count > 0,
-            timeout=240,
-            proc=proc,
-            what=c.name,
-        )
-        if not ready:
-            raise RuntimeError(f"{c.name} produced no detection within 240 s")
+        await_first_detection(producer, in_topic, tail, proc, c.name)
         # Latency is a steady-state figure (start-up is reported as time to first detection): the
         # same paced stream runs for a warm-up first, unmeasured, for every contender alike.
         paced(producer, in_topic, sample_values(int(rate * warmup), seed=6), rate)
@@ -796,7 +803,7 @@ def main(argv=None) -> int:
 
                 d = density_run(
                     name, make, base, d_in, args.density, logs,
-                    launch=launch, stop=stop, wait_until=wait_until, tail_of=OutputTail, sampler_of=TreeSampler, topics_of=topics_of,
+                    launch=launch, stop=stop, until_ready=await_first_detection, tail_of=OutputTail, sampler_of=TreeSampler, topics_of=topics_of,
                     settle_s=args.density_settle_seconds, sample_s=args.density_sample_seconds,
                 )  # fmt: skip
                 print(f"density {name}: {d['idle_pss_bytes'] / 2**20:,.0f} MiB per idle instance, {d['fit_in_memory']} fit", flush=True)
