@@ -113,7 +113,7 @@ def _attempt(detector, config, frame: pd.DataFrame, stamps: pd.Series, store: Pa
         found, new_state, timers = _unpack(out, frame.index, len(frame) == 1, "detect")
         new_state = detector.state.check_returned(new_state, batch_keys)
         final, cut = _record_timers(timers, frame, marks)
-        prepared = store.prepare(new_state, keys, last, final)
+        prepared = store.prepare(new_state, keys, last, final, batch_keys)
     except Exception as exc:  # noqa: BLE001 - user code: isolated by _bisect
         return exc
     return found, prepared, cut

@@ -93,6 +93,7 @@ class PartitionStore:
         self._expiry_floor = NO_TIMER
         self._timer_floor = NO_TIMER
         self._generation = 0  # moves whenever a key gets or loses a slot
+        self._looked_up: tuple[Sequence[str], int, np.ndarray] | None = None
         self._changes: dict[str, bytes | None] = {}
         self._event_written = 0  # the event time the changelog has
 
@@ -122,14 +123,21 @@ class PartitionStore:
         keys: Sequence[str],
         last_ms: Sequence[int] | np.ndarray,
         timers: dict[str, int | None] | None = None,
+        index: pd.Index | None = None,
     ) -> Prepared:
         """Every key of `keys` (distinct) with the row `new_state` has for it, encoded, or None: it
         loses its state; `last_ms` is each key's newest record time. `timers` sets the timer of each
         key in it (None clears it); the others keep theirs. Raises (and changes nothing) when a value
-        cannot be written."""
-        keys = list(keys)
-        rows = new_state.index.get_indexer(keys) if len(new_state) else np.full(len(keys), -1, dtype=np.intp)
+        cannot be written. `index`: `keys` as an Index, if the caller has one."""
         slots = self._slots_of(keys)
+        index = pd.Index(keys, dtype=object) if index is None else index
+        keys = list(keys)
+        if not len(new_state):
+            rows = np.full(len(keys), -1, dtype=np.intp)
+        elif new_state.index.equals(index):  # every key, in order (the usual answer): no hashing
+            rows = np.arange(len(keys))
+        else:
+            rows = new_state.index.get_indexer(index)
         held = slots >= 0
         seen = np.maximum(np.asarray(last_ms, dtype=np.int64), np.where(held, self._seen[slots], _NEVER))
         timer = np.where(held, self._timer[slots], NO_TIMER)
@@ -291,8 +299,14 @@ class PartitionStore:
     # ---- inside ---------------------------------------------------------------------------------
 
     def _slots_of(self, keys: Sequence[str]) -> np.ndarray:
-        """Each key's slot, -1 for a key not held."""
-        return np.fromiter(map(self._slot.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
+        """Each key's slot, -1 for a key not held. A batch reads, then prepares, the same keys: the
+        second lookup is the first's, while no key got or lost a slot in between."""
+        last = self._looked_up
+        if last is not None and last[0] is keys and last[1] == self._generation:
+            return last[2]
+        slots = np.fromiter(map(self._slot.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
+        self._looked_up = (keys, self._generation, slots)
+        return slots
 
     def _frame(self, keys: list[str], values: np.ndarray) -> pd.DataFrame:
         columns, loads = self.state.columns, orjson.loads
