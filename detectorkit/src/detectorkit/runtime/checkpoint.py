@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING
 
 import structlog
@@ -81,13 +82,36 @@ def finish_transactions(
     if before_commit is not None:
         before_commit()
     began = time.monotonic()
-    for i, p in enumerate(sorted(ends)):
-        txns.commit(p, ends[p], offsets_sent=lambda: crash_points.reach("during-commit"))
-        if i < len(ends) - 1:
-            crash_points.reach("between-commits")
+    _commit_all(txns, ends)
     _log.debug("transactions committed", partitions=sorted(ends), seconds=round(time.monotonic() - began, 4))
     if stores is not None:
         _keep(ctx, stores, summaries)
+
+
+def _commit_all(txns: TaskTransactions, ends: dict[int, int]) -> None:
+    """Each partition's transaction committed, all at once: a commit is round trips to the group
+    and transaction coordinators (the offsets, then the end and its markers), which librdkafka
+    waits out with the GIL released, and one after the other they were a tenth of a batch's time
+    with exactly-once. The transactions are independent: one that fails leaves the others
+    committed, and its partition is planned again (as when the commits ran in turn)."""
+
+    def commit(p: int) -> None:
+        txns.commit(p, ends[p], offsets_sent=lambda: crash_points.reach("during-commit"))
+
+    if len(ends) <= 1:
+        for p in ends:
+            commit(p)
+        return
+    with ThreadPoolExecutor(max_workers=len(ends), thread_name_prefix="commit") as pool:
+        futures = [pool.submit(commit, p) for p in sorted(ends)]
+        failed: BaseException | None = None
+        for n, future in enumerate(as_completed(futures), 1):
+            error = future.exception()
+            failed = failed or error
+            if error is None and n < len(futures):
+                crash_points.reach("between-commits")  # one partition committed, another not yet
+    if failed is not None:
+        raise failed
 
 
 def _send_changes(ctx: TaskContext, sink: sinks.Sink, stores: Stores, p: int, summaries: dict[int, PartitionSummary]) -> None:
