@@ -81,7 +81,9 @@ def test_compose_mounts_what_exists_and_gives_every_job_settings_it_accepts():
                 assert (DEPLOY / source).exists(), f"{name} mounts {source}, which is not in deploy/"
         env = {k: str(v) for k, v in service.get("environment", {}).items()}
         if "KAFKA_BOOTSTRAP_SERVERS" in env:  # a streaming job: detectorkit must accept its settings
-            load(environ={k: v for k, v in env.items() if not k.startswith(("DETECTOR_", "NOTIFIER_"))})
+            settings = load(environ={k: v for k, v in env.items() if not k.startswith(("DETECTOR_", "NOTIFIER_"))})
+            # Deployed on Apache Kafka, every job of the diamond runs exactly-once (README, "Exactly-once").
+            assert settings.exactly_once, f"{name} runs at-least-once"
     # The Prometheus there scrapes the aggregator by its service name, on its port.
     prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-compose.yml").read_text())
     assert prometheus["scrape_configs"][0]["static_configs"][0]["targets"] == ["aggregator:9108"]
@@ -314,6 +316,7 @@ def test_every_job_gets_settings_detectorkit_accepts_as_a_dynamic_group_member(b
             secrets = {ref["secretKeyRef"]["name"]: CREDENTIALS for e in container["env"] if (ref := e.get("valueFrom", {})).get("secretKeyRef")}
             plain = load(environ=container_env(container, configmaps, {}))
             assert plain.static_instance_id() is None, where
+            assert plain.exactly_once, f"{where}: a deployed job runs exactly-once (README, 'Exactly-once')"
             assert plain.kafka_options == {"security.protocol": "PLAINTEXT"}, where
             settings = load(environ=container_env(container, secured, secrets))
             assert settings.kafka_options == {
