@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup tools demo diamond scale-demo test test-runtime test-template test-tansu lint bench bench-stateful bench-stores clean
+.PHONY: setup tools demo diamond scale-demo test test-runtime test-template test-tansu lint bench bench-stateful bench-exactly-once bench-stores clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -82,6 +82,12 @@ bench: setup
 # Detectors with state beside Kafka Streams, and a restore of 1M keys (~5 min; bench/results/stateful.md).
 bench-stateful: setup
 	$(PY) bench/run.py --stateful
+
+# Exactly-once against at-least-once, the pair alone on 5,000,000 records each: issue 20's throughput
+# target on runs long enough to judge it (~2 min; bench/results/exactly-once-5m/latest.md).
+bench-exactly-once: setup
+	$(PY) bench/run.py --only "detector service (this project)" "detector service, exactly-once" --latency-only none --density 0 \
+		--records 5000000 --out bench/results/exactly-once-5m
 
 # Where state lives: the in-memory store beside RocksDB and SQLite, without Kafka or Spark (~1 min; bench/results/stores.md).
 bench-stores: setup
