@@ -211,3 +211,44 @@ def test_many_interleaved_records_keep_their_order_within_each_partition():
     parts = dict(_by_partition(iter([batch.slice(0, 200), batch.slice(200)])))
     for p in range(3):
         assert parts[p].column("offset").to_pylist() == [100 + i for i in range(p, n, 3)]
+
+
+class FakeTransactions:
+    """Stands for kafka.transactions.TaskTransactions: a sink per input partition, commits recorded."""
+
+    def __init__(self, partitions):
+        self.sinks = {p: FakeSink() for p in partitions}
+        self.committed = {}
+
+    def of(self, partition):
+        sink = self.sinks[partition]
+        sink.flush = lambda timeout: None
+        return sink
+
+    def commit(self, partition, next_offset, offsets_sent=None):
+        self.committed[partition] = next_offset
+
+
+def test_with_exactly_once_a_stateless_task_calls_its_detector_once_and_writes_to_each_partitions_transaction():
+    calls = []
+
+    def counting(records, config):
+        calls.append(len(records))
+        return THRESHOLD.detect(records, config)
+
+    from detectorkit.runtime.processing import _process
+
+    detector = Detector(name="counting", detect=counting, required_fields=("amount",))
+    txns = FakeTransactions([1, 2])
+    first = arrow([b'{"amount": 1500}', b"oops", b'{"amount": 3}'], partition=1)
+    second = arrow([b'{"amount": 2500}', b'{"amount": 4}'], partition=2, first_offset=7)
+    both = pa.Table.from_batches([first, second]).combine_chunks()
+    summaries = list(_process(ctx(detector), iter(both.to_batches()), {1: 103, 2: 9}, txns=txns))
+    # One call for the chunk, however many partitions it holds: a call costs the same fixed time
+    # for 3 records as for 3,000.
+    assert calls == [4]
+    assert [(t, v) for t, _, v, _ in txns.sinks[1].sent] == [("out", txns.sinks[1].sent[0][2]), ("svc.dlq", b"oops")]
+    assert json.loads(txns.sinks[1].sent[0][2])["source"]["offset"] == 100
+    assert [json.loads(v)["source"]["offset"] for _, _, v, _ in txns.sinks[2].sent] == [7]
+    assert txns.committed == {1: 103, 2: 9}
+    assert summaries
