@@ -122,7 +122,7 @@ def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, sum
     """A stateless stage's records, as read (a stage with state goes by partition: `_process`)."""
     if batch.num_rows == 0:
         return
-    _process_records(ctx, batch, lambda p: sink, summaries, None, None)
+    _process_records(ctx, batch, sink, summaries, None, None)
 
 
 def _by_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -148,15 +148,8 @@ def _by_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, pa.R
 
 
 def _process_records(
-    ctx: TaskContext,
-    batch: pa.RecordBatch,
-    sink_of: Callable[[int], sinks.Sink],
-    summaries: dict[int, PartitionSummary],
-    stores: Stores | None,
-    partition: int | None,
+    ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, summaries: dict[int, PartitionSummary], stores: Stores | None, partition: int | None
 ) -> None:
-    """`batch`'s records through the stage; each output and dead letter goes to the sink of the
-    input partition it came from (`sink_of`: with exactly-once, that partition's transaction)."""
     partitions = batch.column("partition").to_numpy()
     offsets = batch.column("offset").to_numpy()
     topic = batch.column("topic")[0].as_py()
@@ -175,12 +168,12 @@ def _process_records(
     else:
         store, tag = stores.stores[partition], stores.tags[partition]
         found, rejected = ctx.stage.run_keyed(values, keys, stamps.to_numpy(), ctx.config, source, ctx.service, store, tag, topic)
-    _send_outputs(ctx, found, sink_of, summaries, keys, partitions, stamps, topic)
+    _send_outputs(ctx, found, sink, summaries, keys, partitions, stamps, topic)
     for r in rejected:
         i = r.position
         p = int(partitions[i])
         headers = _headers(ctx, r.reason, r.message, topic, p, int(offsets[i]))
-        sink_of(p).send(ctx.dlq_topic, keys[i].as_py(), values[i].as_py() or b"", headers)
+        sink.send(ctx.dlq_topic, keys[i].as_py(), values[i].as_py() or b"", headers)
         summaries.setdefault(p, PartitionSummary()).dead_letters[r.reason] += 1
 
     detections_in = Counter(int(partitions[out.position]) for out in found if out.position >= 0) if ctx.stage.counts_as_detection else Counter()
@@ -192,12 +185,9 @@ def _process_records(
         s.next_offset = max(s.next_offset, int(offsets[mask].max()) + 1)
 
 
-def _send_outputs(
-    ctx: TaskContext, found, sink_of: Callable[[int], sinks.Sink], summaries: dict[int, PartitionSummary], keys, partitions, stamps, topic: str
-) -> None:
+def _send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int, PartitionSummary], keys, partitions, stamps, topic: str) -> None:
     for out in found:
         if out.position < 0:  # a timer's: it names no input record
-            sink = sink_of(out.partition)
             if out.dead_letter is not None:
                 reason, message, value = out.dead_letter
                 sink.send(ctx.dlq_topic, out.key.encode(), value, _headers(ctx, reason, message, topic, out.partition, -1))
@@ -209,7 +199,7 @@ def _send_outputs(
             continue
         p = int(partitions[out.position])
         key = keys[out.position].as_py() if out.key is None else out.key.encode()
-        sink_of(p).send(ctx.output_topic, key, json.dumps(out.value, default=str).encode(), timestamp_ms=out.timestamp_ms)
+        sink.send(ctx.output_topic, key, json.dumps(out.value, default=str).encode(), timestamp_ms=out.timestamp_ms)
         summaries.setdefault(p, PartitionSummary()).detected_at.append(stamps[out.position].as_py())
 
 
@@ -292,7 +282,7 @@ def _fire_idle(ctx: TaskContext, stores: Stores, sink_of: Callable[[int], sinks.
         found, _ = ctx.stage.run_keyed(
             empty, empty, np.array([], "int64"), ctx.config, None, ctx.service, stores.stores[p], stores.tags[p], ctx.state.input_topic, idle_ms
         )
-        _send_outputs(ctx, found, sink_of, summaries, None, None, None, ctx.state.input_topic)
+        _send_outputs(ctx, found, sink_of(p), summaries, None, None, None, ctx.state.input_topic)
 
 
 def _open_stores(ctx: TaskContext, ranges: list[PartitionRange]) -> Stores:
@@ -331,21 +321,18 @@ def _process(
         sink_of = txns.of if txns is not None else lambda p: shared
         # The commit sequence's task steps (runtime.checkpoint): 1. the records.
         crash_points.reach("before-produce")
-        if stores is None:
-            # Stateless: the records as read, each output to its input partition's sink (with
-            # exactly-once, the partition's transaction), so a chunk is one call of the detector
-            # whatever partitions it holds, with or without transactions.
+        if stores is None and txns is None:
             for batch in batches:
-                if batch.num_rows:
-                    _process_records(ctx, batch, sink_of, summaries, None, None)
+                process_batch(ctx, batch, shared, summaries)
                 crash_points.reach("during-produce")
         else:
             # With state, a partition's records of the whole task go through the detector at once
             # (the reader hands them over in interleaved chunks of 20,000): a key the chunks share
             # is read, decoded, encoded and written once, not once a chunk. It holds the task's
-            # records (MAX_RECORDS_PER_BATCH at most) in Arrow meanwhile.
+            # records (MAX_RECORDS_PER_BATCH at most) in Arrow meanwhile. With exactly-once each
+            # partition's records go to its own transaction, so they are split by partition too.
             for p, part in _by_partition(batches):
-                _process_records(ctx, part, sink_of, summaries, stores, p)
+                _process_records(ctx, part, sink_of(p), summaries, stores, p)
                 crash_points.reach("during-produce")
         if stores is not None:
             _fire_idle(ctx, stores, sink_of, summaries)  # 2. the timers of partitions with nothing to read
