@@ -112,7 +112,7 @@ class Memory:
     def batch(self, p: int, tag: int, keys: list[str], ms: np.ndarray, state: pd.DataFrame) -> int:
         store = self.stores[p]
         store.read(keys, ms)
-        store.write(store.prepare(state, keys, ms), tag)
+        store.write(store.prepare(state, keys, ms, tag=tag), tag)
         return len(store.take_changes())
 
     def restore(self, p: int, records: list[tuple[str, bytes, int, int]]) -> None:

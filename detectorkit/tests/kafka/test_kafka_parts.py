@@ -1,17 +1,18 @@
-"""The Kafka parts on a real broker, without Spark: end offsets, the reader, the offset store."""
+"""The Kafka parts on a real broker, without Spark: end offsets, the reader, the offset store, the sink."""
 
 import time
 import uuid
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from detectorkit.kafka import clients
 from detectorkit.kafka.end_offsets import EndOffsetProbe
 from detectorkit.kafka.offset_store import OffsetStore
 from detectorkit.kafka.planning import DataLossError, PartitionRange
+from detectorkit.kafka.sink import DeliveryError, Sink
 from detectorkit.kafka.source import KafkaStreamReader, SourceOptions, read_ranges
 
 
@@ -159,3 +160,29 @@ def test_list_offsets_ends_are_exact_on_kafka(base, topic, kafka_broker_kind):
     assert ends.end_offsets([0, 1]) == {0: 1000, 1: 7}
     assert ends.earliest([0, 1]) == {0: 0, 1: 0}
     assert ends.topic_partitions() == [0, 1]
+
+
+def test_a_batch_sent_past_a_full_local_queue_arrives_whole(base, topic):
+    # produce_batch queues what fits and marks the rest: those are sent again once deliveries drain.
+    sink = Sink(clients.producer(base, **{"queue.buffering.max.messages": 500}))
+    records = [(f"k{i}", f'{{"n": {i}}}'.encode()) for i in range(3_000)]
+    sink.send_batch(topic, 1, records)
+    sink.flush(30)
+    consumer = reader(base)
+    consumer.assign([TopicPartition(topic, 1, 0)])
+    got = {}
+    deadline = time.monotonic() + 30
+    while len(got) < len(records) and time.monotonic() < deadline:
+        for message in consumer.consume(1_000, timeout=0.5):
+            if message.error() is None:
+                got[message.key().decode()] = message.value()
+    consumer.close()
+    assert got == dict(records)
+
+
+def test_a_batch_to_a_partition_that_does_not_exist_fails(base, topic):
+    # Refused at once when the producer knows the topic, or reported by the flush when it learns it.
+    sink = Sink(clients.producer(base))
+    with pytest.raises((KafkaException, DeliveryError), match="Unknown partition"):
+        sink.send_batch(topic, 7, [("k", b"v")])
+        sink.flush(30)

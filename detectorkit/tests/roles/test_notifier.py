@@ -23,7 +23,7 @@ from detectorkit.runtime import records as rec
 from detectorkit.runtime.processing import TaskContext
 from detectorkit.runtime.stage import Source
 from detectorkit.settings import SettingsError
-from detectorkit.state import cache, changelog
+from detectorkit.state import cache, changelog, codec
 from detectorkit.state.changelog import StateContext
 from detectorkit.state.store import PartitionStore
 
@@ -371,6 +371,9 @@ class DriverKafka:
                 for key, value in records:
                     self.send(topic, key.encode(), value, headers, partition)
 
+            def send_batch(self, topic, partition, records):
+                self.send_all(topic, partition, records, None)
+
             def flush(self, timeout):
                 kafka.events.append(("flush",))
                 if kafka.failing_flushes:
@@ -384,7 +387,7 @@ class DriverKafka:
         def read(ctx, starts):
             for p, start in starts.items():
                 log = self.topics.get(ctx.topic, {}).get(p, [])
-                tags = [int(h["input_offset"]) if "input_offset" in h else None for _, _, h in log]
+                tags = [codec.tag_of(list(h.items()), v) for _, v, h in log]
                 yield p, [(k, v, tag, o) for o, ((k, v, _), tag) in enumerate(zip(log, tags, strict=True)) if o >= (start or 0)]
 
         monkeypatch.setattr(processing.sinks, "for_worker", for_worker)
@@ -447,7 +450,7 @@ def test_the_notifiers_windows_are_state_in_its_own_changelog_and_show_in_the_st
     window = T0 // HOUR_MS
     assert json.loads(written[f"c-1|{window}"])["state"]["ids"] == sorted(nt.detection_id(d) for _, d in items[:2])
     # Every change carries the batch's end: a restore knows whether the group committed it.
-    assert {h["input_offset"] for _, _, h in driver_kafka.topics[f"{GROUP}.notifications"][0]} == {b"103"}
+    assert {codec.tag_of(list(h.items()), v) for _, v, h in driver_kafka.topics[f"{GROUP}.notifications"][0]} == {103}
 
 
 def test_a_restarted_notifier_reads_its_windows_back_from_the_changelog(driver_kafka, monkeypatch):

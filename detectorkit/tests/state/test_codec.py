@@ -3,6 +3,7 @@
 import tracemalloc
 
 from detectorkit.state import codec
+from detectorkit.state.declaration import State
 
 
 def test_an_encoded_value_takes_about_its_own_size_in_memory():
@@ -19,3 +20,14 @@ def test_an_encoded_value_takes_about_its_own_size_in_memory():
     assert codec.state_of(values[7]) == states[7]
     longest = max(map(len, values))
     assert held / len(values) < 2 * longest + 64, f"{held / len(values):.0f} bytes held per value of at most {longest}"
+
+
+def test_a_value_carries_the_input_offset_it_reflects():
+    value = codec.encode({"count": 3, "note": "a,b"}, 1_000, 2_000, tag=12_345)
+    assert codec.carries_tag(value) and codec.tag_of(None, value) == 12_345
+    assert codec.decode(value, State(columns=("count", "note")), "here") == ({"count": 3, "note": "a,b"}, 1_000, 2_000)
+    # Written before values carried it (and still for a tombstone): the header says it.
+    old = codec.encode({"count": 3}, 1_000)
+    assert not codec.carries_tag(old) and codec.tag_of(None, old) is None
+    assert codec.tag_of([(codec.INPUT_OFFSET_HEADER, b"77")], old) == 77
+    assert codec.tag_of([(codec.INPUT_OFFSET_HEADER, b"77")], None) == 77

@@ -14,7 +14,7 @@ STATE = State(columns=("count",), ttl_seconds=10)
 def write(store, counts, tag, at_ms=0):
     keys = list(counts)
     new = pd.DataFrame({"count": [counts[k] for k in keys if counts[k] is not None]}, index=[k for k in keys if counts[k] is not None])
-    store.write(store.prepare(new, keys, [at_ms] * len(keys)), tag)
+    store.write(store.prepare(new, keys, [at_ms] * len(keys), tag=tag), tag)
     store.advance(at_ms)
 
 
@@ -30,15 +30,15 @@ def test_a_batch_reads_what_the_last_one_wrote_and_a_key_left_out_loses_its_stat
     write(store, {"a": 5, "b": None}, tag=20)
     assert store.snapshot() == {"a": {"count": 5}}
     assert store.position == 20
-    # Every key of the batch goes to the changelog, deleted ones as tombstones.
-    assert dict(store.take_changes()) == {"a": codec.encode({"count": 5}, 0), "b": None}
+    # Every key of the batch goes to the changelog, deleted ones as tombstones, each value with its batch's end.
+    assert dict(store.take_changes()) == {"a": codec.encode({"count": 5}, 0, tag=20), "b": None}
     assert store.take_changes() == []
 
 
 def test_reads_give_json_values_so_a_restart_changes_nothing_and_the_store_cannot_be_changed_in_place():
     store = PartitionStore(State(columns=("seen",)), 0)
     new = pd.DataFrame({"seen": [(1, 2)]}, index=["a"])
-    store.write(store.prepare(new, ["a"], [0]), 1)
+    store.write(store.prepare(new, ["a"], [0], tag=1), 1)
     first = store.read(["a"])
     assert first.at["a", "seen"] == [1, 2]  # a tuple comes back a list, as from the changelog
     first.at["a", "seen"].append(3)
@@ -49,7 +49,7 @@ def test_a_value_that_is_not_json_is_refused_before_anything_changes():
     store = PartitionStore(STATE, 0)
     new = pd.DataFrame({"count": [pd.Timestamp("2026-01-01", tz="UTC")]}, index=["a"])
     with pytest.raises(TypeError, match="JSON types"):
-        store.prepare(new, ["a"], [0])
+        store.prepare(new, ["a"], [0], tag=1)
     assert len(store) == 0 and store.take_changes() == []
 
 
@@ -74,7 +74,7 @@ def test_a_key_seen_again_lives_a_ttl_from_its_newest_record_and_a_spent_timer_l
     write(store, {"b": 1}, tag=5, at_ms=18_001)
     assert store.expire(5) == 1 and "a" not in store.snapshot()
     assert store.due(30_000) == [("t", 30_000)]
-    store.write(store.prepare(pd.DataFrame({"count": [1]}, index=["t"]), ["t"], [0], {"t": None}), 6)  # fired, no timer now
+    store.write(store.prepare(pd.DataFrame({"count": [1]}, index=["t"]), ["t"], [0], {"t": None}, tag=6), 6)  # fired, no timer now
     assert store.expire(6) == 1 and set(store.snapshot()) == {"b"}
 
 
@@ -131,7 +131,7 @@ def test_state_of_another_shape_stops_with_the_store_named_and_what_to_do():
 def test_nan_and_infinity_which_json_lacks_read_back_as_none():
     store = PartitionStore(State(columns=("count", "flagged_ms")), 0)
     new = pd.DataFrame({"count": [1, 2], "flagged_ms": [None, 5]}, index=["a", "b"])  # pandas: NaN, 5.0
-    store.write(store.prepare(new, ["a", "b"], [0, 0]), 1)
-    assert dict(store.take_changes())["a"] == codec.encode({"count": 1, "flagged_ms": None}, 0)
-    store.write(store.prepare(pd.DataFrame({"count": [[float("inf"), 1.5]], "flagged_ms": [float("-inf")]}, index=["a"]), ["a"], [0]), 2)
+    store.write(store.prepare(new, ["a", "b"], [0, 0], tag=1), 1)
+    assert dict(store.take_changes())["a"] == codec.encode({"count": 1, "flagged_ms": None}, 0, tag=1)
+    store.write(store.prepare(pd.DataFrame({"count": [[float("inf"), 1.5]], "flagged_ms": [float("-inf")]}, index=["a"]), ["a"], [0], tag=2), 2)
     assert store.snapshot()["a"] == {"count": [None, 1.5], "flagged_ms": None}

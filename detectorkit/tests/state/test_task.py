@@ -13,7 +13,7 @@ from detectorkit.kafka.planning import PartitionRange
 from detectorkit.runtime import processing
 from detectorkit.runtime.processing import TaskContext, _open_stores, _process
 from detectorkit.runtime.stage import as_stage
-from detectorkit.state import cache, changelog
+from detectorkit.state import cache, changelog, codec
 from detectorkit.state.changelog import StateContext
 from detectorkit.state.store import EVENT_TIME_KEY
 
@@ -29,11 +29,14 @@ class Sink:
     def send(self, topic, key, value, headers=None, partition=None, timestamp_ms=None):
         self.events.append(("send", topic, key, value, dict(headers or []), partition))
         if topic == "svc.state":
-            self.log.setdefault(partition, []).append((key.decode(), value, int(dict(headers)["input_offset"])))
+            self.log.setdefault(partition, []).append((key.decode(), value, codec.tag_of(headers, value)))
 
     def send_all(self, topic, partition, records, headers):
         for key, value in records:
             self.send(topic, key.encode(), value, headers, partition)
+
+    def send_batch(self, topic, partition, records):
+        self.send_all(topic, partition, records, None)
 
     def flush(self, timeout):
         self.events.append(("flush",))
@@ -87,7 +90,7 @@ def test_outputs_are_flushed_before_the_changelog_and_the_store_is_kept_for_the_
     assert ("flush", None) in kinds[:first_changelog] and kinds[-1] == ("flush", None)
     changes = [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "svc.state"]
     assert {e[2] for e in changes} == {b"k0", b"k1", b"k2", b"k3", EVENT_TIME_KEY.encode()}  # and the partition's event time
-    assert {e[4]["input_offset"] for e in changes} == {b"104"} and {e[5] for e in changes} == {3}
+    assert {codec.tag_of(list(e[4].items()), e[3]) for e in changes} == {104} and {e[5] for e in changes} == {3}
 
     kafka["sink"] = Sink()
     run(ctx, arrow(values(4), partition=3, first_offset=104), 104, 108)  # the same keys again

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from detectorkit.kafka import clients
 from detectorkit.kafka.worker_clients import WorkerClients
@@ -67,6 +67,23 @@ class Sink:
                     break
                 except BufferError:
                     self.producer.poll(0.05)  # local queue full: let deliveries drain
+
+    def send_batch(self, topic: str, partition: int, records: Iterable[tuple[str, bytes]]) -> None:
+        """`send` of many records without headers to one partition, queued in one call (librdkafka's
+        produce_batch): a task writes a changelog record per key it touched, and a produce() each
+        cost 1.6-1.7 µs a record with headers, 1.0 without, a batch 0.6-0.8 (measured, 80,000 records).
+        Their order among themselves is not kept when the local queue fills (each key is in one)."""
+        messages = [{"key": key, "value": value} for key, value in records]
+        while messages:
+            if self.producer.produce_batch(topic, messages, partition=partition) == len(messages):
+                return
+            failed = [m for m in messages if "_error" in m]
+            for message in failed:
+                error = message.pop("_error")
+                if error.code() != KafkaError._QUEUE_FULL:
+                    raise KafkaException(error)
+            messages = failed
+            self.producer.poll(0.05)  # local queue full: let deliveries drain
 
     def flush(self, timeout: float) -> None:
         """Wait for every record sent so far; DeliveryError if any could not be written."""

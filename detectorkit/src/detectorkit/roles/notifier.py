@@ -342,7 +342,7 @@ class Notifier(StageBase):
         if changed:
             names_changed = list(changed)
             new_state = pd.DataFrame({"ids": [ids for ids, _ in changed.values()]}, index=pd.Index(names_changed, dtype=object))
-            store.write(store.prepare(new_state, names_changed, [ms for _, ms in changed.values()]), tag)
+            store.write(store.prepare(new_state, names_changed, [ms for _, ms in changed.values()], tag=tag), tag)
         # The TTL's clock: the runtime sweeps the windows it leaves behind once the batch is done.
         store.advance(newest)
         return outputs, rejected

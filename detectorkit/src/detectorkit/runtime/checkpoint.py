@@ -34,6 +34,7 @@ from detectorkit.kafka import sink as sinks
 from detectorkit.runtime import crash_points
 from detectorkit.state import cache
 from detectorkit.state.codec import INPUT_OFFSET_HEADER
+from detectorkit.state.store import EVENT_TIME_KEY
 
 _log = structlog.get_logger("detectorkit.transactions")
 
@@ -118,13 +119,20 @@ def _send_changes(ctx: TaskContext, sink: sinks.Sink, stores: Stores, p: int, su
     store, tag = stores.stores[p], stores.tags[p]
     expired = store.expire(tag)
     changes = store.take_changes()
-    headers = [(INPUT_OFFSET_HEADER, str(tag).encode())]
-    sink.send_all(ctx.state.topic, p, changes, headers)
+    # A value carries its batch's offset (state.codec); a tombstone and the event time, in a header.
+    event = [changes.pop()] if changes and changes[-1][0] == EVENT_TIME_KEY else []
+    values = [c for c in changes if c[1] is not None]
+    if values:
+        sink.send_batch(ctx.state.topic, p, values)
+    if len(values) < len(changes) or event:
+        headers = [(INPUT_OFFSET_HEADER, str(tag).encode())]
+        sink.send_all(ctx.state.topic, p, [c for c in changes if c[1] is None] + event, headers)
+    written = len(changes) + len(event)
     restored, seconds = stores.restored[p]
     summaries[p].state = {
         "keys": len(store),
         "bytes": store.bytes,
-        "written": len(changes),
+        "written": written,
         "expired": expired,
         "restored": restored,
         "restore_seconds": seconds,

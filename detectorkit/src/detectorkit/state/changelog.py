@@ -115,7 +115,7 @@ def read(ctx: StateContext, starts: dict[int, int | None]) -> Iterator[tuple[int
                             raise KafkaException(error)
                         continue
                     parts.setdefault(message.partition(), []).append(
-                        (message.key().decode(), message.value(), tag_of(message.headers()), message.offset())
+                        (message.key().decode(), (value := message.value()), tag_of(message.headers(), value), message.offset())
                     )
                 yield from parts.items()
         finally:

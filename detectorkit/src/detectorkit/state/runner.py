@@ -78,7 +78,7 @@ def run_stateful(
         end = n if deadline is None else int(np.searchsorted(marks, deadline, side="left"))
         while True:
             timed = marks[pos:end] if detector.on_timer is not None else None
-            attempt = _attempt(detector, config, frame.iloc[pos:end], stamps.iloc[pos:end], store, timed)
+            attempt = _attempt(detector, config, frame.iloc[pos:end], stamps.iloc[pos:end], store, timed, tag)
             if isinstance(attempt, Exception):  # it raised: bisect, writing as it goes (no timer is cut inside)
                 _bisect(detector, config, frame.iloc[pos:end], stamps.iloc[pos:end], store, tag, result)
                 break
@@ -94,7 +94,7 @@ def run_stateful(
     return result
 
 
-def _attempt(detector, config, frame: pd.DataFrame, stamps: pd.Series, store: PartitionStore, marks: np.ndarray | None):
+def _attempt(detector, config, frame: pd.DataFrame, stamps: pd.Series, store: PartitionStore, marks: np.ndarray | None, tag: int):
     """(detections, prepared changes, where the records must be cut) of one call, or what it raised.
 
     The cut: a record's timer that falls due before the key's next record with a timer (or before
@@ -113,7 +113,7 @@ def _attempt(detector, config, frame: pd.DataFrame, stamps: pd.Series, store: Pa
         found, new_state, timers = _unpack(out, frame.index, len(frame) == 1, "detect")
         new_state = detector.state.check_returned(new_state, batch_keys)
         final, cut = _record_timers(timers, frame, marks)
-        prepared = store.prepare(new_state, keys, last, final, batch_keys)
+        prepared = store.prepare(new_state, keys, last, final, batch_keys, tag=tag)
     except Exception as exc:  # noqa: BLE001 - user code: isolated by _bisect
         return exc
     return found, prepared, cut
@@ -149,7 +149,7 @@ def _record_timers(timers: Any, frame: pd.DataFrame, marks: np.ndarray | None) -
 
 
 def _bisect(detector, config, frame: pd.DataFrame, stamps: pd.Series, store: PartitionStore, tag: int, result: Result) -> None:
-    attempt = _attempt(detector, config, frame, stamps, store, None)
+    attempt = _attempt(detector, config, frame, stamps, store, None, tag)
     if not isinstance(attempt, Exception):
         found, prepared, _ = attempt
         store.write(prepared, tag)
@@ -187,7 +187,8 @@ def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int
             raise ValueError("on_timer() returned detections whose index is not a key whose timer fired")
         new_state = detector.state.check_returned(new_state, index)
         # A fired timer is spent: the key has a timer again only if on_timer sets one.
-        prepared = store.prepare(new_state, keys, [store.seen_of(k) for k in keys], {k: None for k in keys} | _key_timers(timers, index))
+        timers = {k: None for k in keys} | _key_timers(timers, index)
+        prepared = store.prepare(new_state, keys, [store.seen_of(k) for k in keys], timers, tag=tag)
     except Exception as exc:  # noqa: BLE001 - user code: a dead letter, never a crash
         if len(due) > 1:
             middle = len(due) // 2

@@ -124,11 +124,14 @@ class PartitionStore:
         last_ms: Sequence[int] | np.ndarray,
         timers: dict[str, int | None] | None = None,
         index: pd.Index | None = None,
+        *,
+        tag: int,
     ) -> Prepared:
         """Every key of `keys` (distinct) with the row `new_state` has for it, encoded, or None: it
         loses its state; `last_ms` is each key's newest record time. `timers` sets the timer of each
         key in it (None clears it); the others keep theirs. Raises (and changes nothing) when a value
-        cannot be written. `index`: `keys` as an Index, if the caller has one."""
+        cannot be written. `index`: `keys` as an Index, if the caller has one; `tag`: the input
+        offset the values reflect (what `write` will be given), written into each."""
         slots = self._slots_of(keys)
         index = pd.Index(keys, dtype=object) if index is None else index
         keys = list(keys)
@@ -159,6 +162,7 @@ class PartitionStore:
                 [states[r] for r in rows[kept].tolist()],
                 seen[kept].tolist(),
                 [None if t == NO_TIMER else t for t in timer[kept].tolist()],
+                tag,
             )
         return Prepared(keys, values, seen, timer, slots, self._generation)
 
@@ -233,7 +237,9 @@ class PartitionStore:
         return int(doomed.sum())
 
     def take_changes(self) -> list[Change]:
-        """The changes since the last call, one per key (its last), and the event time if it moved."""
+        """The changes since the last call, one per key (its last), and last the event time if it
+        moved. Each value carries the input offset of its batch (`prepare`); the event time and a
+        tombstone do not."""
         changes, self._changes = self._changes, {}
         if self.event_ms > self._event_written:
             changes[EVENT_TIME_KEY] = str(self.event_ms).encode()
@@ -244,7 +250,7 @@ class PartitionStore:
         """`key` loses its timer and keeps its state (its firing failed: a dead letter)."""
         slot = self._slot[key]
         seen = int(self._seen[slot])
-        self.write(Prepared.of([(key, codec.encode(codec.state_of(self._value[slot]), seen), seen, None)]), tag)
+        self.write(Prepared.of([(key, codec.encode(codec.state_of(self._value[slot]), seen, tag=tag), seen, None)]), tag)
 
     # ---- the changelog read back ------------------------------------------------------------------
 
