@@ -32,6 +32,28 @@ def test_the_last_task_to_start_takes_what_is_left_and_shares_are_even_in_record
     assert all(parts) and sum(r.size for r in a) < 200  # nobody took all
 
 
+def test_a_partition_goes_to_the_worker_whose_store_is_current_whoever_starts_first(tmp_path):
+    # Partition 7 moved to the second worker a batch ago: the first still has its store, a batch behind.
+    batch = ranges([31, 30, 30, 30, 30, 29, 30, 33])
+    first, second = claims.claims_for(str(tmp_path), batch, 2)
+    a = claims.take(first, batch, held={0, 1, 5, 6, 7}, current={0, 1, 5, 6})
+    b = claims.take(second, batch, held={2, 3, 4, 7}, current={2, 3, 4, 7})
+    assert [r.partition for r in a] == [0, 1, 5, 6] and [r.partition for r in b] == [2, 3, 4, 7]
+
+
+def test_a_share_a_few_records_short_takes_no_partition_from_another_worker(tmp_path):
+    batch = ranges([29, 30, 30, 30, 31, 30, 30, 30])
+    first, second = claims.claims_for(str(tmp_path), batch, 2)
+    a = claims.take(first, batch, held={0, 1, 2, 3})  # 119 records of a target of 120
+    b = claims.take(second, batch, held={4, 5, 6, 7})
+    assert {r.partition for r in a} == {0, 1, 2, 3} and {r.partition for r in b} == {4, 5, 6, 7}
+    # Short by more than half a partition, it does take one.
+    batch = ranges([10, 10, 10, 10, 40, 40, 40, 40])
+    first, second = claims.claims_for(str(tmp_path), batch, 2)
+    a = claims.take(first, batch, held={0, 1, 2, 3})
+    assert {r.partition for r in a} == {0, 1, 2, 3, 4}
+
+
 def test_sticky_claims_keep_every_held_partition_where_it_is_however_uneven(tmp_path):
     """Exactly-once: a partition changing worker costs a new transactional producer (and fences
     the other worker's), so a task keeps what its worker holds even when the shares are uneven."""

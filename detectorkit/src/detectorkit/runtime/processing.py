@@ -224,9 +224,10 @@ def process_planned(ctx: TaskContext, source: SourceOptions, ranges: list[Partit
     _setup_worker(ctx)
     if claim is not None:
         held = cache.held(ctx.state, ctx.stage.state) if ctx.state is not None else set()
+        current = cache.current(ctx.state, ctx.stage.state, {r.partition: (r.start, r.tick) for r in ranges}) if ctx.state is not None else None
         if ctx.exactly_once and source.group_metadata is not None:
             held |= transactions.held(source.group, source.topic, bytes.fromhex(source.group_metadata))
-        ranges = claims.take(claim, ranges, held)
+        ranges = claims.take(claim, ranges, held, current)
     if ctx.exactly_once:
         return _process_in_transactions(ctx, source, ranges)
     ends: dict[int, int] = {}

@@ -69,6 +69,14 @@ def held(ctx: StateContext, state: State) -> set[int]:
         return {p for topic, p, s in _stores if topic == ctx.topic and s == state}
 
 
+def current(ctx: StateContext, state: State, wanted: dict[int, tuple[int, int]]) -> set[int]:
+    """The partitions of `wanted` (partition -> (start, tick)) whose stores this worker holds as of
+    there: a task that runs them reads nothing from the changelog."""
+    with _lock:
+        held = {p: _stores.get((ctx.topic, p, state)) for p in wanted}
+    return {p for p, entry in held.items() if entry is not None and (entry[0].position, entry[0].tick) == wanted[p]}
+
+
 def keep(ctx: StateContext, store: PartitionStore) -> None:
     """Back in the worker's cache once its task has written everything: a store whose task failed
     is not kept (it may hold changes the changelog never got), and the next task restores it."""
