@@ -138,6 +138,13 @@ class Settings(BaseModel):
         description="A detector's timers on a partition that got no record for this long fire as the wall clock minus it passes them.",
     )
     kafka_options: dict[str, str] = Field(default_factory=dict, description="librdkafka settings passed through (security.protocol, sasl.*, ssl.*).")
+    state_flush_interval_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="At-least-once, a detector with state: how often a task writes its partitions' state changes to the changelog "
+        "(each changed key once); 0 writes them every batch. A partition that moves, or a restart, replays the records read since "
+        "without writing their outputs again. Exactly-once, and the embedded broker, write them every batch.",
+    )
     processing_guarantee: Literal["at-least-once", "exactly-once"] = Field(
         "at-least-once",
         description="at-least-once: a crash replays the last batch's outputs. exactly-once (Apache Kafka only): each task writes "

@@ -11,7 +11,7 @@ import uuid
 import pytest
 from confluent_kafka import KafkaException
 
-from detectorkit.kafka import clients
+from detectorkit.kafka import clients, offset_store
 from detectorkit.kafka.membership import PROTOCOLS, CommitRefused, GroupMember
 from detectorkit.settings import Settings
 from detectorkit.testing import KAFKA
@@ -198,7 +198,7 @@ def test_a_member_keeping_its_partitions_through_rebalances_never_has_a_commit_r
 
 KILLED_MEMBER = """
 import sys
-from detectorkit.kafka import clients
+from detectorkit.kafka import clients, offset_store
 from detectorkit.kafka.membership import GroupMember
 from detectorkit.settings import Settings
 
@@ -249,3 +249,23 @@ def test_a_call_queued_after_the_serving_thread_stopped_serving_runs_on_its_call
         assert answered == [42]
     finally:
         member.close()
+
+
+def test_where_the_state_changelog_is_goes_with_each_commit_and_survives_a_recommit(kafka_bootstrap_servers):
+    """With a state flush interval, a partition's commit carries how far its changelog reflects the
+    input; a commit that dropped it (the positions committed again to keep them from expiring) would
+    make the next owner take the changelog as reflecting everything up to the offset."""
+    base, topic, group = new_topic_and_group(kafka_bootstrap_servers, 2)
+    members = Members()
+    one = members.add(GroupMember(base, group, topic, IDLE, session_timeout=6, timeout=20).subscribe())
+    polling(one)
+    try:
+        wait_for(lambda: len(one.owned) == 2, timeout=60, what="the member to own both partitions")
+        one.commit({0: 120, 1: 7}, {0: offset_store.durable_metadata(100)})
+        assert one.durable([0, 1]) == {0: 100, 1: None}
+        assert one.recommit([0, 1]) == {0: 120, 1: 7}
+        assert one.durable([0, 1]) == {0: 100, 1: None}
+        # What a task reads, outside the group.
+        assert offset_store.committed_durable(base, group, topic, [0, 1], 20) == {0: 100, 1: None}
+    finally:
+        members.close()

@@ -39,17 +39,20 @@ def detections(bs, topics):
 
 
 @pytest.mark.parametrize(
-    ("kept", "tasks_claim"),
-    [(True, False), (False, False), (True, True)],
+    ("kept", "tasks_claim", "flush_interval"),
+    [(True, False, 60.0), (False, False, 60.0), (True, True, 0.0)],
     ids=["store-kept-in-the-worker", "store-restored-every-batch", "two-tasks-claim-their-partitions"],
 )
-def test_state_carries_across_micro_batches_exactly_as_one_pass_would(spark, kafka_bootstrap_servers, kept, tasks_claim):
+def test_state_carries_across_micro_batches_exactly_as_one_pass_would(spark, kafka_bootstrap_servers, kept, tasks_claim, flush_interval):
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state", partitions=PARTITIONS)
     sent = produce(bs, topics.input, keyed(3_000))
     # Two tasks a batch (one per core): they claim their partitions among themselves (kafka.claims).
     per_task = {"min_records_per_task": 1} if tasks_claim else {}
-    job = StreamJob(COUNT, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=250, **per_task), spark)
+    # An interval longer than the run: a store kept writes the changelog once, at its first task;
+    # one dropped after every batch, at every task (it was opened from the changelog).
+    options = {"state_flush_interval_seconds": flush_interval, **per_task}
+    job = StreamJob(COUNT, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=250, **options), spark)
     if not kept:
         job.state_idle_seconds = 0  # every task reads its partitions' state back from the changelog
     job.start()
@@ -69,6 +72,33 @@ def test_state_carries_across_micro_batches_exactly_as_one_pass_would(spark, kaf
     if not kept:  # (kept, a store is still read back when Spark runs its partition in the other worker)
         restored = sum(s.value for f in job.metrics.state_restored_records.collect() for s in f.samples if s.name.endswith("_total"))
         assert restored > 0
+
+
+def test_a_restart_replays_what_the_changelog_lacks_and_writes_no_output_twice(spark, kafka_bootstrap_servers):
+    """With a flush interval longer than the run, only each store's first batch reaches the
+    changelog; the next instance reads it and replays the records since, writing none of their
+    outputs again."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "state-replay", partitions=PARTITIONS)
+    sent = produce(bs, topics.input, keyed(1_500, seed=3))
+    # Two tasks a batch, claiming their partitions: each keeps its stores, and their changes wait.
+    options = {"max_records_per_batch": 250, "state_flush_interval_seconds": 600, "min_records_per_task": 1}
+    first = StreamJob(COUNT, settings(bs, topics, starting_offsets="earliest", **options), spark)
+    first.start()
+    wait_for(lambda: first.stats.records >= 1_500 or first.terminated(0), what="1,500 records")
+    first.stop()
+    assert first.error() is None and first.stats.batches >= 4
+    sent += produce(bs, topics.input, keyed(1_500, seed=4))
+    second = StreamJob(COUNT, settings(bs, topics, **options), spark)
+    second.state_idle_seconds = 0  # a new instance: the workers (this process's) keep none of the stores
+    second.start()
+    wait_for(lambda: second.stats.records >= 1_500 or second.terminated(0), what="1,500 more records")
+    second.stop()
+    assert second.error() is None
+    found = detections(bs, topics)
+    assert set(found) == every_nth_reference(sent) and set(found.values()) == {1}
+    replayed = sum(s.value for f in second.metrics.state_replayed_records.collect() for s in f.samples if s.name.endswith("_total"))
+    assert 0 < replayed < 1_500  # the first instance's batches after its first, not its first
 
 
 def test_kill_9_replays_the_uncommitted_batch_from_the_state_the_offsets_reflect(kafka_bootstrap_servers):

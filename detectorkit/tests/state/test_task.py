@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import json
 import time
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -177,3 +178,96 @@ def test_a_worker_back_on_its_partition_reads_only_what_others_wrote_since(kafka
     assert kafka["reads"] == [(3, None), (3, None), (3, mine)]  # worker a: b's changes only
     out = [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]
     assert sorted(e[2] for e in out) == [b"k0", b"k1", b"k2", b"k3"]  # each key's third record, b's counts included
+
+
+# ---- a flush interval: changes written once it passes, a move replays the records since ----------
+
+
+def interval_task(seconds=60.0):
+    return TaskContext(
+        "svc",
+        as_stage(COUNT),
+        CountConfig(every=3),
+        {},
+        "out",
+        "svc.dlq",
+        state=StateContext("svc.state", {}, 5.0, 600.0, 60.0, "in", flush_interval_seconds=seconds),
+    )
+
+
+def summaries(rows):
+    return {r["partition"]: json.loads(r["state"]) for batch in rows for r in batch.to_pylist()}
+
+
+@pytest.fixture
+def input_log(monkeypatch):
+    """The input topic as a replay reads it, and the group's committed metadata as a task reads it."""
+    batches, durable = {}, {}
+
+    def read_planned(source, ranges):
+        for r in ranges:
+            yield arrow(values(r.end - r.start), partition=r.partition, first_offset=r.start)
+            batches.setdefault("replayed", []).append((r.partition, r.start, r.end))
+
+    monkeypatch.setattr(processing, "read_planned", read_planned)
+    monkeypatch.setattr(
+        processing.offset_store, "committed_durable", lambda conf, group, topic, partitions, timeout: {p: durable.get(p) for p in partitions}
+    )
+    return SimpleNamespace(batches=batches, durable=durable)
+
+
+def run_from(ctx, start, end, partition=3):
+    ranges = [PartitionRange("in", partition, start, end)]
+    source = SimpleNamespace(client_conf={}, group="svc", topic="in")
+    batch = arrow(values(end - start), partition=partition, first_offset=start)
+    return list(_process(ctx, iter([batch]), {partition: end}, _open_stores(ctx, ranges, source)))
+
+
+def test_with_an_interval_each_changed_key_is_written_once_when_it_has_passed(kafka, input_log):
+    ctx = interval_task()
+    first = summaries(run_from(ctx, 100, 104))[3]
+    assert first["durable"] == 104 and first["written"] == 5  # a store just opened: written at once
+    second = summaries(run_from(ctx, 104, 108))[3]
+    assert second["written"] == 0 and "durable" not in second and len(kafka["log"][3]) == 5
+    cache._stores[("svc.state", 3, COUNT.state)][0].flushed_at -= 61  # the interval has passed
+    third = summaries(run_from(ctx, 108, 112))[3]
+    written = kafka["log"][3][5:]
+    assert sorted(k for k, _, _ in written) == ["k0", "k1", "k2", "k3"]  # each key once, for two batches (same event time)
+    assert third["durable"] == 112 and third["written"] == 4
+    assert {codec.state_of(v)["count"] for k, v, _ in written if k != EVENT_TIME_KEY} == {3}
+    assert {tag for k, _, tag in written} == {112}
+
+
+def test_a_worker_without_the_changes_reads_the_changelog_to_where_it_was_written_and_replays_the_rest(kafka, input_log, monkeypatch):
+    ctx = interval_task()
+    workers = {"a": {}, "b": {}}
+    monkeypatch.setattr(cache, "_stores", workers["a"])
+    assert summaries(run_from(ctx, 100, 104))[3]["durable"] == 104  # counts of 1 in the changelog
+    run_from(ctx, 104, 108)  # counts of 2, in worker a only
+    input_log.durable[3] = 104  # what the driver committed with offset 108
+    kafka["sink"] = Sink(log=kafka["log"])
+    monkeypatch.setattr(cache, "_stores", workers["b"])
+    run_from(ctx, 108, 112)
+    assert kafka["reads"][-1] == (3, None) and input_log.batches["replayed"] == [(3, 104, 108)]
+    # Nothing of the replayed records is written again; the third records count from 2, not from 1.
+    out = [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]
+    assert sorted(e[2] for e in out) == [b"k0", b"k1", b"k2", b"k3"]
+    assert workers["b"][("svc.state", 3, COUNT.state)][0].snapshot() == {f"k{i}": {"count": 3} for i in range(4)}
+    assert {tag for _, _, tag in kafka["log"][3][-4:]} == {112}  # written at once: the next move replays no more
+
+
+def test_a_store_holding_changes_it_never_wrote_is_rebuilt_not_caught_up(kafka, input_log, monkeypatch):
+    ctx = interval_task()
+    workers = {"a": {}, "b": {}}
+    monkeypatch.setattr(cache, "_stores", workers["a"])
+    run_from(ctx, 100, 104)  # counts of 1, written
+    run_from(ctx, 104, 108)  # counts of 2, not written
+    monkeypatch.setattr(cache, "_stores", workers["b"])
+    input_log.durable[3] = 104
+    assert summaries(run_from(ctx, 108, 112))[3]["durable"] == 112  # replays 104-108 first
+    input_log.durable[3] = 112
+    monkeypatch.setattr(cache, "_stores", workers["a"])
+    kafka["reads"].clear()
+    run_from(ctx, 112, 116)
+    assert kafka["reads"] == [(3, None)]  # from the first record: a's counts of 2 were never written
+    assert workers["a"][("svc.state", 3, COUNT.state)][0].snapshot() == {f"k{i}": {"count": 4} for i in range(4)}

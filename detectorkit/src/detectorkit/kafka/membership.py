@@ -271,15 +271,25 @@ class GroupMember:
         partitions = list(partitions)
         return self._run(lambda: offset_store.committed(self._consumer, self.topic, partitions, self.timeout))
 
-    def commit(self, offsets: Mapping[int, int]) -> None:
+    def durable(self, partitions: Iterable[int]) -> dict[int, int | None]:
+        """How far each partition's state changelog reflects the input, as its commit's metadata says."""
+        partitions = list(partitions)
+        return self._run(lambda: {tp.partition: offset_store.durable_of(tp.metadata) for tp in self._committed_tps(partitions)})
+
+    def _committed_tps(self, partitions: list[int]) -> list[TopicPartition]:
+        tps = [TopicPartition(self.topic, p) for p in partitions]
+        return retrying(lambda: self._consumer.committed(tps, timeout=self.timeout), self.timeout) if tps else []
+
+    def commit(self, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None) -> None:
         """Commit as the group member, only partitions it owns when the commit runs (the release of
         partitions runs on the same thread, so a late commit never lands after it); CommitRefused
-        when the group says these are not ours."""
+        when the group says these are not ours. `metadata`: each partition's, kept with its offset."""
         if offsets:
-            self._run(lambda: self._commit(offsets))
+            self._run(lambda: self._commit(offsets, metadata))
 
-    def _commit(self, offsets: Mapping[int, int]) -> None:
-        tps = [TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items()) if p in self.owned]
+    def _commit(self, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None) -> None:
+        metadata = metadata or {}
+        tps = [_partition(self.topic, p, o, metadata.get(p)) for p, o in sorted(offsets.items()) if p in self.owned]
         if len(tps) < len(offsets):
             log.warning("not committing partitions this instance no longer owns", partitions=sorted(set(offsets) - self.owned))
         if not tps:
@@ -302,8 +312,9 @@ class GroupMember:
 
         def again():
             owned = [p for p in partitions if p in self.owned]
-            known = {p: o for p, o in offset_store.committed(self._consumer, self.topic, owned, self.timeout).items() if o is not None}
-            self._commit(known)
+            tps = [tp for tp in self._committed_tps(owned) if tp.offset >= 0]
+            known = {tp.partition: tp.offset for tp in tps}
+            self._commit(known, {tp.partition: tp.metadata for tp in tps if tp.metadata})  # the metadata too: where the state is
             return known
 
         return self._run(again)
@@ -324,3 +335,8 @@ class GroupMember:
             self._consumer.close()
         except (KafkaException, RuntimeError) as exc:
             log.warning("leaving the consumer group failed", error=str(exc))
+
+
+def _partition(topic: str, partition: int, offset: int, metadata: str | None) -> TopicPartition:
+    # confluent-kafka takes no None for the metadata: only a string, or nothing.
+    return TopicPartition(topic, partition, offset) if metadata is None else TopicPartition(topic, partition, offset, metadata)

@@ -17,6 +17,37 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from detectorkit.kafka import clients
 from detectorkit.kafka.clients import retrying
 
+# A committed offset's metadata: how far the state's changelog reflects the input when a job writes
+# its state changes once an interval (state.changelog.StateContext). It goes with the offset in one
+# commit, so the two never disagree.
+_DURABLE = "detectorkit.state_offset="
+
+
+def durable_metadata(offset: int) -> str:
+    return f"{_DURABLE}{offset}"
+
+
+def durable_of(metadata: str | None) -> int | None:
+    """The offset `durable_metadata` wrote; None for other (or no) metadata."""
+    if metadata and metadata.startswith(_DURABLE):
+        try:
+            return int(metadata[len(_DURABLE) :])
+        except ValueError:
+            return None
+    return None
+
+
+def committed_durable(client_conf: Mapping[str, Any], group: str, topic: str, partitions: Iterable[int], timeout: float) -> dict[int, int | None]:
+    """For a task outside the group: each partition's `durable_of` its committed offset's metadata
+    (one request to the group coordinator; no member joins)."""
+    consumer = clients.new_consumer(clients.consumer(client_conf, group))
+    try:
+        tps = [TopicPartition(topic, p) for p in partitions]
+        result = retrying(lambda: consumer.committed(tps, timeout=timeout), timeout) if tps else []
+        return {tp.partition: durable_of(tp.metadata) for tp in result}
+    finally:
+        consumer.close()
+
 
 def committed(consumer: Consumer, topic: str, partitions: Iterable[int], timeout: float) -> dict[int, int | None]:
     """The group's committed offset of each of `topic`'s `partitions`, None where it has none;

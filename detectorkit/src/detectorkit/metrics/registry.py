@@ -143,6 +143,12 @@ class JobMetrics:
         self.state_restored_records = Counter(
             f"{PREFIX}_state_restored_records", "Changelog records read to restore or catch up state stores.", registry=r
         )
+        self.state_replayed_records = Counter(
+            f"{PREFIX}_state_replayed_records",
+            "Input records replayed into state stores whose changes had not reached the changelog (STATE_FLUSH_INTERVAL_SECONDS), "
+            "their outputs not written again.",
+            registry=r,
+        )
         self.state_restore = Histogram(
             f"{PREFIX}_state_restore_seconds",
             "Time until a partition's state store was restored or caught up from the changelog (a task reads its partitions together).",
@@ -186,6 +192,7 @@ class JobMetrics:
         self.state_bytes.labels(partition=str(partition)).set(report["bytes"])
         self.state_changelog_records.inc(report["written"])
         self.state_expired_keys.inc(report["expired"])
+        self.state_replayed_records.inc(report.get("replayed", 0))
         if report["restored"] or report["restore_seconds"]:
             self.state_restored_records.inc(report["restored"])
             self.state_restore.observe(report["restore_seconds"])

@@ -50,13 +50,29 @@ def finish_task(ctx: TaskContext, sink: sinks.Sink, stores: Stores | None, summa
     if stores is None:
         crash_points.reach("before-commit")  # the driver's commit is next
         return
-    # 4. the state's changes, in the changelog partition of the input partition.
+    # 4. the state's changes, in the changelog partition of the input partition: of the partitions
+    #    whose flush is due (each changed key once since the last), the others' kept in the store.
+    now = time.monotonic()
+    due = {p for p in stores.stores if _flush_due(ctx, stores, p, now)}
     for p in stores.stores:
-        _send_changes(ctx, sink, stores, p, summaries)
-    sink.flush(ctx.flush_timeout)
+        _send_changes(ctx, sink, stores, p, summaries, send=p in due)
+    if due:
+        sink.flush(ctx.flush_timeout)
+    for p in due:
+        # The changelog now reflects the input up to the batch's end: with the offset, the driver
+        # commits this (step 7), and a restore reads the changelog up to it and replays the rest.
+        stores.stores[p].flushed_at = now
+        summaries[p].state["durable"] = stores.tags[p]
     # 5. only now: a task that failed before here leaves no store behind.
     _keep(ctx, stores, summaries)
     crash_points.reach("before-commit")
+
+
+def _flush_due(ctx: TaskContext, stores: Stores, p: int, now: float) -> bool:
+    """Every batch without an interval; else once it has passed, and after a tick: timers fired by
+    the wall clock (a quiet partition) are not in the input, so a replay could not repeat them."""
+    interval = ctx.state.flush_interval_seconds
+    return interval <= 0 or p in stores.idle or now - stores.stores[p].flushed_at >= interval
 
 
 def finish_transactions(
@@ -115,8 +131,13 @@ def _commit_all(txns: TaskTransactions, ends: dict[int, int]) -> None:
         raise failed
 
 
-def _send_changes(ctx: TaskContext, sink: sinks.Sink, stores: Stores, p: int, summaries: dict[int, PartitionSummary]) -> None:
+def _send_changes(ctx: TaskContext, sink: sinks.Sink, stores: Stores, p: int, summaries: dict[int, PartitionSummary], send: bool = True) -> None:
     store, tag = stores.stores[p], stores.tags[p]
+    restored, seconds = stores.restored[p]
+    report = {"keys": len(store), "bytes": store.bytes, "restored": restored, "restore_seconds": seconds, "replayed": stores.replayed.get(p, 0)}
+    if not send:
+        summaries[p].state = report | {"written": 0, "expired": 0}
+        return
     expired = store.expire(tag)
     changes = store.take_changes()
     # A value carries its batch's offset (state.codec); a tombstone and the event time, in a header.
@@ -128,15 +149,7 @@ def _send_changes(ctx: TaskContext, sink: sinks.Sink, stores: Stores, p: int, su
         headers = [(INPUT_OFFSET_HEADER, str(tag).encode())]
         sink.send_all(ctx.state.topic, p, [c for c in changes if c[1] is None] + event, headers)
     written = len(changes) + len(event)
-    restored, seconds = stores.restored[p]
-    summaries[p].state = {
-        "keys": len(store),
-        "bytes": store.bytes,
-        "written": written,
-        "expired": expired,
-        "restored": restored,
-        "restore_seconds": seconds,
-    }
+    summaries[p].state = report | {"keys": len(store), "bytes": store.bytes, "written": written, "expired": expired}
 
 
 def _keep(ctx: TaskContext, stores: Stores, summaries: dict[int, PartitionSummary]) -> None:

@@ -36,7 +36,7 @@ import structlog
 from confluent_kafka import KafkaException
 
 from detectorkit.detector import Detector
-from detectorkit.kafka import broker_kind, clients, transactions
+from detectorkit.kafka import broker_kind, clients, offset_store, transactions
 from detectorkit.kafka.end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets, start_positions
 from detectorkit.kafka.membership import CommitRefused, GroupMember
 from detectorkit.kafka.planning import DataLossError
@@ -124,6 +124,9 @@ class StreamJob:
         self._offsets_lock = threading.Lock()
         self._committable: set[int] = set()
         self._committed_at = time.monotonic()
+        # With a state flush interval: how far each partition's changelog reflects the input, committed
+        # with its offset (kafka.offset_store.durable_metadata); the tasks report it as they flush.
+        self._durable: dict[int, int] = {}
         self._leaving = threading.Event()
         self._ready = threading.Event()  # the first assignment is applied (or the job failed)
         self._ended = threading.Event()
@@ -278,6 +281,10 @@ class StreamJob:
             s.timer_idle_grace_seconds,
             s.input_topic,
             "read_committed" if s.exactly_once else "read_uncommitted",
+            # Exactly-once commits a partition's changes with its offset in each batch's transaction;
+            # Tansu keeps no metadata with a committed offset, where the changelog's position goes.
+            # A stage in the driver delivers what its changes say was sent (after_flush): every batch.
+            0.0 if s.exactly_once or self.broker_kind == broker_kind.TANSU or self.stage.runs_in_driver else s.state_flush_interval_seconds,
         )
 
     def _warm_workers(self) -> None:
@@ -413,6 +420,10 @@ class StreamJob:
             if any(o is not None for o in self._member.committed(others).values()):
                 policy = "earliest"
         start = start_positions(self._ends, committed, policy, s.input_topic, s.consumer_group)
+        # Without metadata (a new partition, or committed by a version that wrote the changelog every
+        # batch) the changelog reflects the input up to the committed offset.
+        durable = self._member.durable(owned)
+        self._durable.update({p: start[p] if durable.get(p) is None else durable[p] for p in owned})
         # Recorded at once, so a restart before any record arrives starts here too instead of at a
         # later "latest" that would skip what came in between.
         self._member.commit({p: o for p, o in start.items() if committed.get(p) is None})
@@ -518,7 +529,10 @@ class StreamJob:
             latency_sum += row.latency_sum
             self.metrics.executors.update(json.loads(row.processes))
             if row.state:
-                self.metrics.record_state(row.partition, json.loads(row.state))
+                state = json.loads(row.state)
+                self.metrics.record_state(row.partition, state)
+                if "durable" in state:
+                    self._durable[row.partition] = max(self._durable.get(row.partition, -1), state["durable"])
         collected = time.monotonic()
         # 7. every task has flushed: the output and the state's changes are written, so the position may move.
         self._commit(committed)
@@ -558,7 +572,7 @@ class StreamJob:
         try:
             try:
                 if not exactly_once:
-                    self._member.commit(mine)
+                    self._member.commit(mine, self._durable_metadata(mine))
             except CommitRefused as exc:
                 # A zombie: the group moved on while this instance was away. The output is written
                 # (the new owner writes it again), the group's offsets stay where the owner put them.
@@ -579,6 +593,13 @@ class StreamJob:
             if self.settings.fail_on_data_loss:
                 raise DataLossError(f"{problem}. Some records may never have been processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
             log.warning("skipping lost records", problem=problem)
+
+    def _durable_metadata(self, offsets: dict[int, int]) -> dict[int, str] | None:
+        """The metadata of a commit of `offsets`: where each partition's changelog is (a commit
+        without it would make the next owner take the changelog as reflecting the whole input)."""
+        if self._task is None or self._task.state is None or self._task.state.flush_interval_seconds <= 0:
+            return None
+        return {p: offset_store.durable_metadata(self._durable[p]) for p in offsets if p in self._durable}
 
     def maintain_offsets(self) -> None:
         """Called before each metrics report: lag of every partition the instance owns, also while

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,7 +25,7 @@ import pyarrow.compute as pc
 import structlog
 
 from detectorkit import logs
-from detectorkit.kafka import claims, transactions
+from detectorkit.kafka import claims, offset_store, transactions
 from detectorkit.kafka import sink as sinks
 from detectorkit.kafka.claims import Claim
 from detectorkit.kafka.planning import PartitionRange
@@ -105,6 +106,7 @@ class Stores:
     tags: dict[int, int]
     restored: dict[int, tuple[int, float]]  # changelog records read to open it, and the seconds it took
     idle: set[int]  # partitions planned with nothing to read: a tick, for their timers
+    replayed: dict[int, int] = field(default_factory=dict)  # input records replayed into the store to open it
 
 
 def _headers(ctx: TaskContext, reason: str, message: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
@@ -231,7 +233,7 @@ def process_planned(ctx: TaskContext, source: SourceOptions, ranges: list[Partit
     if ctx.exactly_once:
         return _process_in_transactions(ctx, source, ranges)
     ends: dict[int, int] = {}
-    stores = _open_stores(ctx, ranges) if ctx.state is not None else None
+    stores = _open_stores(ctx, ranges, source) if ctx.state is not None else None
     return _process(ctx, _read(source, ranges, ends), ends, stores)
 
 
@@ -286,11 +288,29 @@ def _fire_idle(ctx: TaskContext, stores: Stores, sink_of: Callable[[int], sinks.
         _send_outputs(ctx, found, sink_of(p), summaries, None, None, None, ctx.state.input_topic)
 
 
-def _open_stores(ctx: TaskContext, ranges: list[PartitionRange]) -> Stores:
+def _open_stores(ctx: TaskContext, ranges: list[PartitionRange], source: SourceOptions | None = None) -> Stores:
     """Each partition's store, reflecting its input up to the range's start (the group's committed
-    offset): restored from the changelog first when this worker's copy is not that."""
+    offset): restored from the changelog first when this worker's copy is not that. With a flush
+    interval (and the `source` to read from), the changelog may reflect less: the group's commit
+    says how much, and the records from there to the start are replayed into the store."""
     idle = {r.partition for r in ranges if r.size == 0}
-    opened = cache.open_stores(ctx.state, ctx.stage.state, {r.partition: (r.start, r.tick) for r in ranges})
+    wanted = {r.partition: (r.start, r.tick) for r in ranges}
+    durable = None
+    if ctx.state.flush_interval_seconds > 0 and source is not None:
+
+        def durable(behind: list[int]) -> dict[int, int | None]:
+            return offset_store.committed_durable(source.client_conf, source.group, source.topic, behind, ctx.state.timeout)
+
+    opened = cache.open_stores(ctx.state, ctx.stage.state, wanted, durable)
+    replays = [
+        PartitionRange(r.topic, r.partition, opened[r.partition].replay_from, r.start) for r in ranges if opened[r.partition].replay_from is not None
+    ]
+    replayed = {}
+    if replays:
+        replayed = _replay(ctx, source, {p: o.store for p, o in opened.items()}, replays)
+        for r in replays:
+            store = opened[r.partition].store
+            store.position, store.tick = wanted[r.partition]  # and written at the task's end (cache.open_stores)
     for p, o in opened.items():
         if o.restored or o.seconds:
             _log.info(
@@ -305,7 +325,25 @@ def _open_stores(ctx: TaskContext, ranges: list[PartitionRange]) -> Stores:
     stores = {p: o.store for p, o in opened.items()}
     tags = {r.partition: r.end for r in ranges}
     restored = {p: (o.restored, o.seconds) for p, o in opened.items()}
-    return Stores(stores, tags, restored, idle)
+    return Stores(stores, tags, restored, idle, replayed)
+
+
+def _replay(ctx: TaskContext, source: SourceOptions, stores: dict[int, PartitionStore], ranges: list[PartitionRange]) -> dict[int, int]:
+    """The records of `ranges` through the detector into the stores, their outputs dropped: they
+    were written when the records were first read; only the state they made was not (it was
+    waiting for the interval's flush in a worker that no longer runs the partition)."""
+    began = time.monotonic()
+    ends = {r.partition: r.end for r in ranges}
+    read = Counter()
+    for p, part in _by_partition(read_planned(source, ranges)):
+        stamps = pc.divide(part.column("timestamp").cast(pa.int64()), 1000).to_numpy()
+        nowhere = partial(Source, source.topic, p, -1)  # never written: the outputs are dropped
+        ctx.stage.run_keyed(part.column("value"), part.column("key"), stamps, ctx.config, nowhere, ctx.service, stores[p], ends[p], source.topic)
+        read[p] += part.num_rows
+    seconds = round(time.monotonic() - began, 3)
+    for r in ranges:
+        _log.info("state replayed", partition=r.partition, start=r.start, end=r.end, records=read[r.partition], seconds=seconds)
+    return dict(read)
 
 
 def _process(

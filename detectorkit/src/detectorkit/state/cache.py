@@ -5,13 +5,18 @@ the same partition usually finds it current (its position is the task's start of
 nothing from Kafka. Otherwise (another worker or instance moved the partition on, or fired its
 timers in a tick, or this store holds a batch that was never committed) the store catches up from
 the changelog, or is rebuilt from its first record, up to the task's start offset: the group's
-committed offset.
+committed offset. With a flush interval the changelog may reflect less of the input than that
+(`durable`, which the group's commit carries): the store is then read up to there, and the task
+replays the records from there to its start (runtime.processing) without writing their outputs.
+A store holding changes it has not flushed is never caught up, only rebuilt: what it holds is the
+changelog's at no offset.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from detectorkit.state import changelog
@@ -26,6 +31,7 @@ class Opened:
     restored: int  # changelog records read
     seconds: float
     rebuilt: bool = False  # read from the changelog's start (this worker had no usable copy), not caught up
+    replay_from: int | None = None  # the input offset the store reflects, when short of the task's start
 
 
 # Keyed by the declaration too: a detector that declares other state never reads this one's store.
@@ -33,33 +39,53 @@ _stores: dict[tuple[str, int, State], tuple[PartitionStore, float]] = {}
 _lock = threading.Lock()
 
 
-def open_stores(ctx: StateContext, state: State, wanted: dict[int, tuple[int, int]]) -> dict[int, Opened]:
+def open_stores(
+    ctx: StateContext,
+    state: State,
+    wanted: dict[int, tuple[int, int]],
+    durable: Callable[[list[int]], dict[int, int | None]] | None = None,
+) -> dict[int, Opened]:
     """Each partition's store, reflecting its input up to the start offset and the source's ticks
     up to the tick of `wanted` (partition -> (start, tick); timers fired on a quiet partition change
     state at the same offset). The stores not current here are read from the changelog together,
-    through one assignment: a task's partitions cost one round of fetches, not one each."""
+    through one assignment: a task's partitions cost one round of fetches, not one each. `durable`
+    gives, for the partitions whose stores are not current, how far each changelog reflects the
+    input (None: to the start); a store read up to short of its start says where in `replay_from`."""
     began = time.monotonic()
     with _lock:
         _drop_idle(ctx.idle_seconds, began)
         cached = {p: _stores.pop((ctx.topic, p, state), (None, 0.0))[0] for p in wanted}
     opened, reads, tombs = {}, {}, {}
+    until: dict[int, int] = {}
+    behind = [p for p, at in wanted.items() if cached[p] is None or (cached[p].position, cached[p].tick) != at]
+    reflected = durable(behind) if durable is not None and behind else {}
     for p, (start, tick) in wanted.items():
         store = cached[p]
-        if store is not None and (store.position, store.tick) == (start, tick):
+        if p not in behind:
             opened[p] = Opened(store, 0, 0.0)
             continue
-        if store is None or (store.position, store.tick) > (start, tick):
+        until[p] = start if reflected.get(p) is None else min(reflected[p], start)
+        if store is None or store.pending or (store.position, store.tick) > (until[p], tick):
             store, reads[p] = PartitionStore(state, p, f"state changelog {ctx.topic}-{p}"), None
         else:
             reads[p] = store.changelog_offset
         opened[p], tombs[p] = Opened(store, 0, 0.0, reads[p] is None), {}
     if reads:
         for p, records in changelog.read(ctx, reads):
-            opened[p].restored += opened[p].store.restore(records, wanted[p][0], tombs[p])
+            opened[p].restored += opened[p].store.restore(records, until[p], tombs[p])
         seconds = time.monotonic() - began
         for p in reads:
-            opened[p].store.position, opened[p].store.tick = wanted[p]
+            start, tick = wanted[p]
+            opened[p].store.position, opened[p].store.tick = until[p], tick
             opened[p].seconds = seconds
+            # Written at the task's end, whatever the interval: a store just made holds state the
+            # changelog may lack (a replay's), and a partition that keeps changing worker (a
+            # cluster's executors) would otherwise replay ever more, from a changelog that never
+            # moves; and the changelog gets a first record, against which a redeploy checks the
+            # state's shape before it processes anything.
+            opened[p].store.flushed_at = float("-inf")
+            if until[p] < start:
+                opened[p].replay_from = until[p]
     return opened
 
 

@@ -44,6 +44,10 @@ class StateContext:
     input_topic: str = ""
     # read_committed with exactly-once: an aborted batch's changes are never read back.
     isolation: str = "read_uncommitted"
+    # How often a task writes its stores' changes (0: every batch); the group's committed offset
+    # then carries how far the changelog reflects the input (`durable`), a restore reads it up to
+    # there and the records after it are replayed (runtime.processing).
+    flush_interval_seconds: float = 0.0
 
 
 def create(base_conf: Mapping[str, Any], topic: str, input_topic: str, kind: str, timeout: float) -> None:

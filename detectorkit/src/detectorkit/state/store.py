@@ -96,9 +96,17 @@ class PartitionStore:
         self._looked_up: tuple[Sequence[str], int, np.ndarray] | None = None
         self._changes: dict[str, bytes | None] = {}
         self._event_written = 0  # the event time the changelog has
+        # When its changes last went to the changelog (a task writes them once an interval); never:
+        # its first task writes them (cache.open_stores).
+        self.flushed_at = float("-inf")
 
     def __len__(self) -> int:
         return len(self._slot)
+
+    @property
+    def pending(self) -> bool:
+        """It holds changes the changelog has not got: its content is not the changelog's at any offset."""
+        return bool(self._changes) or self.event_ms > self._event_written
 
     # ---- what a batch reads and writes ------------------------------------------------------------
 
@@ -300,6 +308,7 @@ class PartitionStore:
             timer_ms = np.array([NO_TIMER if t is None else t for t in timers], dtype=np.int64)
             self._put(keys, array, seen_ms, np.array(written, dtype=np.int64), timer_ms)
             self.event_ms = max(self.event_ms, int(seen_ms.max()))
+        self._event_written = max(self._event_written, self.event_ms)  # read back, not a change
         return read
 
     # ---- inside ---------------------------------------------------------------------------------
