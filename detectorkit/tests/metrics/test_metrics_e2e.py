@@ -228,6 +228,7 @@ def test_dashboard_covers_what_sres_read():
         "state keys held",
         "state size",
         "state changelog records written",
+        "input records replayed",
         "state restore",
     ):
         assert subject in titles
