@@ -368,8 +368,9 @@ def markdown(result: dict) -> str:
         "",
         "- CPU is the whole process tree's (Spark's JVM and Python workers; Kafka Streams' JVM). Steady: the CPU spent after the first "
         "detection, per record processed after it; total: from launch.",
-        "- This project: a store's changes, each changed key once, written every STATE_FLUSH_INTERVAL_SECONDS (5 s) and at the end "
-        "of a task that opened the store from Kafka, before the batch's offsets are committed; keys expire after an hour of event "
+        "- This project: a store's changes, each changed key once, written every STATE_FLUSH_INTERVAL_SECONDS (5 s) while the backlog "
+        "is read and at the end of a task that opened the store from Kafka or read its partition to the end, before the batch's "
+        "offsets are committed; keys expire after an hour of event "
         "time. Kafka Streams: the store's cache (the DSL's default) holds changes until its commit, every 30 s (its at-least-once "
         "default); its key-value store keeps keys for ever (no TTL).",
         "- Restore, this project: each fresh process opens its partitions' stores together, as a Spark task does on an "

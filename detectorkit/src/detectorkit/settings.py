@@ -141,9 +141,10 @@ class Settings(BaseModel):
     state_flush_interval_seconds: float = Field(
         5.0,
         ge=0,
-        description="At-least-once, a detector with state: how often a task writes its partitions' state changes to the changelog "
-        "(each changed key once); 0 writes them every batch. A partition that moves, or a restart, replays the records read since "
-        "without writing their outputs again. Exactly-once, and the embedded broker, write them every batch.",
+        description="At-least-once, a detector with state, while a backlog is read: how often a task writes its partitions' state "
+        "changes to the changelog (each changed key once); a batch that reads a partition to its end writes them at once, and 0 "
+        "writes them every batch. A partition that moves, or a restart, replays the records read since without writing their "
+        "outputs again. Exactly-once, and the embedded broker, write them every batch.",
     )
     processing_guarantee: Literal["at-least-once", "exactly-once"] = Field(
         "at-least-once",

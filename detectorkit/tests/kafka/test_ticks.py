@@ -34,3 +34,11 @@ def test_within_one_tick_only_partitions_with_records_are_planned():
 
 def test_without_timers_nothing_empty_is_planned():
     assert ranges_of(reader(None).partitions({"in": {"0": 10, "1": 20}}, {"in": {"0": 15, "1": 20}})) == [(0, 10, 15)]
+
+
+def test_with_state_written_once_an_interval_each_range_says_whether_it_reads_to_the_end():
+    """A stateful task writes a caught-up partition's changes at once (runtime.checkpoint)."""
+    planner = KafkaStreamReader(SourceOptions(topic="in", client_conf={}, group="g", broker_kind="kafka", marks_caught_up=True))
+    end = {"in": {"0": 15, "1": 30}, CAUGHT_UP: [0]}  # partition 1's records go on behind the cap
+    ranges = [r for p in planner.partitions({"in": {"0": 10, "1": 20}}, end) for r in p.ranges]
+    assert {r.partition: r.caught_up for r in ranges} == {0: True, 1: False}

@@ -216,8 +216,8 @@ def input_log(monkeypatch):
     return SimpleNamespace(batches=batches, durable=durable)
 
 
-def run_from(ctx, start, end, partition=3):
-    ranges = [PartitionRange("in", partition, start, end)]
+def run_from(ctx, start, end, partition=3, caught_up=False):
+    ranges = [PartitionRange("in", partition, start, end, caught_up=caught_up)]
     source = SimpleNamespace(client_conf={}, group="svc", topic="in")
     batch = arrow(values(end - start), partition=partition, first_offset=start)
     return list(_process(ctx, iter([batch]), {partition: end}, _open_stores(ctx, ranges, source)))
@@ -226,23 +226,29 @@ def run_from(ctx, start, end, partition=3):
 def test_with_an_interval_each_changed_key_is_written_once_when_it_has_passed(kafka, input_log):
     ctx = interval_task()
     first = summaries(run_from(ctx, 100, 104))[3]
-    assert first["durable"] == 104 and first["written"] == 5  # a store just opened: written at once
     second = summaries(run_from(ctx, 104, 108))[3]
-    assert second["written"] == 0 and "durable" not in second and len(kafka["log"][3]) == 5
+    assert first["written"] == second["written"] == 0 and "durable" not in second and 3 not in kafka["log"]
     cache._stores[("svc.state", 3, COUNT.state)][0].flushed_at -= 61  # the interval has passed
     third = summaries(run_from(ctx, 108, 112))[3]
-    written = kafka["log"][3][5:]
-    assert sorted(k for k, _, _ in written) == ["k0", "k1", "k2", "k3"]  # each key once, for two batches (same event time)
-    assert third["durable"] == 112 and third["written"] == 4
+    written = kafka["log"][3]
+    assert sorted(k for k, _, _ in written) == sorted([EVENT_TIME_KEY, "k0", "k1", "k2", "k3"])  # each key once, for three batches
+    assert third["durable"] == 112 and third["written"] == 5
     assert {codec.state_of(v)["count"] for k, v, _ in written if k != EVENT_TIME_KEY} == {3}
     assert {tag for k, _, tag in written} == {112}
+
+
+def test_a_partition_read_to_its_end_is_written_at_once_so_a_quiet_one_keeps_nothing_back(kafka, input_log):
+    ctx = interval_task()
+    run_from(ctx, 100, 104)
+    assert "durable" not in summaries(run_from(ctx, 104, 108))[3]  # a backlog: the interval holds
+    assert summaries(run_from(ctx, 108, 112, caught_up=True))[3]["durable"] == 112
 
 
 def test_a_worker_without_the_changes_reads_the_changelog_to_where_it_was_written_and_replays_the_rest(kafka, input_log, monkeypatch):
     ctx = interval_task()
     workers = {"a": {}, "b": {}}
     monkeypatch.setattr(cache, "_stores", workers["a"])
-    assert summaries(run_from(ctx, 100, 104))[3]["durable"] == 104  # counts of 1 in the changelog
+    assert summaries(run_from(ctx, 100, 104, caught_up=True))[3]["durable"] == 104  # counts of 1 in the changelog
     run_from(ctx, 104, 108)  # counts of 2, in worker a only
     input_log.durable[3] = 104  # what the driver committed with offset 108
     kafka["sink"] = Sink(log=kafka["log"])
@@ -260,7 +266,7 @@ def test_a_store_holding_changes_it_never_wrote_is_rebuilt_not_caught_up(kafka, 
     ctx = interval_task()
     workers = {"a": {}, "b": {}}
     monkeypatch.setattr(cache, "_stores", workers["a"])
-    run_from(ctx, 100, 104)  # counts of 1, written
+    run_from(ctx, 100, 104, caught_up=True)  # counts of 1, written
     run_from(ctx, 104, 108)  # counts of 2, not written
     monkeypatch.setattr(cache, "_stores", workers["b"])
     input_log.durable[3] = 104

@@ -36,6 +36,8 @@ class PartitionRange:
     # The source's newest tick when planned (SourceOptions.tick_seconds): a tick changes state (timers
     # fire) without moving the offset, so a state store knows it is current by (offset, tick).
     tick: int = 0
+    # Planned to the partition's end (SourceOptions.marks_caught_up): nothing else waited behind it.
+    caught_up: bool = False
 
     @property
     def size(self) -> int:

@@ -103,6 +103,9 @@ class SourceOptions:
     # Plan a batch at least this often, with an empty range for each partition that has nothing to
     # read (a tick: timers of quiet partitions fire in it); None: only when there are records.
     tick_seconds: float | None = None
+    # Name each range read to its partition's end at planning (PartitionRange.caught_up): a stateful
+    # task writes such a partition's state changes at once rather than waiting for the interval.
+    marks_caught_up: bool = False
     # Where a batch's tasks claim their partitions when they all run on this machine (kafka.claims):
     # set for a stateful stage in local mode, so a worker keeps the partitions whose stores it holds.
     claims_dir: str | None = None
@@ -285,8 +288,10 @@ class KafkaStreamReader(DataSourceStreamReader):
         if self.options.tick_seconds:
             # A new tick is a new offset: Spark plans a batch even when no record arrived.
             end[TICK] = int(time.time() // self.options.tick_seconds)
+        if self.options.tick_seconds or self.options.marks_caught_up:
             # Only a partition read to its end is quiet: one whose records wait behind the cap is not,
-            # and its event time must come from them, not from the wall clock.
+            # and its event time must come from them, not from the wall clock. (The same offsets give
+            # the same list: no batch is planned for it alone.)
             end[CAUGHT_UP] = sorted(p for p, o in capped.items() if o >= latest[p])
         return end
 
@@ -301,6 +306,9 @@ class KafkaStreamReader(DataSourceStreamReader):
                 planned, quiet = {r.partition for r in ranges}, set(end.get(CAUGHT_UP, ()))
                 ranges += [PartitionRange(topic, p, o, o) for p, o in sorted(last.items()) if p not in planned and p in quiet]
             ranges = [dataclasses.replace(r, tick=tick) for r in ranges]
+        if self.options.marks_caught_up:
+            caught_up = set(end.get(CAUGHT_UP, ()))
+            ranges = [dataclasses.replace(r, caught_up=r.partition in caught_up) for r in ranges]
         if self.options.claims_dir and self.task is not None and self.options.group_metadata is not None and self.options.max_tasks > 1:
             # Exactly-once: a task per Python worker, even for a batch of a few records, each keeping
             # the partitions whose transactional producers its worker holds (kafka.claims): one

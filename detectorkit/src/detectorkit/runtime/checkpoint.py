@@ -69,10 +69,12 @@ def finish_task(ctx: TaskContext, sink: sinks.Sink, stores: Stores | None, summa
 
 
 def _flush_due(ctx: TaskContext, stores: Stores, p: int, now: float) -> bool:
-    """Every batch without an interval; else once it has passed, and after a tick: timers fired by
-    the wall clock (a quiet partition) are not in the input, so a replay could not repeat them."""
+    """Every batch without an interval; else once it has passed, and whenever the partition was
+    read to its end: the interval only saves work while a backlog is read, and a partition that then
+    goes quiet must not keep its changes for a replay from input that retention may delete. After
+    a tick too: timers fired by the wall clock are not in the input, and a replay could not repeat them."""
     interval = ctx.state.flush_interval_seconds
-    return interval <= 0 or p in stores.idle or now - stores.stores[p].flushed_at >= interval
+    return interval <= 0 or p in stores.idle or p in stores.caught_up or now - stores.stores[p].flushed_at >= interval
 
 
 def finish_transactions(

@@ -154,6 +154,7 @@ class StreamJob:
             broker_kind=self.broker_kind,
             client_idle_seconds=self.client_idle_seconds,
             tick_seconds=self._tick_seconds(),
+            marks_caught_up=self._task is not None and self._task.state is not None and self._task.state.flush_interval_seconds > 0,
             claims_dir=self._claims_dir(),
         )
 

@@ -107,6 +107,7 @@ class Stores:
     restored: dict[int, tuple[int, float]]  # changelog records read to open it, and the seconds it took
     idle: set[int]  # partitions planned with nothing to read: a tick, for their timers
     replayed: dict[int, int] = field(default_factory=dict)  # input records replayed into the store to open it
+    caught_up: set[int] = field(default_factory=set)  # partitions read to their end: nothing waits behind them
 
 
 def _headers(ctx: TaskContext, reason: str, message: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
@@ -310,7 +311,11 @@ def _open_stores(ctx: TaskContext, ranges: list[PartitionRange], source: SourceO
         replayed = _replay(ctx, source, {p: o.store for p, o in opened.items()}, replays)
         for r in replays:
             store = opened[r.partition].store
-            store.position, store.tick = wanted[r.partition]  # and written at the task's end (cache.open_stores)
+            store.position, store.tick = wanted[r.partition]
+            # Written at this task's end, whatever the interval: a partition that keeps changing
+            # worker (a cluster's executors) would otherwise replay ever more, from a changelog
+            # that never moves.
+            store.flushed_at = float("-inf")
     for p, o in opened.items():
         if o.restored or o.seconds:
             _log.info(
@@ -325,7 +330,7 @@ def _open_stores(ctx: TaskContext, ranges: list[PartitionRange], source: SourceO
     stores = {p: o.store for p, o in opened.items()}
     tags = {r.partition: r.end for r in ranges}
     restored = {p: (o.restored, o.seconds) for p, o in opened.items()}
-    return Stores(stores, tags, restored, idle, replayed)
+    return Stores(stores, tags, restored, idle, replayed, {r.partition for r in ranges if r.caught_up})
 
 
 def _replay(ctx: TaskContext, source: SourceOptions, stores: dict[int, PartitionStore], ranges: list[PartitionRange]) -> dict[int, int]:

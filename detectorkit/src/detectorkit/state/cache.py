@@ -78,12 +78,6 @@ def open_stores(
             start, tick = wanted[p]
             opened[p].store.position, opened[p].store.tick = until[p], tick
             opened[p].seconds = seconds
-            # Written at the task's end, whatever the interval: a store just made holds state the
-            # changelog may lack (a replay's), and a partition that keeps changing worker (a
-            # cluster's executors) would otherwise replay ever more, from a changelog that never
-            # moves; and the changelog gets a first record, against which a redeploy checks the
-            # state's shape before it processes anything.
-            opened[p].store.flushed_at = float("-inf")
             if until[p] < start:
                 opened[p].replay_from = until[p]
     return opened

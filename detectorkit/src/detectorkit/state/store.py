@@ -19,6 +19,7 @@ which measured as more than the detector itself (py-spy, the stateful benchmark)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -96,9 +97,9 @@ class PartitionStore:
         self._looked_up: tuple[Sequence[str], int, np.ndarray] | None = None
         self._changes: dict[str, bytes | None] = {}
         self._event_written = 0  # the event time the changelog has
-        # When its changes last went to the changelog (a task writes them once an interval); never:
-        # its first task writes them (cache.open_stores).
-        self.flushed_at = float("-inf")
+        # When its changes last went to the changelog (a task writes them once an interval): a new
+        # store is what the changelog holds, or empty.
+        self.flushed_at = time.monotonic()
 
     def __len__(self) -> int:
         return len(self._slot)
