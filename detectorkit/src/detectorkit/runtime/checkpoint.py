@@ -134,24 +134,31 @@ def _commit_all(txns: TaskTransactions, ends: dict[int, int]) -> None:
 
 
 def _send_changes(ctx: TaskContext, sink: sinks.Sink, stores: Stores, p: int, summaries: dict[int, PartitionSummary], send: bool = True) -> None:
+    """The partition's state changes to its changelog partition if `send`, and its state summary."""
     store, tag = stores.stores[p], stores.tags[p]
+    expired = written = 0
+    if send:
+        expired = store.expire(tag)
+        changes = store.take_changes()
+        # A value carries its batch's offset (state.codec); a tombstone and the event time, in a header.
+        event = [changes.pop()] if changes and changes[-1][0] == EVENT_TIME_KEY else []
+        values = [c for c in changes if c[1] is not None]
+        if values:
+            sink.send_batch(ctx.state.topic, p, values)
+        if len(values) < len(changes) or event:
+            headers = [(INPUT_OFFSET_HEADER, str(tag).encode())]
+            sink.send_all(ctx.state.topic, p, [c for c in changes if c[1] is None] + event, headers)
+        written = len(changes) + len(event)
     restored, seconds = stores.restored[p]
-    report = {"keys": len(store), "bytes": store.bytes, "restored": restored, "restore_seconds": seconds, "replayed": stores.replayed.get(p, 0)}
-    if not send:
-        summaries[p].state = report | {"written": 0, "expired": 0}
-        return
-    expired = store.expire(tag)
-    changes = store.take_changes()
-    # A value carries its batch's offset (state.codec); a tombstone and the event time, in a header.
-    event = [changes.pop()] if changes and changes[-1][0] == EVENT_TIME_KEY else []
-    values = [c for c in changes if c[1] is not None]
-    if values:
-        sink.send_batch(ctx.state.topic, p, values)
-    if len(values) < len(changes) or event:
-        headers = [(INPUT_OFFSET_HEADER, str(tag).encode())]
-        sink.send_all(ctx.state.topic, p, [c for c in changes if c[1] is None] + event, headers)
-    written = len(changes) + len(event)
-    summaries[p].state = report | {"keys": len(store), "bytes": store.bytes, "written": written, "expired": expired}
+    summaries[p].state = {
+        "keys": len(store),
+        "bytes": store.bytes,
+        "written": written,
+        "expired": expired,
+        "restored": restored,
+        "restore_seconds": seconds,
+        "replayed": stores.replayed.get(p, 0),
+    }
 
 
 def _keep(ctx: TaskContext, stores: Stores, summaries: dict[int, PartitionSummary]) -> None:

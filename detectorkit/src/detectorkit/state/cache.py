@@ -57,7 +57,7 @@ def open_stores(
         cached = {p: _stores.pop((ctx.topic, p, state), (None, 0.0))[0] for p in wanted}
     opened, reads, tombs = {}, {}, {}
     until: dict[int, int] = {}
-    behind = [p for p, at in wanted.items() if cached[p] is None or (cached[p].position, cached[p].tick) != at]
+    behind = [p for p, at in wanted.items() if not _current(cached[p], at)]
     reflected = durable(behind) if durable is not None and behind else {}
     for p, (start, tick) in wanted.items():
         store = cached[p]
@@ -93,8 +93,13 @@ def current(ctx: StateContext, state: State, wanted: dict[int, tuple[int, int]])
     """The partitions of `wanted` (partition -> (start, tick)) whose stores this worker holds as of
     there: a task that runs them reads nothing from the changelog."""
     with _lock:
-        held = {p: _stores.get((ctx.topic, p, state)) for p in wanted}
-    return {p for p, entry in held.items() if entry is not None and (entry[0].position, entry[0].tick) == wanted[p]}
+        held = {p: _stores.get((ctx.topic, p, state), (None, 0.0))[0] for p in wanted}
+    return {p for p, store in held.items() if _current(store, wanted[p])}
+
+
+def _current(store: PartitionStore | None, at: tuple[int, int]) -> bool:
+    """It reflects the input up to `at` (offset, tick): a task that starts there needs nothing else."""
+    return store is not None and (store.position, store.tick) == at
 
 
 def keep(ctx: StateContext, store: PartitionStore) -> None:
