@@ -274,11 +274,10 @@ class GroupMember:
     def durable(self, partitions: Iterable[int]) -> dict[int, int | None]:
         """How far each partition's state changelog reflects the input, as its commit's metadata says."""
         partitions = list(partitions)
-        return self._run(lambda: {tp.partition: offset_store.durable_of(tp.metadata) for tp in self._committed_tps(partitions)})
+        return self._run(lambda: {tp.partition: offset_store.durable_of(tp.metadata) for tp in self._committed_partitions(partitions)})
 
-    def _committed_tps(self, partitions: list[int]) -> list[TopicPartition]:
-        tps = [TopicPartition(self.topic, p) for p in partitions]
-        return retrying(lambda: self._consumer.committed(tps, timeout=self.timeout), self.timeout) if tps else []
+    def _committed_partitions(self, partitions: list[int]) -> list[TopicPartition]:
+        return offset_store.committed_partitions(self._consumer, self.topic, partitions, self.timeout)
 
     def commit(self, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None) -> None:
         """Commit as the group member, only partitions it owns when the commit runs (the release of
@@ -312,7 +311,7 @@ class GroupMember:
 
         def again():
             owned = [p for p in partitions if p in self.owned]
-            tps = [tp for tp in self._committed_tps(owned) if tp.offset >= 0]
+            tps = [tp for tp in self._committed_partitions(owned) if tp.offset >= 0]
             known = {tp.partition: tp.offset for tp in tps}
             self._commit(known, {tp.partition: tp.metadata for tp in tps if tp.metadata})  # the metadata too: where the state is
             return known

@@ -42,21 +42,21 @@ def committed_durable(client_conf: Mapping[str, Any], group: str, topic: str, pa
     (one request to the group coordinator; no member joins)."""
     consumer = clients.new_consumer(clients.consumer(client_conf, group))
     try:
-        tps = [TopicPartition(topic, p) for p in partitions]
-        result = retrying(lambda: consumer.committed(tps, timeout=timeout), timeout) if tps else []
-        return {tp.partition: durable_of(tp.metadata) for tp in result}
+        return {tp.partition: durable_of(tp.metadata) for tp in committed_partitions(consumer, topic, partitions, timeout)}
     finally:
         consumer.close()
 
 
-def committed(consumer: Consumer, topic: str, partitions: Iterable[int], timeout: float) -> dict[int, int | None]:
-    """The group's committed offset of each of `topic`'s `partitions`, None where it has none;
-    asked again while the broker answers with a transient error (a coordinator moving or loading)."""
+def committed_partitions(consumer: Consumer, topic: str, partitions: Iterable[int], timeout: float) -> list[TopicPartition]:
+    """The group's commits of `topic`'s `partitions` (offset and metadata); asked again while the
+    broker answers with a transient error (a coordinator moving or loading)."""
     tps = [TopicPartition(topic, p) for p in partitions]
-    if not tps:
-        return {}
-    result = retrying(lambda: consumer.committed(tps, timeout=timeout), timeout)
-    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
+    return retrying(lambda: consumer.committed(tps, timeout=timeout), timeout) if tps else []
+
+
+def committed(consumer: Consumer, topic: str, partitions: Iterable[int], timeout: float) -> dict[int, int | None]:
+    """The group's committed offset of each of `topic`'s `partitions`, None where it has none."""
+    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in committed_partitions(consumer, topic, partitions, timeout)}
 
 
 class OffsetStore:

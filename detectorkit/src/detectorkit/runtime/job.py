@@ -154,7 +154,7 @@ class StreamJob:
             broker_kind=self.broker_kind,
             client_idle_seconds=self.client_idle_seconds,
             tick_seconds=self._tick_seconds(),
-            marks_caught_up=self._task is not None and self._task.state is not None and self._task.state.flush_interval_seconds > 0,
+            marks_caught_up=self._flushes_per_interval(),
             claims_dir=self._claims_dir(),
         )
 
@@ -423,8 +423,9 @@ class StreamJob:
         start = start_positions(self._ends, committed, policy, s.input_topic, s.consumer_group)
         # Without metadata (a new partition, or committed by a version that wrote the changelog every
         # batch) the changelog reflects the input up to the committed offset.
-        durable = self._member.durable(owned)
-        self._durable.update({p: start[p] if durable.get(p) is None else durable[p] for p in owned})
+        if self._flushes_per_interval():
+            durable = self._member.durable(owned)
+            self._durable.update({p: start[p] if durable.get(p) is None else durable[p] for p in owned})
         # Recorded at once, so a restart before any record arrives starts here too instead of at a
         # later "latest" that would skip what came in between.
         self._member.commit({p: o for p, o in start.items() if committed.get(p) is None})
@@ -598,9 +599,13 @@ class StreamJob:
     def _durable_metadata(self, offsets: dict[int, int]) -> dict[int, str] | None:
         """The metadata of a commit of `offsets`: where each partition's changelog is (a commit
         without it would make the next owner take the changelog as reflecting the whole input)."""
-        if self._task is None or self._task.state is None or self._task.state.flush_interval_seconds <= 0:
+        if not self._flushes_per_interval():
             return None
         return {p: offset_store.durable_metadata(self._durable[p]) for p in offsets if p in self._durable}
+
+    def _flushes_per_interval(self) -> bool:
+        """The tasks write state changes once an interval (StateContext.flush_interval_seconds)."""
+        return self._task is not None and self._task.state is not None and self._task.state.flush_interval_seconds > 0
 
     def maintain_offsets(self) -> None:
         """Called before each metrics report: lag of every partition the instance owns, also while
