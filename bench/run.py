@@ -140,6 +140,8 @@ class TreeSampler(threading.Thread):
         self.pss = 0  # at the last sample
         self.cpu = 0.0
         self._cpu_by_pid: dict[int, float] = {}
+        self._name_by_pid: dict[int, str] = {}
+        self._sys_by_pid: dict[int, float] = {}
         self._halt = threading.Event()
 
     def sample(self) -> None:
@@ -156,12 +158,25 @@ class TreeSampler(threading.Thread):
                 t = proc.cpu_times()
                 # Remember each process's own CPU: an exited worker's seconds still count.
                 self._cpu_by_pid[proc.pid] = max(self._cpu_by_pid.get(proc.pid, 0.0), t.user + t.system)
+                self._sys_by_pid[proc.pid] = max(self._sys_by_pid.get(proc.pid, 0.0), t.system)
+                # Each time: Spark's launcher script execs the JVM in the same process.
+                self._name_by_pid[proc.pid] = _kind_of(proc)
             except psutil.Error:
                 continue
         self.pss = pss
         self.peak_rss = max(self.peak_rss, rss)
         self.peak_pss = max(self.peak_pss, pss)
         self.cpu = sum(self._cpu_by_pid.values())
+
+    def by_kind(self) -> dict[str, float]:
+        """CPU seconds so far (and of them, the kernel's), summed by kind of process
+        (BENCH_CPU_BY_PROCESS=1 prints them)."""
+        kinds: dict[str, float] = {}
+        for pid, cpu in self._cpu_by_pid.items():
+            kind = self._name_by_pid.get(pid, "?")
+            kinds[kind] = kinds.get(kind, 0.0) + cpu
+            kinds[kind + " (system)"] = kinds.get(kind + " (system)", 0.0) + self._sys_by_pid.get(pid, 0.0)
+        return kinds
 
     def run(self) -> None:
         while not self._halt.wait(self.interval):
@@ -170,6 +185,20 @@ class TreeSampler(threading.Thread):
     def stop(self) -> None:
         self.sample()
         self._halt.set()
+
+
+def _kind_of(proc: psutil.Process) -> str:
+    """A process's kind, for a CPU breakdown: its program and the module or main class it runs."""
+    try:
+        cmd = proc.cmdline()
+    except psutil.Error:
+        return "?"
+    if not cmd:
+        return "?"
+    program = pathlib.Path(cmd[0]).name
+    module = next((cmd[i + 1] for i, a in enumerate(cmd[:-1]) if a == "-m"), None)
+    main = next((a for a in cmd[1:] if not a.startswith("-") and ("." in a or "/" in a)), "")
+    return f"{program} {module or main}"[:80]
 
 
 class OutputTail(threading.Thread):
@@ -398,11 +427,13 @@ def throughput_run(c: Contender, base: dict, out_topic: str, records: int, expec
     sampler = TreeSampler(proc.pid)
     sampler.start()
     at_first: list[tuple[float, int]] = []  # (CPU seconds, detections) when the first detection came out
+    kinds_at_first: dict[str, float] = {}
 
     def progress() -> bool:
         if not at_first and tail.count > 0:
             sampler.sample()
             at_first.append((sampler.cpu, tail.count))
+            kinds_at_first.update(sampler.by_kind())
         return tail.count >= expected
 
     try:
@@ -412,6 +443,9 @@ def throughput_run(c: Contender, base: dict, out_topic: str, records: int, expec
         stop(proc)
         tail.stop()
     span_s = ((tail.last_ms or 0) - (tail.first_ms or 0)) / 1000
+    if os.environ.get("BENCH_CPU_BY_PROCESS"):
+        for kind, cpu in sorted(sampler.by_kind().items(), key=lambda kv: -kv[1]):
+            print(f"  {c.name.split()[0]} steady CPU {cpu - kinds_at_first.get(kind, 0.0):7.2f} s (total {cpu:7.2f}) {kind}", flush=True)
     # Steady state: the CPU spent after the first detection, per record processed after it (the
     # detections are spread evenly over the records, so their share stands for the records').
     steady = float("nan")
