@@ -262,9 +262,9 @@ def test_where_the_state_changelog_is_goes_with_each_commit_and_survives_a_recom
     try:
         wait_for(lambda: len(one.owned) == 2, timeout=60, what="the member to own both partitions")
         one.commit({0: 120, 1: 7}, {0: offset_store.durable_metadata(100)})
-        assert one.durable([0, 1]) == {0: 100, 1: None}
+        assert one.commits([0, 1]) == {0: offset_store.Commit(120, 100), 1: offset_store.Commit(7, None)}
         assert one.recommit([0, 1]) == {0: 120, 1: 7}
-        assert one.durable([0, 1]) == {0: 100, 1: None}
+        assert one.commits([0, 1]) == {0: offset_store.Commit(120, 100), 1: offset_store.Commit(7, None)}
         # What a task reads, outside the group.
         assert offset_store.committed_durable(base, group, topic, [0, 1], 20) == {0: 100, 1: None}
     finally:

@@ -271,10 +271,11 @@ class GroupMember:
         partitions = list(partitions)
         return self._run(lambda: offset_store.committed(self._consumer, self.topic, partitions, self.timeout))
 
-    def durable(self, partitions: Iterable[int]) -> dict[int, int | None]:
-        """How far each partition's state changelog reflects the input, as its commit's metadata says."""
+    def commits(self, partitions: Iterable[int]) -> dict[int, offset_store.Commit]:
+        """Each partition's committed offset and how far its state changelog reflects the input (the
+        commit's metadata), in one request."""
         partitions = list(partitions)
-        return self._run(lambda: {tp.partition: offset_store.durable_of(tp.metadata) for tp in self._committed_partitions(partitions)})
+        return self._run(lambda: offset_store.commits(self._consumer, self.topic, partitions, self.timeout))
 
     def _committed_partitions(self, partitions: list[int]) -> list[TopicPartition]:
         return offset_store.committed_partitions(self._consumer, self.topic, partitions, self.timeout)

@@ -10,7 +10,7 @@ the group has no members).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -37,12 +37,20 @@ def durable_of(metadata: str | None) -> int | None:
     return None
 
 
+class Commit(NamedTuple):
+    """A partition's commit: its offset (None: none) and the changelog position its metadata
+    carries (`durable_of`)."""
+
+    offset: int | None
+    durable: int | None
+
+
 def committed_durable(client_conf: Mapping[str, Any], group: str, topic: str, partitions: Iterable[int], timeout: float) -> dict[int, int | None]:
     """For a task outside the group: each partition's `durable_of` its committed offset's metadata
     (one request to the group coordinator; no member joins)."""
     consumer = clients.new_consumer(clients.consumer(client_conf, group))
     try:
-        return {tp.partition: durable_of(tp.metadata) for tp in committed_partitions(consumer, topic, partitions, timeout)}
+        return {p: c.durable for p, c in commits(consumer, topic, partitions, timeout).items()}
     finally:
         consumer.close()
 
@@ -54,9 +62,15 @@ def committed_partitions(consumer: Consumer, topic: str, partitions: Iterable[in
     return retrying(lambda: consumer.committed(tps, timeout=timeout), timeout) if tps else []
 
 
+def commits(consumer: Consumer, topic: str, partitions: Iterable[int], timeout: float) -> dict[int, Commit]:
+    """The group's commit of each of `topic`'s `partitions`: offset and changelog position, in one request."""
+    tps = committed_partitions(consumer, topic, partitions, timeout)
+    return {tp.partition: Commit(tp.offset if tp.offset >= 0 else None, durable_of(tp.metadata)) for tp in tps}
+
+
 def committed(consumer: Consumer, topic: str, partitions: Iterable[int], timeout: float) -> dict[int, int | None]:
     """The group's committed offset of each of `topic`'s `partitions`, None where it has none."""
-    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in committed_partitions(consumer, topic, partitions, timeout)}
+    return {p: c.offset for p, c in commits(consumer, topic, partitions, timeout).items()}
 
 
 class OffsetStore:

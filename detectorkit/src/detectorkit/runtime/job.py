@@ -411,7 +411,8 @@ class StreamJob:
             # What a killed owner left open is aborted first, so the offsets read next are stable.
             timeout_ms = int(s.transaction_timeout_seconds * 1000)
             transactions.fence(clients.producer(self._base), s.consumer_group, s.input_topic, sorted(owned), timeout_ms, s.connect_timeout_seconds)
-        committed = self._member.committed(owned)
+        commits = self._member.commits(owned)  # the offsets, and with a flush interval where the changelog is
+        committed = {p: c.offset for p, c in commits.items()}
         policy = s.starting_offsets
         if any(o is None for o in committed.values()) and policy != "earliest":
             # STARTING_OFFSETS is for the service's first start. Once the group holds a position
@@ -424,8 +425,7 @@ class StreamJob:
         # Without metadata (a new partition, or committed by a version that wrote the changelog every
         # batch) the changelog reflects the input up to the committed offset.
         if self._flushes_per_interval():
-            durable = self._member.durable(owned)
-            self._durable.update({p: start[p] if durable.get(p) is None else durable[p] for p in owned})
+            self._durable.update({p: start[p] if commits[p].durable is None else commits[p].durable for p in owned})
         # Recorded at once, so a restart before any record arrives starts here too instead of at a
         # later "latest" that would skip what came in between.
         self._member.commit({p: o for p, o in start.items() if committed.get(p) is None})
