@@ -150,6 +150,11 @@ def _by_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, pa.R
         yield int(partitions[start]), ordered.slice(start, end - start)
 
 
+def _stamps_ms(batch: pa.RecordBatch) -> pa.Array:
+    """The records' timestamps in ms, as Kafka has them (the source gives microseconds)."""
+    return pc.divide(batch.column("timestamp").cast(pa.int64()), 1000)
+
+
 def _process_records(
     ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, summaries: dict[int, PartitionSummary], stores: Stores | None, partition: int | None
 ) -> None:
@@ -158,7 +163,7 @@ def _process_records(
     topic = batch.column("topic")[0].as_py()
     # Only the rows that are written out are turned into Python objects.
     keys, values = batch.column("key"), batch.column("value")
-    stamps = pc.divide(batch.column("timestamp").cast(pa.int64()), 1000)  # ms, as Kafka has them
+    stamps = _stamps_ms(batch)
 
     def source(position: int) -> Source:
         key = keys[position].as_py()
@@ -341,7 +346,7 @@ def _replay(ctx: TaskContext, source: SourceOptions, stores: dict[int, Partition
     ends = {r.partition: r.end for r in ranges}
     read = Counter()
     for p, part in _by_partition(read_planned(source, ranges)):
-        stamps = pc.divide(part.column("timestamp").cast(pa.int64()), 1000).to_numpy()
+        stamps = _stamps_ms(part).to_numpy()
         nowhere = partial(Source, source.topic, p, -1)  # never written: the outputs are dropped
         ctx.stage.run_keyed(part.column("value"), part.column("key"), stamps, ctx.config, nowhere, ctx.service, stores[p], ends[p], source.topic)
         read[p] += part.num_rows
