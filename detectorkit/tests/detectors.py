@@ -1,6 +1,7 @@
 """Detectors the runtime's tests run; importable by Spark's Python workers (conftest puts this
 folder on PYTHONPATH before Spark starts)."""
 
+import dataclasses
 import os
 import sys
 import time
@@ -120,3 +121,5 @@ def went_quiet(fired: pd.DataFrame, config: SilenceConfig):
 
 
 SILENCE = Detector(name="test-silence", detect=quiet_keys, config=SilenceConfig, state=State(columns=("last_ms",)), on_timer=went_quiet)
+# The same with its column typed: the store keeps it as an array (state.columns).
+SILENCE_TYPED = dataclasses.replace(SILENCE, state=State(columns={"last_ms": "int64"}))

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from detectorkit import Detector, State
 from detectorkit.testing import DetectorError, DetectorHarness
 
-from ..detectors import SILENCE, SilenceConfig, quiet_keys, went_quiet
+from ..detectors import SILENCE, SILENCE_TYPED, SilenceConfig, quiet_keys, went_quiet
 
 Config = SilenceConfig
 detect, on_timer = quiet_keys, went_quiet
@@ -103,17 +103,20 @@ def test_the_event_time_a_quiet_partition_reached_survives_a_restart():
         assert fired_of(run) == [("a", 10), ("b", 60)], restart
 
 
-def test_a_key_whose_on_timer_fails_loses_its_timer_and_keeps_its_state():
+@pytest.mark.parametrize("columns", [("last_ms",), {"last_ms": "int64"}], ids=["untyped", "typed"])
+def test_a_key_whose_on_timer_fails_loses_its_timer_and_keeps_its_state(columns):
     calls = []
 
     def failing(fired, config):
         calls.append(list(fired.index))
         raise ValueError("cannot")
 
-    run = DetectorHarness(Detector(name="s", detect=detect, config=Config, state=State(columns=("last_ms",), ttl_seconds=5), on_timer=failing))
+    run = DetectorHarness(Detector(name="s", detect=detect, config=Config, state=State(columns=columns, ttl_seconds=5), on_timer=failing))
     run.batch(stream([("a", 0)]))
-    with pytest.raises(DetectorError, match="cannot"):
+    with pytest.raises(DetectorError, match="cannot") as raised:
         run.advance(pd.Timestamp(20, unit="s", tz="UTC"))
+    # The dead letter holds the key's state as the changelog does (JSON numbers, whatever the store keeps).
+    assert b'"state": {"last_ms": 0}' in raised.value.failed_timers[0].value
     run.restart()
     run.advance(pd.Timestamp(40, unit="s", tz="UTC"))  # no second firing, and its TTL applies again
     assert calls == [["a"]]
@@ -148,11 +151,12 @@ def streams(draw):
     return rows, cuts, restarts, draw(st.integers(1, 3))
 
 
+@pytest.mark.parametrize("detector", [SILENCE, SILENCE_TYPED], ids=["untyped", "typed"])
 @settings(max_examples=150, deadline=None)
 @given(streams())
-def test_timers_fire_the_same_whatever_the_batches_restarts_and_partitions(case):
+def test_timers_fire_the_same_whatever_the_batches_restarts_and_partitions(detector, case):
     rows, cuts, restarts, partitions = case
-    run = DetectorHarness(SILENCE, partitions=partitions)
+    run = DetectorHarness(detector, partitions=partitions)
     bounds = [0, *cuts, len(rows)]
     for (start, end), restart in zip(zip(bounds, bounds[1:], strict=False), restarts, strict=False):
         if end > start:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 {%- if cookiecutter.detector_kind == "burst" %}
-from itertools import chain
 
 import numpy as np
 {%- else %}
@@ -22,13 +21,18 @@ import numpy as np
 import pandas as pd
 from detectorkit import Detector{% if cookiecutter.detector_kind in ("burst", "silence") %}, State{% endif %}
 {%- if cookiecutter.detector_kind == "burst" %}
+from detectorkit.state import lists
+{%- endif %}
+{%- if cookiecutter.detector_kind == "burst" %}
 
 # What the detector remembers of each customer between batches: the times of their last records
-# inside the window (at most min_records - 1) and when they were last flagged. A customer quiet for
-# longer than the TTL (event time) is forgotten; it must be at least the window (Config checks), and
-# the margin above it is how far a customer's records may lag the partition's newest without their
-# state being dropped too early.
-STATE = State(columns=("recent_ms", "flagged_ms"), ttl_seconds=3600)
+# inside the window (at most min_records - 1) and when they were last flagged (NaN: never). A
+# customer quiet for longer than the TTL (event time) is forgotten; it must be at least the window
+# (Config checks), and the margin above it is how far a customer's records may lag the partition's
+# newest without their state being dropped too early. Typed columns: the state comes and goes as
+# arrays (a list column's `.list.flatten()` and `.list.len()`, and `lists()` back), with no Python
+# object per customer.
+STATE = State(columns={"recent_ms": "list<int64>", "flagged_ms": "float64"}, ttl_seconds=3600)
 
 
 @dataclass(frozen=True)
@@ -64,16 +68,15 @@ def detect(records: pd.DataFrame, state: pd.DataFrame, config: Config) -> tuple[
     window_ms, keep = int(config.window_seconds * 1000), config.min_records - 1
     codes, customers = pd.factorize(records["key"].to_numpy())
     owner = pd.Index(customers).get_indexer(state.index)  # each state row's customer, -1: none here
-    old = [r for o, r in zip(owner.tolist(), state["recent_ms"].tolist(), strict=True) if o >= 0]
     has_flag = (owner >= 0) & state["flagged_ms"].notna().to_numpy()
-    flagged = dict(zip(owner[has_flag].tolist(), state["flagged_ms"][has_flag].tolist(), strict=True))
+    flagged = dict(zip(owner[has_flag].tolist(), state["flagged_ms"].to_numpy()[has_flag].tolist(), strict=True))
+    old_customer = np.repeat(owner, state["recent_ms"].list.len().to_numpy())
+    old_times = state["recent_ms"].list.flatten().to_numpy()[old_customer >= 0]
 
     # Each customer's times in arrival order, the state's first: a stable sort by customer of the
     # state's times and the batch's. `at`: a record's position in the batch, -1 for a state's time.
-    customer = np.concatenate([np.repeat(owner[owner >= 0], [len(r) for r in old]), codes])
-    times = np.concatenate(
-        [np.fromiter(chain.from_iterable(old), np.int64), records["event_time"].astype("int64").to_numpy() // 1_000_000]
-    )
+    customer = np.concatenate([old_customer[old_customer >= 0], codes])
+    times = np.concatenate([old_times, records["event_time"].astype("int64").to_numpy() // 1_000_000])
     at = np.concatenate([np.full(len(times) - len(codes), -1), np.arange(len(codes))])
     order = np.argsort(customer, kind="stable")
     customer, times, at = customer[order], times[order], at[order]
@@ -102,16 +105,22 @@ def detect(records: pd.DataFrame, state: pd.DataFrame, config: Config) -> tuple[
             found.append(i)
             flagged[c] = t
 
-    # What a later burst can use: each customer's last `keep` times inside the window of their newest.
+    # What a later burst can use: each customer's last `keep` times inside the window of their newest
+    # (the slow customers': as the rule kept them), in customer order.
     end = np.flatnonzero(np.diff(customer, append=len(customers)))  # each customer's newest time
     kept = ~slow & (end[customer] - np.arange(len(times)) < keep) & (times >= times[end][customer] - window_ms)
-    count = np.bincount(customer[kept], minlength=len(customers))
-    listed = times.tolist()
-    recent_ms = [listed[e + 1 - n : e + 1] for e, n in zip(end.tolist(), count.tolist(), strict=True)]
-    for c, times_kept in recent.items():
-        recent_ms[c] = times_kept
+    kept_customer, kept_times = customer[kept], times[kept]
+    if recent:
+        slow_customer = np.array([c for c, ts in recent.items() for _ in ts], dtype=kept_customer.dtype)
+        slow_times = np.array([t for ts in recent.values() for t in ts], dtype=np.int64)
+        kept_customer = np.concatenate([kept_customer, slow_customer])
+        order = np.argsort(kept_customer, kind="stable")
+        kept_customer, kept_times = kept_customer[order], np.concatenate([kept_times, slow_times])[order]
+    last_flag = np.full(len(customers), np.nan)
+    last_flag[list(flagged)] = list(flagged.values())
     new_state = pd.DataFrame(
-        {"recent_ms": recent_ms, "flagged_ms": [flagged.get(c) for c in range(len(customers))]}, index=customers
+        {"recent_ms": lists(kept_times, np.bincount(kept_customer, minlength=len(customers))), "flagged_ms": last_flag},
+        index=customers,
     )
     found = np.sort(np.array(found, dtype=np.intp))
     detections = pd.DataFrame(

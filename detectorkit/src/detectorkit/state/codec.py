@@ -17,6 +17,7 @@ the header of a record written before (or of a tombstone).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -44,11 +45,19 @@ def encode(values: dict[str, Any], seen_ms: int, timer_ms: int | None = None, ta
     return encode_many([values], [seen_ms], [timer_ms], tag)[0]
 
 
-def encode_many(states: Iterable[dict[str, Any]], seen_ms: Iterable[int], timer_ms: Iterable[int | None], tag: int | None = None) -> list[bytes]:
-    """`encode` of many keys (one loop: a batch writes thousands)."""
+def encode_many(
+    states: Iterable[dict[str, Any]],
+    seen_ms: Iterable[int],
+    timer_ms: Iterable[int | None],
+    tag: int | None = None,
+    tags: Iterable[int] | None = None,
+) -> list[bytes]:
+    """`encode` of many keys (one loop: a batch writes thousands); `tags`: each key's own tag."""
     dumps, join, out = orjson.dumps, b"".join, []
+    states = list(states)
+    tags = repeat(tag, len(states)) if tags is None else tags
     try:
-        for values, seen, timer in zip(states, seen_ms, timer_ms, strict=True):
+        for values, seen, timer, tag in zip(states, seen_ms, timer_ms, tags, strict=True):
             body = {"state": values, "seen_ms": seen} if tag is None else {"tag": tag, "state": values, "seen_ms": seen}
             if timer is not None:
                 body["timer_ms"] = timer
@@ -73,23 +82,25 @@ def decode(value: bytes, state: State, where: str) -> tuple[dict[str, Any], int,
         values = body["state"]
         seen = int(body["seen_ms"])
     except (ValueError, KeyError, TypeError) as exc:
-        raise StateSchemaError(f"{where} holds a value that is not detectorkit state ({exc}); {_ADVICE}") from None
+        raise StateSchemaError(f"{where} holds a value that is not detectorkit state ({exc}); {ADVICE}") from None
     if not isinstance(values, dict) or values.keys() != state.column_set:
         found = sorted(values) if isinstance(values, dict) else type(values).__name__
-        raise StateSchemaError(f"{where} holds state with columns {found}, the detector declares {sorted(state.columns)}; {_ADVICE}")
+        raise StateSchemaError(f"{where} holds state with columns {found}, the detector declares {sorted(state.columns)}; {ADVICE}")
     return values, seen, body.get("timer_ms")
 
 
-def decode_many(values: Iterable[bytes], state: State, where: str) -> tuple[list[int], list[int | None]]:
-    """(seen_ms, timer_ms) of each changelog value, each checked as `decode` does (a restore reads
-    every key of a partition: one loop, not a call per value)."""
+def decode_many(values: Iterable[bytes], state: State, where: str) -> tuple[list[dict[str, Any]], list[int], list[int | None]]:
+    """(states, seen_ms, timer_ms) of each changelog value, each checked as `decode` does (a restore
+    reads every key of a partition: one loop, not a call per value)."""
     loads, columns = orjson.loads, state.column_set
+    states: list[dict[str, Any]] = []
     seens: list[int] = []
     timers: list[int | None] = []
     for value in values:
         try:
             body = loads(value)
             ok = body["state"].keys() == columns
+            states.append(body["state"])
             seens.append(int(body["seen_ms"]))
             timers.append(body.get("timer_ms"))
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -97,10 +108,10 @@ def decode_many(values: Iterable[bytes], state: State, where: str) -> tuple[list
         if not ok:
             decode(value, state, where)  # raises, saying what is wrong
             raise AssertionError("unreachable: decode accepted what decode_many refused")
-    return seens, timers
+    return states, seens, timers
 
 
-_ADVICE = (
+ADVICE = (
     "the state's shape changed since it was written. Deploy the version that wrote it, or give the "
     "State a new name (State(name=...)) to start from empty state in a new changelog topic"
 )

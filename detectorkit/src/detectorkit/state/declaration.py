@@ -15,6 +15,14 @@ batch missing from it has no state any more. Values are JSON types (numbers, str
 None, lists and dicts of them): they travel through the changelog and must read back the same.
 JSON has no NaN or infinity: they read back as None (pandas' missing number, NaN, is None again).
 
+Typed columns: `State(columns={"recent_ms": "list<int64>", "flagged_ms": "float64"})` declares
+each column's type (int64, float64 with NaN for missing, list<int64>, list<float64>). The detector
+then gets numbers as NumPy columns and lists as Arrow list columns (`state["recent_ms"].list.flatten()`,
+`.list.len()`; `detectorkit.state.lists(values, lengths)` builds one to return), and the store keeps
+them as arrays: no JSON per key and batch, which is most of what untyped state costs (see
+`state/columns.py`). A value that does not fit its type is refused like a value that is not JSON.
+The changelog holds the same JSON either way, so a State can gain types after a redeploy.
+
 Timers: `detect` may return a third value, a Series of times indexed by key: each key of the batch
 gets that timer (NaT or absent: none). A timer fires once the partition's event time (its newest
 record time) reaches it: `on_timer(fired, config) -> (detections, new_state[, timers])` gets the
@@ -35,13 +43,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from collections.abc import Mapping
 
+import numpy as np
 import pandas as pd
 
 from detectorkit.settings import check_topic_name
+from detectorkit.state.columns import TYPES, TypedColumns
 
 # Columns the runtime adds to the records a stateful detector sees, and to the keys whose timers fired.
 KEY, EVENT_TIME, DEADLINE = "key", "event_time", "deadline"
+_NO_SLOTS = np.zeros(0, dtype=np.intp)
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -53,7 +65,8 @@ class StateSchemaError(ValueError):
 class State:
     """Per-key state of a detector.
 
-    columns: the state's columns (a key's state is one row).
+    columns: the state's columns (a key's state is one row): names (values of any JSON type), or
+        {name: type} with types from int64, float64, list<int64>, list<float64> (typed: arrays).
     ttl_seconds: a key unseen for longer than this, in event time, is dropped; None keeps keys until
         the detector drops them. Event time is the partition's newest record time.
     name: names the changelog topic (`<consumer group>.<name>`); a new name starts from empty state,
@@ -63,8 +76,15 @@ class State:
     columns: tuple[str, ...]
     ttl_seconds: float | None = None
     name: str = "state"
+    # ((name, type), ...) of typed columns, None when untyped: set from `columns`.
+    types: tuple[tuple[str, str], ...] | None = dataclasses.field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.columns, Mapping):
+            wrong = {c: t for c, t in self.columns.items() if t not in TYPES}
+            if wrong:
+                raise ValueError(f"State(columns=...) types must be one of {', '.join(TYPES)}, not {wrong!r}")
+            object.__setattr__(self, "types", tuple(self.columns.items()))
         object.__setattr__(self, "columns", tuple(self.columns))
         if not self.columns or len(set(self.columns)) != len(self.columns) or not all(isinstance(c, str) and c for c in self.columns):
             raise ValueError(f"State(columns=...) needs distinct, non-empty column names, not {self.columns!r}")
@@ -85,6 +105,8 @@ class State:
         return check_topic_name(f"{consumer_group}.{self.name}")
 
     def empty(self) -> pd.DataFrame:
+        if self.types:
+            return TypedColumns(self.types).frame(_NO_SLOTS, [], KEY)
         return pd.DataFrame(columns=list(self.columns), index=pd.Index([], dtype=object, name=KEY))
 
     def check_returned(self, new_state: object, keys: pd.Index) -> pd.DataFrame:

@@ -102,7 +102,9 @@ class DetectorHarness:
         # The job writes these to the dead-letter topic and goes on; a test wants to hear of them.
         failures = [r.message for r in result.rejected] + [f.message for f in result.failed_timers]
         if failures:
-            raise DetectorError(f"the detector raised {len(failures)} time(s); first: {failures[0]}")
+            error = DetectorError(f"the detector raised {len(failures)} time(s); first: {failures[0]}")
+            error.rejected, error.failed_timers = result.rejected, result.failed_timers  # what the dead letters would say
+            raise error
 
     def run(self, batches) -> pd.DataFrame:
         """The detections of every batch, in order."""

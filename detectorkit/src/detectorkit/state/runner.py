@@ -196,7 +196,7 @@ def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int
             _fire_keys(detector, config, store, due[middle:], tag, result)
             return
         message = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:2000]
-        (key, at), values = due[0], fired.iloc[0].drop(DEADLINE).to_dict()
+        (key, at), values = due[0], store.values_of(due[0][0])
         value = json.dumps({"key": key, "state": values, "deadline_ms": at}, default=str).encode()
         result.failed_timers.append(TimerFailure(key, message, value))
         store.clear_timer(key, tag)  # spent, as if it had fired: it would fail again, and hold its key past the TTL

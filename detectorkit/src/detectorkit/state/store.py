@@ -14,7 +14,9 @@ The store is columnar: a key maps to a slot, and each slot's value (the changelo
 time, tag and timer live in NumPy arrays. A batch reads and writes its keys with one dictionary
 lookup each and array operations for the rest, and a sweep or a timer check is one pass over an
 array: a store of tuples and heaps did a few microseconds of Python work per key a batch touched,
-which measured as more than the detector itself (py-spy, the stateful benchmark).
+which measured as more than the detector itself (py-spy, the stateful benchmark). The values
+themselves are each key's changelog record (untyped state), or, for typed state, the declared
+columns as arrays (`columns.TypedColumns`), encoded for the changelog only when it is written.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import orjson
 import pandas as pd
 
 from detectorkit.state import codec
-from detectorkit.state.declaration import KEY, State
+from detectorkit.state.columns import TypedColumns, TypeMismatch
+from detectorkit.state.declaration import KEY, State, StateSchemaError
 
 # A change for the changelog: (key, encoded value or None for a tombstone).
 Change = tuple[str, bytes | None]
@@ -40,19 +43,23 @@ EVENT_TIME_KEY = "\x00detectorkit.event_ms"
 # The timer of a key without one (and of a free slot): above every time, so the earliest timer is a minimum.
 NO_TIMER = np.iinfo(np.int64).max
 _NEVER = np.iinfo(np.int64).min
+# A typed key's change, encoded from the store's columns when the changes are taken.
+_CHANGED = True
 
 
 @dataclass
 class Prepared:
     """What `prepare` gives `write`: each key with its encoded value (None: it loses its state), its
-    event time and its timer (NO_TIMER: none). Keys are distinct."""
+    event time and its timer (NO_TIMER: none). Keys are distinct. Typed state: the values are
+    `_CHANGED` or None, and `columns` holds the kept keys' values, in order."""
 
     keys: list[str]
-    values: np.ndarray  # object: bytes or None
+    values: np.ndarray  # object: bytes (or _CHANGED) or None
     seen: np.ndarray  # int64
     timers: np.ndarray  # int64
     slots: np.ndarray | None = None  # the keys' slots when prepared (-1: not held), valid while the store's generation is
     generation: int = -1
+    columns: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, rows: Iterable[tuple[str, bytes | None, int, int | None]]) -> Prepared:
@@ -88,6 +95,7 @@ class PartitionStore:
         self._tag = np.empty(0, dtype=np.int64)  # the input offset (batch end) of the change that wrote it
         self._timer = np.empty(0, dtype=np.int64)
         self._live = np.empty(0, dtype=bool)
+        self._typed = None if state.types is None else TypedColumns(state.types)
         self._grow(0)  # never empty: a lookup takes the arrays at every slot, -1 (not held) too, and masks those
         # Lower bounds, so a batch with nothing to expire or fire scans nothing: the oldest time of
         # a key without a timer, and the earliest timer.
@@ -124,7 +132,7 @@ class PartitionStore:
         found = slots[held]
         if not len(found):
             return self.state.empty()
-        return self._frame(self._key[found].tolist(), self._value[found])
+        return self._frame(self._key[found].tolist(), found)
 
     def prepare(
         self,
@@ -163,6 +171,13 @@ class PartitionStore:
             timer[given] = [NO_TIMER if asked[i] is None else asked[i] for i in at[given].tolist()]
         values = np.empty(len(keys), dtype=object)
         kept = np.flatnonzero(rows >= 0)
+        if self._typed is not None:
+            try:
+                taken = self._typed.take(new_state, rows[kept])
+            except TypeMismatch as exc:
+                raise TypeError(str(exc)) from None
+            values[kept] = _CHANGED
+            return Prepared(keys, values, seen, timer, slots, self._generation, taken)
         if len(kept):
             # Column by column, as Python objects (numbers as int and float, not NumPy's).
             columns = self.state.columns
@@ -191,7 +206,7 @@ class PartitionStore:
         if len(kept) < len(keys):
             keys = [keys[i] for i in kept.tolist()]
             values = values[kept]
-        self._put(keys, values, prepared.seen[kept], tag, prepared.timers[kept], slots if slots is None else slots[kept])
+        self._put(keys, values, prepared.seen[kept], tag, prepared.timers[kept], slots if slots is None else slots[kept], prepared.columns)
         self._changes.update(zip(keys, values.tolist(), strict=True))
 
     def advance(self, event_ms: int) -> None:
@@ -221,7 +236,12 @@ class PartitionStore:
 
     def frame_of(self, keys: Sequence[str]) -> pd.DataFrame:
         """The state of `keys`, each of which has one, indexed by key."""
-        return self._frame(list(keys), self._value[[self._slot[k] for k in keys]])
+        return self._frame(list(keys), np.array([self._slot[k] for k in keys], dtype=np.intp))
+
+    def values_of(self, key: str) -> dict[str, Any]:
+        """The state of `key`, which has one, as JSON values (what the changelog holds)."""
+        slot = self._slot[key]
+        return codec.state_of(self._value[slot]) if self._typed is None else self._typed.rows(np.array([slot]))[0]
 
     def seen_of(self, key: str) -> int:
         return int(self._seen[self._slot[key]])
@@ -250,6 +270,23 @@ class PartitionStore:
         moved. Each value carries the input offset of its batch (`prepare`); the event time and a
         tombstone do not."""
         changes, self._changes = self._changes, {}
+        if self._typed is not None:
+            changed = [k for k, v in changes.items() if v is _CHANGED]
+            if changed:
+                slots = np.array([self._slot[k] for k in changed], dtype=np.intp)
+                timers = self._timer[slots].tolist()
+                changes.update(
+                    zip(
+                        changed,
+                        codec.encode_many(
+                            self._typed.rows(slots),
+                            self._seen[slots].tolist(),
+                            [None if t == NO_TIMER else t for t in timers],
+                            tags=self._tag[slots].tolist(),
+                        ),
+                        strict=True,
+                    )
+                )
         if self.event_ms > self._event_written:
             changes[EVENT_TIME_KEY] = str(self.event_ms).encode()
             self._event_written = self.event_ms
@@ -259,7 +296,12 @@ class PartitionStore:
         """`key` loses its timer and keeps its state (its firing failed: a dead letter)."""
         slot = self._slot[key]
         seen = int(self._seen[slot])
-        self.write(Prepared.of([(key, codec.encode(codec.state_of(self._value[slot]), seen, tag=tag), seen, None)]), tag)
+        if self._typed is None:
+            self.write(Prepared.of([(key, codec.encode(self.values_of(key), seen, tag=tag), seen, None)]), tag)
+            return
+        prepared = Prepared.of([(key, _CHANGED, seen, None)])
+        prepared.columns = self._typed.from_rows([self.values_of(key)])
+        self.write(prepared, tag)
 
     # ---- the changelog read back ------------------------------------------------------------------
 
@@ -302,12 +344,18 @@ class PartitionStore:
                 values.append(value)
                 written.append(tag)
         if keys:
-            seen, timers = codec.decode_many(values, self.state, self.where)  # a shape the detector cannot read stops here
+            states, seen, timers = codec.decode_many(values, self.state, self.where)  # a shape the detector cannot read stops here
+            columns = None
+            if self._typed is not None:
+                try:
+                    columns = self._typed.from_rows(states)
+                except TypeMismatch as exc:
+                    raise StateSchemaError(f"{self.where} holds state that does not fit the declared types ({exc}); {codec.ADVICE}") from None
             array = np.empty(len(values), dtype=object)
-            array[:] = values
+            array[:] = values if columns is None else None
             seen_ms = np.array(seen, dtype=np.int64)
             timer_ms = np.array([NO_TIMER if t is None else t for t in timers], dtype=np.int64)
-            self._put(keys, array, seen_ms, np.array(written, dtype=np.int64), timer_ms)
+            self._put(keys, array, seen_ms, np.array(written, dtype=np.int64), timer_ms, columns=columns)
             self.event_ms = max(self.event_ms, int(seen_ms.max()))
         self._event_written = max(self._event_written, self.event_ms)  # read back, not a change
         return read
@@ -324,18 +372,30 @@ class PartitionStore:
         self._looked_up = (keys, self._generation, slots)
         return slots
 
-    def _frame(self, keys: list[str], values: np.ndarray) -> pd.DataFrame:
+    def _frame(self, keys: list[str], slots: np.ndarray) -> pd.DataFrame:
+        if self._typed is not None:
+            return self._typed.frame(slots, keys, KEY)
         columns, loads = self.state.columns, orjson.loads
-        states = [loads(v)["state"] for v in values.tolist()]  # codec.state_of, inlined: once per key a batch reads
+        states = [loads(v)["state"] for v in self._value[slots].tolist()]  # codec.state_of, inlined: once per key a batch reads
         return pd.DataFrame({c: [s[c] for s in states] for c in columns}, index=pd.Index(keys, dtype=object, name=KEY), columns=list(columns))
 
     def _put(
-        self, keys: list[str], values: np.ndarray, seen: np.ndarray, tag: int | np.ndarray, timers: np.ndarray, slots: np.ndarray | None = None
+        self,
+        keys: list[str],
+        values: np.ndarray,
+        seen: np.ndarray,
+        tag: int | np.ndarray,
+        timers: np.ndarray,
+        slots: np.ndarray | None = None,
+        columns: dict[str, Any] | None = None,
     ) -> None:
         slots = self._place(keys, self._slots_of(keys) if slots is None else slots)
-        sizes = np.fromiter(map(len, values.tolist()), dtype=np.int64, count=len(values))
+        if self._typed is None:
+            sizes = np.fromiter(map(len, values.tolist()), dtype=np.int64, count=len(values))
+            self._value[slots] = values
+        else:
+            sizes = self._typed.put(slots, columns)
         self.bytes += int(sizes.sum() - self._size[slots].sum())
-        self._value[slots] = values
         self._size[slots] = sizes
         self._seen[slots] = seen
         self._tag[slots] = tag
@@ -378,6 +438,8 @@ class PartitionStore:
         self._key, self._value = grown(self._key, None), grown(self._value, None)
         self._size, self._seen, self._tag = grown(self._size, 0), grown(self._seen, 0), grown(self._tag, -1)
         self._timer, self._live = grown(self._timer, NO_TIMER), grown(self._live, False)
+        if self._typed is not None:
+            self._typed.grow(capacity)
 
     def _remove(self, key: str) -> None:
         slot = self._slot.pop(key, None)
@@ -399,7 +461,10 @@ class PartitionStore:
 
     def snapshot(self) -> dict[str, Any]:
         """What the store holds, for tests: key -> values."""
-        return {k: codec.state_of(self._value[s]) for k, s in self._slot.items()}
+        if self._typed is not None:
+            keys = list(self._slot)
+            return dict(zip(keys, self._typed.rows(np.array([self._slot[k] for k in keys], dtype=np.intp)), strict=True))
+        return {k: self.values_of(k) for k in self._slot}
 
 
 def _as_dicts(columns: tuple[str, ...], values: list[list[Any]]) -> list[dict[str, Any]]:
