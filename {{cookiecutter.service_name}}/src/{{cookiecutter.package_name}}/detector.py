@@ -138,7 +138,8 @@ def detect(records: pd.DataFrame, state: pd.DataFrame, config: Config) -> tuple[
 # What the detector remembers of each customer between batches: the time of their newest record.
 # No TTL: every customer with state has a pending timer, which keeps the state until it fires, and
 # the firing drops it. The state thus holds the customers who sent a record within the last silence.
-STATE = State(columns=("last_ms",))
+# Typed: kept as an array, not as JSON per customer.
+STATE = State(columns={"last_ms": "int64"})
 
 # A silence longer than this is out of reach anyway: pandas' timestamps end in 2262.
 MAX_SILENCE_SECONDS = 366 * 24 * 3600
