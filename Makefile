@@ -79,7 +79,7 @@ lint: setup
 bench: setup
 	$(PY) bench/run.py
 
-# Detectors with state beside Kafka Streams, and a restore of 1M keys (~5 min; bench/results/stateful.md).
+# Detectors with state beside Kafka Streams on 3M records, and a restore of 1M keys (~6 min; bench/results/stateful.md).
 bench-stateful: setup
 	$(PY) bench/run.py --stateful
 

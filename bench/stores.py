@@ -1,6 +1,7 @@
 """Where a partition's state lives (issue 19: "choose and measure"): the runtime's in-memory
 columnar store (`detectorkit.state.store.PartitionStore`) beside RocksDB (through rocksdict, the
-binding Quix Streams' own RocksDB store is built on) and SQLite (the standard library's), each as
+binding Quix Streams' own RocksDB store is built on) and SQLite (the standard library's), and the
+same in-memory store with typed columns (`state/columns.py`, the template's burst detector), each as
 a task's local store doing what a stateful batch does with it, without Kafka or Spark:
 
     python bench/stores.py                     # 1,000,000 records, restore of 1,000,000 keys
@@ -42,17 +43,20 @@ import run as bench
 import stateful
 from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
-from detectorkit.state import codec
+from detectorkit.runtime import gc_tuning
+from detectorkit.state import codec, lists
 from detectorkit.state.declaration import KEY, State
 from detectorkit.state.store import PartitionStore
 
 STATE = State(columns=("recent_ms", "flagged_ms"), ttl_seconds=3600)
+TYPED = State(columns={"recent_ms": "list<int64>", "flagged_ms": "float64"}, ttl_seconds=3600)
 PARTITIONS = 8
 BATCH = 250_000
 
 
-def batches(records: int) -> list[list[tuple[int, int, list[str], np.ndarray, pd.DataFrame]]]:
-    """Per batch, per partition: (partition, tag, distinct keys, their newest times, new state)."""
+def batches(records: int) -> list[list[tuple[int, int, list[str], np.ndarray, pd.DataFrame, pd.DataFrame]]]:
+    """Per batch, per partition: (partition, tag, distinct keys, their newest times, new state, the
+    same new state as a typed detector returns it)."""
     values, times = stateful.burst_records(records)
     keys = [k.decode() for k, _, _ in values]
     parts = [zlib.crc32(k.encode()) % PARTITIONS for k in keys]
@@ -66,7 +70,11 @@ def batches(records: int) -> list[list[tuple[int, int, list[str], np.ndarray, pd
             ks = list(last)
             ms = np.fromiter(last.values(), dtype=np.int64, count=len(ks))
             state = pd.DataFrame({"recent_ms": [[t - 2_000, t - 1_000, t] for t in ms.tolist()], "flagged_ms": b}, index=pd.Index(ks, name=KEY))
-            work.append((p, start + BATCH, ks, ms, state))
+            typed = pd.DataFrame(
+                {"recent_ms": lists((ms[:, None] + [-2_000, -1_000, 0]).ravel(), np.full(len(ms), 3)), "flagged_ms": float(b)},
+                index=pd.Index(ks, name=KEY),
+            )
+            work.append((p, start + BATCH, ks, ms, state, typed))
         out.append(work)
     return out
 
@@ -105,9 +113,10 @@ def checked(records: list[tuple[str, bytes, int, int]], where: str) -> None:
 
 class Memory:
     name = "in memory, columnar (this project)"
+    state = STATE
 
     def __init__(self, where: pathlib.Path):
-        self.stores = {p: PartitionStore(STATE, p) for p in range(PARTITIONS)}
+        self.stores = {p: PartitionStore(self.state, p) for p in range(PARTITIONS)}
 
     def batch(self, p: int, tag: int, keys: list[str], ms: np.ndarray, state: pd.DataFrame) -> int:
         store = self.stores[p]
@@ -120,6 +129,14 @@ class Memory:
 
     def close(self) -> None:
         pass
+
+
+class TypedMemory(Memory):
+    """Typed columns (state.columns): the detector's arrays kept as arrays; JSON made when the changes
+    are taken, here every batch as for the others."""
+
+    name = "in memory, typed columns (this project)"
+    state = TYPED
 
 
 class Rocks:
@@ -195,7 +212,7 @@ class Sqlite:
             db.close()
 
 
-KINDS = (Memory, Rocks, Sqlite)
+KINDS = (Memory, TypedMemory, Rocks, Sqlite)
 
 
 def timed(fn) -> tuple[float, float]:
@@ -212,6 +229,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     work = batches(args.records)
+    # The collector as the Python workers set it (runtime/gc_tuning.py): with the defaults it walks
+    # the benchmark's own inputs (millions of lists) over and over, and that is what it measured.
+    gc_tuning.tune_once()
     # Changelog values of distinct keys, as a restore reads them: (key, value, tag, offset) per partition.
     keys = [f"k{i:07d}" for i in range(args.restore_keys)]
     values = encoded(pd.DataFrame({"recent_ms": [[i] for i in range(len(keys))], "flagged_ms": None}, index=keys), np.arange(len(keys)))
@@ -227,11 +247,11 @@ def main(argv=None) -> int:
             store = kind(where)
             written = 0
 
-            def run_batches(store=store):
+            def run_batches(store=store, kind=kind):
                 nonlocal written
                 for batch in work:
-                    for p, tag, ks, ms, state in batch:
-                        written += store.batch(p, tag, ks, ms, state)
+                    for p, tag, ks, ms, state, typed in batch:
+                        written += store.batch(p, tag, ks, ms, typed if kind is TypedMemory else state)
 
             cpu, wall = timed(run_batches)
             store.close()

@@ -77,7 +77,7 @@ def test_store_comparison_smoke_run_writes_the_same_changes_with_every_store(tmp
     run = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     stores = json.loads((tmp_path / "stores.json").read_text())["stores"]
-    assert [s["store"].split()[0] for s in stores] == ["in", "RocksDB", "SQLite"]
+    assert [s["store"].split()[0] for s in stores] == ["in", "in", "RocksDB", "SQLite"] and "typed" in stores[1]["store"]
     # One change per key a batch touched, whatever holds the state.
     assert len({s["changelog_records"] for s in stores}) == 1 and stores[0]["changelog_records"] > 0
     for s in stores:
