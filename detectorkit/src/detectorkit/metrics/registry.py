@@ -136,7 +136,10 @@ class JobMetrics:
         )
         self.state_keys = Gauge(f"{PREFIX}_state_keys", "Keys held in the state store, per input partition.", ["partition"], registry=r)
         self.state_bytes = Gauge(
-            f"{PREFIX}_state_bytes", "Size of the state store's values (as in the changelog), per input partition.", ["partition"], registry=r
+            f"{PREFIX}_state_bytes",
+            "Size of the state store's values, per input partition: their changelog JSON (untyped state), or their arrays (typed state).",
+            ["partition"],
+            registry=r,
         )
         self.state_changelog_records = Counter(f"{PREFIX}_state_changelog_records", "State changes written to the changelog topic.", registry=r)
         self.state_expired_keys = Counter(f"{PREFIX}_state_expired_keys", "Keys dropped from the state store by their TTL.", registry=r)
