@@ -187,13 +187,11 @@ def _scalar(column: pd.Series, kind: str, name: str) -> np.ndarray:
         if array.dtype.kind in "iub":
             return array.astype(np.int64, copy=False)
         whole = array.astype(np.float64)
-        if np.isnan(whole).any() or (whole != np.round(whole)).any():
-            raise TypeMismatch(f"state column {name!r} is int64: every value a whole number, none missing (declare float64 for missing numbers)")
-        return whole.astype(np.int64)
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, TypeMismatch):
-            raise
+    except (TypeError, ValueError):
         raise TypeMismatch(f"state column {name!r} is {kind}, and {_sample(column)} is not") from None
+    if np.isnan(whole).any() or (whole != np.round(whole)).any():
+        raise TypeMismatch(f"state column {name!r} is int64: every value a whole number, none missing (declare float64 for missing numbers)")
+    return whole.astype(np.int64)
 
 
 def _list(column: pd.Series, kind: str, name: str) -> tuple[np.ndarray, np.ndarray]:
