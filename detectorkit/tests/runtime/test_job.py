@@ -209,6 +209,59 @@ def test_a_query_that_died_is_never_dropped_silently_when_its_partitions_go():
     assert job.error() == "DataLossError: topic 'in' was deleted while the job read it"
 
 
+class Member:
+    """The group, as the job's serving loop sees it: `owned` given at once, then the job leaves."""
+
+    fatal = None
+    joined = True
+    changed_at = 0.0
+
+    def __init__(self, job, owned, polls=3):
+        self.job, self.owned, self.polls = job, frozenset(owned), polls
+
+    def poll(self, timeout):
+        self.polls -= 1
+        if self.polls < 0:
+            self.job._leaving.set()
+
+    def member_id(self):
+        return "member-1"
+
+
+def test_a_stateful_job_given_partitions_its_changelog_lacks_stops_at_once_in_one_line(monkeypatch):
+    """Partitions added to the input while a stateful job runs: the group gives them to it, and
+    their state would be restored from changelog partitions that do not exist (a timeout, five
+    restarts, then a misleading error). The job stops at the assignment, before any query starts."""
+    from types import SimpleNamespace
+
+    from detectorkit.state import changelog
+
+    from ..detectors import COUNT
+
+    job = StreamJob(COUNT, Settings(kafka_bootstrap_servers="127.0.0.1:9", input_topic="in", consumer_group="g"), spark=None)
+    job._task = SimpleNamespace(state=job._state_context())
+    requests = []
+
+    def list_topics(timeout):
+        requests.append(timeout)
+        topics = {"in": 8, "g.state": 4}  # partitions added to the input since the changelog was made
+        return SimpleNamespace(topics={t: SimpleNamespace(partitions=dict.fromkeys(range(n)), error=None) for t, n in topics.items()})
+
+    monkeypatch.setattr(changelog.clients, "new_admin", lambda conf: SimpleNamespace(list_topics=list_topics))
+    started = []
+    job._start_offsets = lambda owned: dict.fromkeys(owned, 0)
+    job._start_query = lambda owned, start: started.append(owned)
+    job._member = Member(job, range(8))
+    job._serve_group()
+    assert job.terminated(0)
+    assert started == []
+    error = job.error()
+    assert error.startswith("SettingsError: input topic 'in' now has 8 partitions but state changelog 'g.state' has 4: ")
+    assert "\n" not in error and "State(name=...)" in error and "add partitions" not in error
+    assert restarts(job) == {}
+    assert len(requests) == 1
+
+
 WORKER_TIMEOUT = "RuntimeError: Python worker failed to connect back."
 
 

@@ -1,5 +1,8 @@
-"""Creating the changelog topic at start, without a broker: the metadata of a topic created a
-moment ago (by this job or another instance) may not show it yet."""
+"""Creating the changelog topic at start, and checking it at each assignment, without a broker: the
+metadata of a topic created a moment ago (by this job or another instance) may not show it yet, and
+an input that gained partitions is refused in one line."""
+
+import types
 
 import pytest
 
@@ -34,5 +37,55 @@ def test_one_another_instance_created_is_awaited_and_checked(broker):
     broker["exists"] = True
     changelog.create({}, "svc.state", "in", "kafka", timeout=5)
     broker.update(late=0, partitions=2)
-    with pytest.raises(SettingsError, match="has 2 partitions, input topic 'in' has 4"):
+    with pytest.raises(SettingsError, match="input topic 'in' now has 4 partitions but state changelog 'svc.state' has 2") as refused:
         changelog.create({}, "svc.state", "in", "kafka", timeout=5)
+    assert_says_what_to_do(str(refused.value))
+
+
+def assert_says_what_to_do(message):
+    """One line: a new State name or the README's reset; never more changelog partitions, which
+    would leave every key's state where its records no longer go."""
+    assert "\n" not in message
+    assert "State(name=...)" in message and "Changing the input's partition count" in message
+    assert "add partitions" not in message
+
+
+class Metadata:
+    """An admin client's answer to a metadata request: every topic with its partitions."""
+
+    def __init__(self, partitions):
+        self.topics = {t: types.SimpleNamespace(partitions=dict.fromkeys(range(n)), error=None) for t, n in partitions.items()}
+        self.orig_broker_name = "broker"
+
+
+class Admin:
+    def __init__(self, **partitions):
+        self.partitions, self.requests = partitions, 0
+
+    def list_topics(self, timeout):
+        self.requests += 1
+        return Metadata(self.partitions)
+
+
+@pytest.mark.parametrize("owned", [{0, 1, 2, 3}, {0, 1}], ids=["all", "some"])
+def test_an_assignment_within_the_changelogs_partitions_passes_in_one_request(owned):
+    admin = Admin(**{"in": 4, "svc.state": 4})
+    changelog.check_assignment(admin, "svc.state", "in", frozenset(owned), timeout=1)
+    assert admin.requests == 1
+
+
+@pytest.mark.parametrize("owned", [{0, 1, 4, 5}, {0, 1}], ids=["given-new-partitions", "given-old-ones-only"])
+def test_an_input_that_gained_partitions_is_refused_at_an_assignment_in_one_line(owned):
+    """Partitions added while the job runs: the keys hash to other partitions than their state's,
+    whichever partitions this instance was given."""
+    admin = Admin(**{"in": 8, "svc.state": 4})
+    with pytest.raises(SettingsError, match="input topic 'in' now has 8 partitions but state changelog 'svc.state' has 4") as refused:
+        changelog.check_assignment(admin, "svc.state", "in", frozenset(owned), timeout=1)
+    assert_says_what_to_do(str(refused.value))
+    assert admin.requests == 1
+
+
+def test_the_group_may_know_partitions_the_metadata_does_not_show_yet():
+    admin = Admin(**{"in": 4, "svc.state": 4})
+    with pytest.raises(SettingsError, match="input topic 'in' now has 6 partitions but state changelog 'svc.state' has 4"):
+        changelog.check_assignment(admin, "svc.state", "in", frozenset({0, 5}), timeout=1)

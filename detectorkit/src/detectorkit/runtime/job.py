@@ -115,6 +115,7 @@ class StreamJob:
         self._base = clients.base(s.kafka_bootstrap_servers, s.kafka_options)
         self.broker_kind = s.kafka_broker_kind
         self._member: GroupMember | None = None
+        self._admin = None  # a stateful job's, for the metadata request of each assignment
         self._metadata: bytes | None = None  # with exactly-once: the group metadata the query's tasks commit with
         self._ends: ListOffsetsEnds | EndOffsetProbe | None = None
         self._reporter: MetricsReporter | None = None
@@ -371,6 +372,7 @@ class StreamJob:
 
     def _apply(self, owned: frozenset[int]) -> None:
         """Read exactly `owned`, each from the group's committed offset."""
+        self._check_state_partitions(owned)
         began = self._member.changed_at
         before = self._running or frozenset()
         self._stop_query()
@@ -388,6 +390,18 @@ class StreamJob:
             handover_seconds=round(seconds, 3),
             member_id=self._member.member_id(),
         )
+
+    def _check_state_partitions(self, owned: frozenset[int]) -> None:
+        """Partitions added to the input while a stateful job runs reach it here: their state would
+        be restored from changelog partitions that do not exist (a timeout, restarts, then a
+        misleading error), and their keys' state is in other partitions. SettingsError instead, a
+        permanent failure in one line, before anything stops; one metadata request an assignment."""
+        if not owned or self._task.state is None:
+            return
+        if self._admin is None:
+            self._admin = clients.new_admin(self._base)
+        state = self._task.state
+        changelog.check_assignment(self._admin, state.topic, self.settings.input_topic, owned, self.settings.connect_timeout_seconds)
 
     def release(self, partitions: set[int], lost: bool) -> None:
         """The group takes `partitions` away (see membership.Owner). Revoked: the batch in flight

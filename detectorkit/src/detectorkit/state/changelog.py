@@ -5,6 +5,9 @@ holds about one record per live key. Compaction waits an hour (`min.compaction.l
 leaves changes of a batch that was never committed in the log, and until its replay writes them
 again, the older, committed value of a key must still be there for a restore to find.
 
+An input that gains partitions moves keys away from their state: a stateful job refuses it, at start
+and at every assignment, with one line that says what to do (`partitions_changed`).
+
 A task's partitions are read back together, with a consumer of its own, assigned, in no group (as
 Kafka Streams' `StoreChangelogReader`), each until the end it reports after a fetch (exact on every
 broker, where ListOffsets is not on Tansu); a read that stops making progress fails the task, and
@@ -28,6 +31,8 @@ from detectorkit.state.codec import tag_of
 # An hour: far longer than a crashed task takes to be replayed, far shorter than a segment lives.
 COMPACTION_LAG_MS = 3_600_000
 TOPIC_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(COMPACTION_LAG_MS)}
+# The README's section on what to do when the input's partition count changed.
+RESET = "Changing the input's partition count"
 
 
 @dataclass(frozen=True)
@@ -60,11 +65,37 @@ def create(base_conf: Mapping[str, Any], topic: str, input_topic: str, kind: str
         return  # created now, as asked (its metadata may take a moment to reach every broker)
     have = len(_partitions_when_known(admin, topic, timeout))
     if have != wanted:
-        raise SettingsError(
-            f"state changelog {topic!r} has {have} partitions, input topic {input_topic!r} has {wanted}: "
-            f"partition p's state lives in partition p, so they must match; add partitions to {topic!r} "
-            "only together with the input, or give the State a new name to start from empty state"
-        )
+        raise SettingsError(partitions_changed(topic, have, input_topic, wanted))
+
+
+def check_assignment(admin, topic: str, input_topic: str, owned: frozenset[int], timeout: float) -> None:
+    """At an assignment: SettingsError unless every partition of the input, and every one the group
+    gave (`owned`), has its changelog partition. One metadata request, of every topic (naming one
+    would create it on a broker that creates topics on demand)."""
+    topics = admin.list_topics(timeout=timeout).topics
+    entry = topics.get(topic)
+    if entry is None or entry.error is not None or not entry.partitions:
+        have = set(_partitions_when_known(admin, topic, timeout))  # (or the broker's reason why not)
+    else:
+        have = set(entry.partitions)
+    entry = topics.get(input_topic)
+    # The group may know of partitions a lagging broker's metadata does not show yet.
+    inputs = set(owned) | (set(entry.partitions) if entry is not None and entry.error is None else set())
+    if not inputs <= have:
+        raise SettingsError(partitions_changed(topic, len(have), input_topic, max(inputs) + 1))
+
+
+def partitions_changed(topic: str, have: int, input_topic: str, wanted: int) -> str:
+    """The one line that stops a stateful job whose input's partition count is not its changelog's:
+    at start (`create`) and at every assignment (`check_assignment`). More changelog partitions would
+    not mend it: the key picks the partition, so a key's records would go where its state is not.
+    Kafka Streams refuses a changed source partition count too."""
+    return (
+        f"input topic {input_topic!r} now has {wanted} partitions but state changelog {topic!r} has {have}: "
+        "partition p's state lives in changelog partition p and the key picks the partition, so keys would "
+        "move to other partitions and lose their state; give the State a new name (State(name=...)) to start "
+        f'from empty state, or reset as README.md\'s "{RESET}" says'
+    )
 
 
 # One consumer per worker process, assigned for each read: a restore is often a catch-up of a few
