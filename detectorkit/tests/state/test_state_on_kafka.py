@@ -164,6 +164,40 @@ def test_state_of_another_shape_stops_the_job_at_start_naming_the_changelog(spar
     assert job.stats.records == 0  # nothing processed with state it could not read
 
 
+def test_partitions_added_to_the_input_stop_the_job_at_its_next_assignment_in_one_line(spark, kafka_bootstrap_servers, kafka_broker_kind):
+    """Before: the new partitions' state was restored from changelog partitions that do not exist,
+    which timed out five times over before the job failed with a timeout, and the next start
+    advised adding changelog partitions (which leaves every moved key's state behind)."""
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    from detectorkit.settings import SettingsError
+    from detectorkit.testing import TANSU
+
+    if kafka_broker_kind == TANSU:
+        pytest.skip("the embedded broker (Tansu) has no CreatePartitions; the check is unit-tested")
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "state-grow", partitions=2)
+    produce(bs, topics.input, keyed(200))
+    options = {"starting_offsets": "earliest", "query_restart_backoff_seconds": 0.1}
+    job = StreamJob(COUNT, settings(bs, topics, **options), spark)
+    job.start()
+    wait_for(lambda: job.stats.records >= 200 or job.terminated(0), what="the first records")
+    admin = AdminClient({"bootstrap.servers": bs})  # held: a client collected mid-request fails its futures
+    admin.create_partitions([NewPartitions(topics.input, 4)])[topics.input].result()
+    began = time.monotonic()
+    assert job.terminated(60), "partitions added under state must stop the job"
+    stopped_in = time.monotonic() - began
+    job.stop()
+    line = changelog.partitions_changed(f"{topics.group}.state", 2, topics.input, 4)
+    assert job.error() == f"SettingsError: {line}"
+    assert not any(s.value for f in job.metrics.query_restarts.collect() for s in f.samples if s.name.endswith("_total"))
+    assert stopped_in < 30  # the group's metadata refresh (5 s) and a rebalance, no restore timeout
+    again = StreamJob(COUNT, settings(bs, topics, **options), spark)
+    with pytest.raises(SettingsError) as refused:
+        again.start()
+    assert str(refused.value) == line  # at the next start, the same advice
+
+
 def timer_detections(bs, topics):
     values = [json.loads(m["value"]) for m in read_all(bs, topics.output)]
     return collections.Counter(v["source"]["key"] for v in values if "timer_ms" in v["source"])
