@@ -125,6 +125,29 @@ class TypedColumns:
             sizes += 8 * lengths
         return sizes
 
+    def save(self, slots: np.ndarray) -> dict[str, Any]:
+        """The slots' values as they are (copies), for `load` to put back."""
+        saved: dict[str, Any] = {name: array[slots] for name, array in self._scalars.items()}
+        for name, matrix in self._matrices.items():
+            saved[name] = (matrix[slots], self._lengths[name][slots])
+        return saved
+
+    def load(self, slots: np.ndarray, saved: dict[str, Any]) -> np.ndarray:
+        """What `save` took, back into `slots` (the same keys', perhaps other slots); returns each
+        slot's size in bytes."""
+        sizes = np.full(len(slots), 8 * len(self._scalars), dtype=np.int64)
+        for name, values in saved.items():
+            if name in self._scalars:
+                self._scalars[name][slots] = values
+                continue
+            rows, lengths = values
+            matrix = self._matrices[name]  # never narrower than when saved: it only widens
+            matrix[slots] = 0
+            matrix[slots, : rows.shape[1]] = rows
+            self._lengths[name][slots] = lengths
+            sizes += 8 * lengths
+        return sizes
+
     # ---- JSON, for the changelog -------------------------------------------------------------------
 
     def rows(self, slots: np.ndarray) -> list[dict[str, Any]]:

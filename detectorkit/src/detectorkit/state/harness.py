@@ -16,6 +16,7 @@ spread over partitions by a stable hash, each with its own store, as the input t
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,7 @@ class DetectorHarness:
         records = records.assign(**{KEY: records[KEY].astype(str), EVENT_TIME: event_times(records[EVENT_TIME])})
         stamps = records[EVENT_TIME].astype("int64") // 1_000_000
         found: list[tuple[Any, dict]] = []
+        results = []
         parts = records[KEY].map(self.partition_of)
         for p in sorted(parts.unique()):
             mask = (parts == p).to_numpy()
@@ -71,19 +73,26 @@ class DetectorHarness:
             # Positions, as in the job: the runner names records by their place in the batch.
             frame = records[mask].reset_index(drop=True)
             result = run_stateful(self.detector, self.config, frame, stamps[mask].reset_index(drop=True), store, tag)
-            self._settle(p, store, tag, result)
+            # Positions back to the records' own index, for the detections and the dead letters.
             index = records.index[mask]
             found.extend((index[position], fields) for position, fields in result.found)
-        return _frame(found, records.index.dtype)
+            result.rejected = [dataclasses.replace(r, position=index[r.position]) for r in result.rejected]
+            results.append(self._settle(p, store, tag, result))
+        detections = _frame(found, records.index.dtype)
+        _raise_failures(results, detections)
+        return detections
 
     def advance(self, event_time) -> None:
         """Event time reaches `event_time` on every partition without a record: what the job does
         for a partition that has been quiet for TIMER_IDLE_GRACE_SECONDS. Timers due fire."""
         ms = int(event_times([event_time]).astype("int64")[0] // 1_000_000)
+        results = []
         for p in range(self.partitions):
             store = self.stores.setdefault(p, PartitionStore(self.detector.state, p))
             tag = self.offsets.get(p, 0)
-            self._settle(p, store, tag, run_stateful(self.detector, self.config, pd.DataFrame(), pd.Series(dtype="int64"), store, tag, idle_ms=ms))
+            result = run_stateful(self.detector, self.config, pd.DataFrame(), pd.Series(dtype="int64"), store, tag, idle_ms=ms)
+            results.append(self._settle(p, store, tag, result))
+        _raise_failures(results)
 
     def take_fired(self) -> pd.DataFrame:
         """What timers detected since the last call, indexed by key, with each timer's `deadline`."""
@@ -92,19 +101,14 @@ class DetectorHarness:
             return pd.DataFrame(index=pd.Index([], dtype=object, name=KEY))
         return pd.DataFrame(fired).set_index(KEY)
 
-    def _settle(self, p: int, store: PartitionStore, tag: int, result) -> None:
+    def _settle(self, p: int, store: PartitionStore, tag: int, result):
         """What the job does after a partition's records: expire, write the changelog, report."""
         store.expire(tag)
         self.changelog.setdefault(p, []).extend((k, v, tag) for k, v in store.take_changes())
         self.offsets[p] = tag
         for d in result.fired:
             self.fired.append({KEY: d.key, **d.fields, DEADLINE: pd.Timestamp(d.deadline_ms, unit="ms", tz="UTC")})
-        # The job writes these to the dead-letter topic and goes on; a test wants to hear of them.
-        failures = [r.message for r in result.rejected] + [f.message for f in result.failed_timers]
-        if failures:
-            error = DetectorError(f"the detector raised {len(failures)} time(s); first: {failures[0]}")
-            error.rejected, error.failed_timers = result.rejected, result.failed_timers  # what the dead letters would say
-            raise error
+        return result
 
     def run(self, batches) -> pd.DataFrame:
         """The detections of every batch, in order."""
@@ -122,6 +126,19 @@ class DetectorHarness:
     def state(self) -> dict[str, dict]:
         """Every key's state, across partitions."""
         return {k: v for store in self.stores.values() for k, v in store.snapshot().items()}
+
+
+def _raise_failures(results, detections: pd.DataFrame | None = None) -> None:
+    """The job writes these to the dead-letter topic and goes on; a test wants to hear of them,
+    once every partition has run (with the batch's `detections`, which the job writes too)."""
+    rejected = [r for result in results for r in result.rejected]
+    failed_timers = [f for result in results for f in result.failed_timers]
+    failures = [r.message for r in rejected] + [f.message for f in failed_timers]
+    if failures:
+        error = DetectorError(f"the detector raised {len(failures)} time(s); first: {failures[0]}")
+        error.rejected, error.failed_timers = rejected, failed_timers  # what the dead letters would say
+        error.detections = detections
+        raise error
 
 
 def event_times(values) -> pd.Series:

@@ -1,18 +1,21 @@
 """A stateful detector over one partition's records: its state read from the store, its function
 called on the records, the new state written back, and its timers fired as event time passes them.
 
-Event time is the partition's: the newest record time read so far. Before each record, every timer
-at or before that time fires (`on_timer`), as a single pass over the records one by one would do.
-The records between two firings go to `detect` at once, so a batch costs one call unless a timer
-falls inside it; a timer that `detect` sets and that falls due within the same records cuts them
-there, and the rest is run after it fired. The answers thus depend neither on where batches begin
-and end nor on which partitions share a task.
+Event time is the partition's: the newest time of the records kept so far. Before each record,
+every timer at or before that time (the record's own included) fires (`on_timer`), as a single pass
+over the records one by one would do. The records between two firings go to `detect` at once, so
+a batch costs one call unless a timer falls inside it; a timer that `detect` sets and that falls
+due within the same records cuts them there, and the rest is run after it fired. A key's expiry
+(the State's TTL) is judged by the partition's event time at its first record of a call, and the
+records are cut where a key would expire between two of its records. The answers thus depend
+neither on where batches begin and end nor on which partitions share a task.
 
-If `detect` raises, the records are split in halves, run one after the other (the second half sees
-the state the first left), down to single records: only the records that make it fail go to the
-dead-letter topic, and their keys keep the state they had. If `on_timer` raises, the keys are split
-the same way; a key on which it fails goes to the dead-letter topic with its state, loses its timer
-and keeps its state.
+If `detect` raises, the records are split in halves, each run as above (timers fire between them,
+and cut them where they fall due), down to single records: only the records that make it fail go
+to the dead-letter topic, their keys keep the state they had, and they move no event time: a
+firing their time set off is undone. What is answered is thus one pass over the records that were
+not rejected. If `on_timer` raises, the keys are split the same way; a key on which it fails goes
+to the dead-letter topic with its state, loses its timer and keeps its state.
 """
 
 from __future__ import annotations
@@ -69,54 +72,122 @@ def run_stateful(
             store.advance(idle_ms)
         _fire(detector, config, store, store.event_ms, tag, result)
         return result
-    # The event time before each record: the newest record time up to and including it.
-    marks = np.maximum.accumulate(np.maximum(stamps.to_numpy(dtype="int64"), store.event_ms))
-    pos, n = 0, len(frame)
-    while pos < n:
-        _fire(detector, config, store, int(marks[pos]), tag, result)
-        deadline = store.next_timer()
-        end = n if deadline is None else int(np.searchsorted(marks, deadline, side="left"))
-        while True:
-            timed = marks[pos:end] if detector.on_timer is not None else None
-            attempt = _attempt(detector, config, frame.iloc[pos:end], stamps.iloc[pos:end], store, timed, tag)
-            if isinstance(attempt, Exception):  # it raised: bisect, writing as it goes (no timer is cut inside)
-                _bisect(detector, config, frame.iloc[pos:end], stamps.iloc[pos:end], store, tag, result)
-                break
-            found, prepared, cut = attempt
-            if cut is None:
-                store.write(prepared, tag)
-                result.found += found
-                break
-            end = pos + cut  # a timer it set falls due before these records end: run up to there first
-        store.advance(int(marks[end - 1]))
-        pos = end
+    _Run(detector, config, frame, stamps.to_numpy(dtype="int64"), store, tag, result).records(0, len(frame))
     _fire(detector, config, store, store.event_ms, tag, result)
     return result
 
 
-def _attempt(detector, config, frame: pd.DataFrame, stamps: pd.Series, store: PartitionStore, marks: np.ndarray | None, tag: int):
-    """(detections, prepared changes, where the records must be cut) of one call, or what it raised.
+@dataclass
+class _Run:
+    detector: Any
+    config: Any
+    frame: pd.DataFrame
+    times: np.ndarray
+    store: PartitionStore
+    tag: int
+    result: Result
 
-    The cut: a record's timer that falls due before the key's next record with a timer (or before
-    the records end) must fire before the records after it are run; None if none does."""
-    # Each key once, in the order of its first record, with its first and last record times.
-    codes, uniques = pd.factorize(frame[KEY].to_numpy())
-    times = stamps.to_numpy(dtype="int64")
-    first = np.full(len(uniques), np.iinfo(np.int64).max)
-    last = np.full(len(uniques), np.iinfo(np.int64).min)
-    np.minimum.at(first, codes, times)
-    np.maximum.at(last, codes, times)
-    batch_keys = pd.Index(uniques, dtype=object)
-    keys = uniques.tolist()
-    try:
-        out = detector.detect(frame, store.read(keys, first), config)
-        found, new_state, timers = _unpack(out, frame.index, len(frame) == 1, "detect")
-        new_state = detector.state.check_returned(new_state, batch_keys)
-        final, cut = _record_timers(timers, frame, marks)
-        prepared = store.prepare(new_state, keys, last, final, batch_keys, tag=tag)
-    except Exception as exc:  # noqa: BLE001 - user code: isolated by _bisect
-        return exc
-    return found, prepared, cut
+    def records(self, lo: int, hi: int) -> None:
+        """Records lo to hi, in order. Before a record, the timers at or before the event time it
+        brings fire; then the records up to the next timer due (or to a key's expiry) go to
+        `detect` at once. What raises is split in halves, each run the same way, down to the
+        records that make it fail: those go to the dead letters and move no event time (a timer
+        their time set off is undone)."""
+        store = self.store
+        pos = lo
+        while pos < hi:
+            saved = self._fire_before(pos)
+            # The event time before each record: the newest time of the records kept so far and its own.
+            marks = np.maximum.accumulate(np.maximum(self.times[pos:hi], store.event_ms))
+            deadline = store.next_timer()
+            end = hi if deadline is None else pos + int(np.searchsorted(marks, deadline, side="left"))
+            expiring = _expiry_cut(self.frame[KEY].to_numpy()[pos:end], self.times[pos:end], marks[: end - pos], store.state.ttl_ms)
+            if expiring is not None:
+                end = pos + expiring
+            while True:
+                attempt = self._attempt(pos, end, marks[: end - pos])
+                if isinstance(attempt, Exception) or attempt[2] is None:
+                    break
+                end = pos + attempt[2]  # a timer it set falls due before these records end: run up to there first
+            if not isinstance(attempt, Exception):
+                found, prepared, _ = attempt
+                store.write(prepared, self.tag)
+                self.result.found += found
+                store.advance(int(marks[end - 1 - pos]))
+            elif end - pos > 1 and saved is None:
+                middle = (pos + end) // 2
+                self.records(pos, middle)
+                self.records(middle, end)
+            else:
+                if saved is not None:
+                    self._undo(saved)
+                if end - pos > 1:  # its first record set timers off: it is judged alone, before the rest
+                    self.records(pos, pos + 1)
+                    self.records(pos + 1, end)
+                else:
+                    message = "".join(traceback.format_exception_only(type(attempt), attempt)).strip()
+                    self.result.rejected.append(rec.Rejected(int(self.frame.index[pos]), rec.DETECTOR_ERROR, message[:2000]))
+            pos = end
+
+    def _fire_before(self, pos: int):
+        """The timers that record `pos`'s time makes due, fired; what they changed, to undo if the
+        record is rejected (None if none fired)."""
+        store = self.store
+        if self.detector.on_timer is None:
+            return None
+        _fire(self.detector, self.config, store, store.event_ms, self.tag, self.result)  # due whatever the record
+        at = max(store.event_ms, int(self.times[pos]))
+        due = store.due(at, clear=False)
+        if not due:
+            return None
+        saved = (store.savepoint(list(dict.fromkeys(k for k, _ in due))), len(self.result.fired), len(self.result.failed_timers))
+        _fire(self.detector, self.config, store, at, self.tag, self.result)
+        return saved
+
+    def _undo(self, saved) -> None:
+        point, fired, failed = saved
+        self.store.rollback(point)
+        del self.result.fired[fired:], self.result.failed_timers[failed:]
+
+    def _attempt(self, pos: int, end: int, marks: np.ndarray):
+        """(detections, prepared changes, where the records must be cut) of one call over records
+        pos to end, or what it raised.
+
+        The cut: a record's timer that falls due before the key's next record with a timer (or
+        before the records end) must fire before the records after it are run; None if none does."""
+        detector, store = self.detector, self.store
+        frame = self.frame.iloc[pos:end]
+        # Each key once, in the order of its first record, with the partition's event time at its
+        # first record (what its expiry is judged by) and its last record's time.
+        codes, uniques = pd.factorize(frame[KEY].to_numpy())
+        first = np.full(len(uniques), np.iinfo(np.int64).max)
+        last = np.full(len(uniques), np.iinfo(np.int64).min)
+        np.minimum.at(first, codes, marks)
+        np.maximum.at(last, codes, self.times[pos:end])
+        batch_keys = pd.Index(uniques, dtype=object)
+        keys = uniques.tolist()
+        try:
+            out = detector.detect(frame, store.read(keys, first), self.config)
+            found, new_state, timers = _unpack(out, frame.index, len(frame) == 1, "detect")
+            new_state = detector.state.check_returned(new_state, batch_keys)
+            final, cut = _record_timers(timers, frame, marks if detector.on_timer is not None else None)
+            prepared = store.prepare(new_state, keys, last, final, batch_keys, tag=self.tag, first_ms=first)
+        except Exception as exc:  # noqa: BLE001 - user code: isolated by splitting
+            return exc
+        return found, prepared, cut
+
+
+def _expiry_cut(keys: np.ndarray, times: np.ndarray, marks: np.ndarray, ttl: int | None) -> int | None:
+    """Where records must be cut so that no key expires between two of its records within one call
+    (`detect` sees a key's state once, at its first record): the first record whose key's previous
+    record here is more than the TTL before the event time at it. None where none is, which is
+    what a batch shorter than the TTL always gives."""
+    if ttl is None or len(times) < 2 or int(marks[-1]) - int(times.min()) <= ttl:
+        return None
+    codes = pd.factorize(keys)[0]
+    newest = pd.Series(times).groupby(codes).cummax().groupby(codes).shift(1).to_numpy()
+    expired = np.flatnonzero(newest + ttl < marks)  # NaN (a key's first record) compares False
+    return int(expired[0]) if len(expired) else None
 
 
 def _record_timers(timers: Any, frame: pd.DataFrame, marks: np.ndarray | None) -> tuple[dict[str, int | None] | None, int | None]:
@@ -146,22 +217,6 @@ def _record_timers(timers: Any, frame: pd.DataFrame, marks: np.ndarray | None) -
     due = np.maximum(entries[armed] + 1, np.searchsorted(marks, taus, side="left"))
     hit = due <= limit[armed]
     return final, (int(due[hit].min()) if hit.any() else None)
-
-
-def _bisect(detector, config, frame: pd.DataFrame, stamps: pd.Series, store: PartitionStore, tag: int, result: Result) -> None:
-    attempt = _attempt(detector, config, frame, stamps, store, None, tag)
-    if not isinstance(attempt, Exception):
-        found, prepared, _ = attempt
-        store.write(prepared, tag)
-        result.found += found
-        return
-    if len(frame) == 1:
-        message = "".join(traceback.format_exception_only(type(attempt), attempt)).strip()
-        result.rejected.append(rec.Rejected(int(frame.index[0]), rec.DETECTOR_ERROR, message[:2000]))
-        return
-    middle = len(frame) // 2
-    _bisect(detector, config, frame.iloc[:middle], stamps.iloc[:middle], store, tag, result)
-    _bisect(detector, config, frame.iloc[middle:], stamps.iloc[middle:], store, tag, result)
 
 
 def _fire(detector, config, store: PartitionStore, event_ms: int, tag: int, result: Result) -> None:

@@ -75,6 +75,21 @@ class Prepared:
         )
 
 
+@dataclass
+class Savepoint:
+    """Some keys of a store as they were (`PartitionStore.savepoint`)."""
+
+    keys: list[str]
+    values: np.ndarray
+    sizes: np.ndarray
+    seen: np.ndarray
+    tags: np.ndarray
+    timers: np.ndarray
+    typed: dict[str, Any] | None
+    changes: list[Any]  # each key's pending change, or `missing`
+    missing: object
+
+
 class PartitionStore:
     def __init__(self, state: State, partition: int, where: str = ""):
         self.state = state
@@ -120,19 +135,27 @@ class PartitionStore:
     # ---- what a batch reads and writes ------------------------------------------------------------
 
     def read(self, keys: Sequence[str], first_ms: Sequence[int] | np.ndarray | None = None) -> pd.DataFrame:
-        """The state of `keys` that have one, indexed by key; a key whose state expired before its
-        first record here (`first_ms`, one per key) has none. The values are decoded afresh, so a
-        detector sees exactly what a restore would give it (JSON's types) and cannot change the
-        store in place."""
+        """The state of `keys` that have one, indexed by key; a key that expired before its first
+        record here has none: `first_ms` (one per key) is the partition's event time at that record.
+        The values are decoded afresh, so a detector sees exactly what a restore would give it
+        (JSON's types) and cannot change the store in place."""
         slots = self._slots_of(keys)
-        held = slots >= 0
-        ttl = self.state.ttl_ms
-        if ttl is not None and first_ms is not None and len(slots):
-            held &= np.where(held, self._seen[slots], _NEVER + ttl) + ttl >= np.asarray(first_ms, dtype=np.int64)
-        found = slots[held]
+        found = slots[self._alive(slots, first_ms)]
         if not len(found):
             return self.state.empty()
         return self._frame(self._key[found].tolist(), found)
+
+    def _alive(self, slots: np.ndarray, first_ms: Sequence[int] | np.ndarray | None) -> np.ndarray:
+        """Which `slots` hold state that has not expired by `first_ms`: a key lives until the
+        partition's event time is more than the TTL past its newest record, or while it has a
+        timer. Judged by the partition's time, not the record's own, so a late record, a batch's
+        bounds and a sweep's timing all give the same answer (Kafka Streams judges by stream time)."""
+        held = slots >= 0
+        ttl = self.state.ttl_ms
+        if ttl is None or first_ms is None or not len(slots):
+            return held
+        seen = np.where(held, self._seen[slots], _NEVER + ttl)
+        return held & ((seen + ttl >= np.asarray(first_ms, dtype=np.int64)) | (self._timer[slots] != NO_TIMER))
 
     def prepare(
         self,
@@ -143,12 +166,14 @@ class PartitionStore:
         index: pd.Index | None = None,
         *,
         tag: int,
+        first_ms: Sequence[int] | np.ndarray | None = None,
     ) -> Prepared:
         """Every key of `keys` (distinct) with the row `new_state` has for it, encoded, or None: it
         loses its state; `last_ms` is each key's newest record time. `timers` sets the timer of each
         key in it (None clears it); the others keep theirs. Raises (and changes nothing) when a value
         cannot be written. `index`: `keys` as an Index, if the caller has one; `tag`: the input
-        offset the values reflect (what `write` will be given), written into each."""
+        offset the values reflect (what `write` will be given), written into each; `first_ms`: as
+        `read` was given, so a key that had expired starts afresh (its old time and timer gone)."""
         slots = self._slots_of(keys)
         index = pd.Index(keys, dtype=object) if index is None else index
         keys = list(keys)
@@ -158,7 +183,7 @@ class PartitionStore:
             rows = np.arange(len(keys))
         else:
             rows = new_state.index.get_indexer(index)
-        held = slots >= 0
+        held = self._alive(slots, first_ms)
         seen = np.maximum(np.asarray(last_ms, dtype=np.int64), np.where(held, self._seen[slots], _NEVER))
         timer = np.where(held, self._timer[slots], NO_TIMER)
         if timers:
@@ -220,9 +245,9 @@ class PartitionStore:
         self._timer_floor = int(self._timer[: self._used].min())
         return None if self._timer_floor == NO_TIMER else self._timer_floor
 
-    def due(self, event_ms: int) -> list[tuple[str, int]]:
+    def due(self, event_ms: int, clear: bool = True) -> list[tuple[str, int]]:
         """(key, timer time) of the timers at or before `event_ms`, earliest first; each is cleared
-        in the store (its firing writes the key again)."""
+        in the store (its firing writes the key again) unless not `clear`."""
         if self._timer_floor > event_ms:
             return []
         timers = self._timer[: self._used]
@@ -230,6 +255,8 @@ class PartitionStore:
         if not len(slots):
             return []
         fired = sorted(zip(timers[slots].tolist(), self._key[slots].tolist(), strict=True))
+        if not clear:
+            return [(key, at) for at, key in fired]
         timers[slots] = NO_TIMER
         self._expiry_floor = min(self._expiry_floor, int(self._seen[slots].min()))
         return [(key, at) for at, key in fired]
@@ -302,6 +329,44 @@ class PartitionStore:
         prepared = Prepared.of([(key, _CHANGED, seen, None)])
         prepared.columns = self._typed.from_rows([self.values_of(key)])
         self.write(prepared, tag)
+
+    def savepoint(self, keys: Sequence[str]) -> Savepoint:
+        """What `keys` (each held) are now, for `rollback`: firing timers writes only the keys
+        that fire, and a firing may have to be undone (the record whose time set it off is
+        rejected, and a rejected record moves no event time)."""
+        keys = list(keys)
+        slots = np.array([self._slot[k] for k in keys], dtype=np.intp)
+        missing = object()
+        return Savepoint(
+            keys,
+            self._value[slots],
+            self._size[slots],
+            self._seen[slots],
+            self._tag[slots],
+            self._timer[slots],
+            None if self._typed is None else self._typed.save(slots),
+            [self._changes.get(k, missing) for k in keys],
+            missing,
+        )
+
+    def rollback(self, saved: Savepoint) -> None:
+        """Back to `saved`: its keys as they were (state, time, timer, pending change)."""
+        slots = self._place(saved.keys, self._slots_of(saved.keys))
+        self._value[slots] = saved.values
+        sizes = saved.sizes if self._typed is None else self._typed.load(slots, saved.typed)
+        self.bytes += int(sizes.sum() - self._size[slots].sum())
+        self._size[slots] = sizes
+        self._seen[slots], self._tag[slots], self._timer[slots] = saved.seen, saved.tags, saved.timers
+        for key, change in zip(saved.keys, saved.changes, strict=True):
+            if change is saved.missing:
+                self._changes.pop(key, None)
+            else:
+                self._changes[key] = change
+        untimed = saved.seen[saved.timers == NO_TIMER]
+        if len(untimed):
+            self._expiry_floor = min(self._expiry_floor, int(untimed.min()))
+        if len(saved.timers):
+            self._timer_floor = min(self._timer_floor, int(saved.timers.min()))
 
     # ---- the changelog read back ------------------------------------------------------------------
 
