@@ -277,3 +277,46 @@ def test_a_store_holding_changes_it_never_wrote_is_rebuilt_not_caught_up(kafka, 
     run_from(ctx, 112, 116)
     assert kafka["reads"] == [(3, None)]  # from the first record: a's counts of 2 were never written
     assert workers["a"][("svc.state", 3, COUNT.state)][0].snapshot() == {f"k{i}": {"count": 4} for i in range(4)}
+
+
+def _crashed_with_changes_not_written(ctx, input_log, monkeypatch):
+    """At-least-once with an interval: counts of 1 written at 104, counts of 2 (to 108) only in a
+    worker that is gone, and the group's commit at 108 says the changelog reflects 104."""
+    monkeypatch.setattr(cache, "_stores", {})
+    run_from(ctx, 100, 104, caught_up=True)
+    run_from(ctx, 104, 108)
+    input_log.durable[3] = 104
+    monkeypatch.setattr(cache, "_stores", {})  # redeployed: a new worker
+
+
+def test_a_redeploy_without_the_interval_still_replays_what_the_commit_says_the_changelog_lacks(kafka, input_log, monkeypatch):
+    _crashed_with_changes_not_written(interval_task(), input_log, monkeypatch)
+    run_from(interval_task(0), 108, 112)
+    assert input_log.batches["replayed"] == [(3, 104, 108)]
+    assert next(iter(cache._stores.values()))[0].snapshot() == {f"k{i}": {"count": 3} for i in range(4)}
+
+
+def test_a_redeploy_with_exactly_once_replays_what_the_commit_says_the_changelog_lacks_inside_the_transaction(kafka, input_log, monkeypatch):
+    _crashed_with_changes_not_written(interval_task(), input_log, monkeypatch)
+    committed = []
+
+    class Transactions:
+        def of(self, partition):
+            return kafka["sink"]
+
+        def commit(self, partition, next_offset, offsets_sent=None):
+            committed.append((partition, next_offset))
+
+    @contextlib.contextmanager
+    def for_task(*args, **kwargs):
+        yield Transactions(), set()
+
+    monkeypatch.setattr(processing.transactions, "for_task", for_task)
+    ctx = dataclasses.replace(interval_task(0), exactly_once=True)
+    source = SimpleNamespace(client_conf={}, group="svc", topic="in", group_metadata="00")
+    list(processing._process_in_transactions(ctx, source, [PartitionRange("in", 3, 108, 112)]))
+    # The replay's read, then the batch's own (the fake input reads both).
+    assert input_log.batches["replayed"] == [(3, 104, 108), (3, 108, 112)] and committed == [(3, 112)]
+    assert next(iter(cache._stores.values()))[0].snapshot() == {f"k{i}": {"count": 3} for i in range(4)}
+    # The replayed state went to the changelog in the transaction, tagged with its end.
+    assert {tag for _, _, tag in kafka["log"][3][-4:]} == {112}

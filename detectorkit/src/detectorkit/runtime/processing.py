@@ -276,7 +276,7 @@ def _process_in_transactions(
     ) as (txns, done):
         todo = [r for r in ranges if r.partition not in done]
         ends: dict[int, int] = {}
-        stores = _open_stores(ctx, todo) if ctx.state is not None else None
+        stores = _open_stores(ctx, todo, source) if ctx.state is not None else None
         # What an earlier attempt committed is reported as read to its end, with nothing done now.
         skipped = {p: starts[p][1] for p in done}
         return iter(list(_process(ctx, _read(source, todo, ends), ends, stores, txns, skipped, before_commit)))
@@ -296,13 +296,14 @@ def _fire_idle(ctx: TaskContext, stores: Stores, sink_of: Callable[[int], sinks.
 
 def _open_stores(ctx: TaskContext, ranges: list[PartitionRange], source: SourceOptions | None = None) -> Stores:
     """Each partition's store, reflecting its input up to the range's start (the group's committed
-    offset): restored from the changelog first when this worker's copy is not that. With a flush
-    interval (and the `source` to read from), the changelog may reflect less: the group's commit
-    says how much, and the records from there to the start are replayed into the store."""
+    offset): restored from the changelog first when this worker's copy is not that. The changelog
+    may reflect less (a flush interval, now or in the deployment before: the group's commit says
+    how much, whatever the settings are now), and the records from there to the start are replayed
+    into the store from the `source`; under exactly-once, inside the task's transactions."""
     idle = {r.partition for r in ranges if r.size == 0}
     wanted = {r.partition: (r.start, r.tick) for r in ranges}
     durable = None
-    if ctx.state.flush_interval_seconds > 0 and source is not None:
+    if source is not None:
 
         def durable(behind: list[int]) -> dict[int, int | None]:
             return offset_store.committed_durable(source.client_conf, source.group, source.topic, behind, ctx.state.timeout)
@@ -452,7 +453,7 @@ def process_in_driver(ctx: TaskContext, source: SourceOptions, frame) -> list[Si
         summaries = list(_process_in_transactions(ctx, source, ranges, before_commit=lambda: dead.update(ctx.stage.after_flush(ctx))))
     else:
         ends = {r.partition: r.end for r in ranges}
-        stores = _open_stores(ctx, ranges) if ctx.state is not None else None
+        stores = _open_stores(ctx, ranges, source) if ctx.state is not None else None
         summaries = list(_process(ctx, read_planned(source, ranges) if ranges else iter(()), ends, stores))
         dead = ctx.stage.after_flush(ctx)
     rows = [SimpleNamespace(**row) for batch in summaries for row in batch.to_pylist()]
