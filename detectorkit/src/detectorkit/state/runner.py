@@ -94,14 +94,19 @@ class _Run:
         records that make it fail: those go to the dead letters and move no event time (a timer
         their time set off is undone)."""
         store = self.store
-        pos = lo
+        pos, newest, counted = lo, None, -1
         while pos < hi:
             saved = self._fire_before(pos)
+            if counted != len(self.result.rejected):
+                # The newest time from here on, once (not once a chunk), and again after a record
+                # was rejected: before it, every record's time is in the event time already.
+                newest, since, counted = np.maximum.accumulate(self.times[pos:hi]), pos, len(self.result.rejected)
+            ahead = newest[pos - since :]
+            deadline = store.next_timer()  # later than the event time at `pos`: those due fired
+            end = hi if deadline is None else max(pos + 1, pos + int(np.searchsorted(ahead, deadline, side="left")))
             # The event time before each record: the newest time of the records kept so far and its own.
-            marks = np.maximum.accumulate(np.maximum(self.times[pos:hi], store.event_ms))
-            deadline = store.next_timer()
-            end = hi if deadline is None else pos + int(np.searchsorted(marks, deadline, side="left"))
-            expiring = _expiry_cut(self.frame[KEY].to_numpy()[pos:end], self.times[pos:end], marks[: end - pos], store.state.ttl_ms)
+            marks = np.maximum(ahead[: end - pos], store.event_ms)
+            expiring = self._expiry_cut(pos, end, marks)
             if expiring is not None:
                 end = pos + expiring
             while True:
@@ -149,6 +154,20 @@ class _Run:
         self.store.rollback(point)
         del self.result.fired[fired:], self.result.failed_timers[failed:]
 
+    def _expiry_cut(self, pos: int, end: int, marks: np.ndarray) -> int | None:
+        """Where records pos to end must be cut so that no key expires between two of its records
+        within one call (`detect` sees a key's state once, at its first record): the first record
+        whose key's previous record here is more than the TTL before the event time at it. None
+        where none is, which is what records spanning less than the TTL always give."""
+        ttl = self.store.state.ttl_ms
+        times = self.times[pos:end]
+        if ttl is None or len(times) < 2 or int(marks[-1]) - int(times.min()) <= ttl:
+            return None
+        codes = pd.factorize(self.frame[KEY].to_numpy()[pos:end])[0]
+        newest = pd.Series(times).groupby(codes).cummax().groupby(codes).shift(1).to_numpy()
+        expired = np.flatnonzero(newest + ttl < marks)  # NaN (a key's first record) compares False
+        return int(expired[0]) if len(expired) else None
+
     def _attempt(self, pos: int, end: int, marks: np.ndarray):
         """(detections, prepared changes, where the records must be cut) of one call over records
         pos to end, or what it raised.
@@ -175,19 +194,6 @@ class _Run:
         except Exception as exc:  # noqa: BLE001 - user code: isolated by splitting
             return exc
         return found, prepared, cut
-
-
-def _expiry_cut(keys: np.ndarray, times: np.ndarray, marks: np.ndarray, ttl: int | None) -> int | None:
-    """Where records must be cut so that no key expires between two of its records within one call
-    (`detect` sees a key's state once, at its first record): the first record whose key's previous
-    record here is more than the TTL before the event time at it. None where none is, which is
-    what a batch shorter than the TTL always gives."""
-    if ttl is None or len(times) < 2 or int(marks[-1]) - int(times.min()) <= ttl:
-        return None
-    codes = pd.factorize(keys)[0]
-    newest = pd.Series(times).groupby(codes).cummax().groupby(codes).shift(1).to_numpy()
-    expired = np.flatnonzero(newest + ttl < marks)  # NaN (a key's first record) compares False
-    return int(expired[0]) if len(expired) else None
 
 
 def _record_timers(timers: Any, frame: pd.DataFrame, marks: np.ndarray | None) -> tuple[dict[str, int | None] | None, int | None]:
