@@ -45,25 +45,50 @@ class Sink:
             raise RuntimeError("broker gone")
 
 
+class Reader:
+    """changelog.read over the fake log (offset = position in its list): each partition's records
+    from its start, with its end; a start past the end is out of range; a restart reads from None."""
+
+    def __init__(self, state, starts):
+        self.state, self.starts, self.restarts = state, dict(starts), []
+
+    def restart(self, partition):
+        self.restarts.append(partition)
+
+    def __iter__(self):
+        todo = list(self.starts.items())
+        while todo:
+            partition, start = todo.pop(0)
+            self.state["reads"].append((partition, start))
+            records = self.state["log"].get(partition, [])
+            if start is not None and start > len(records):
+                yield changelog.Part(partition, [], out_of_range=True)
+            else:
+                read = [(k, v, tag, offset) for offset, (k, v, tag) in enumerate(records) if offset >= (start or 0)]
+                yield changelog.Part(partition, read, len(records))
+            todo += [(p, None) for p in self.restarts]
+            self.restarts.clear()
+
+
 @pytest.fixture
 def kafka(monkeypatch):
-    """The task's Kafka: a sink that records what is sent and flushed, and changelog reads counted."""
+    """The task's Kafka: a sink that records what is sent and flushed, changelog reads counted, and
+    the changelog's ends (ListOffsets) asked."""
     log = {}
-    state = {"sink": Sink(log=log), "reads": [], "log": log}
+    state = {"sink": Sink(log=log), "reads": [], "log": log, "ends": []}
 
     @contextlib.contextmanager
     def for_worker(conf, idle=None):
         state["sink"].log = log
         yield state["sink"]
 
-    def read(ctx, starts):
-        for partition, start in starts.items():
-            state["reads"].append((partition, start))
-            records = log.get(partition, [])
-            yield partition, [(k, v, tag, offset) for offset, (k, v, tag) in enumerate(records) if offset >= (start or 0)]
+    def ends(ctx, partitions):
+        state["ends"].append(sorted(partitions))
+        return {p: len(log.get(p, [])) for p in partitions}
 
     monkeypatch.setattr(processing.sinks, "for_worker", for_worker)
-    monkeypatch.setattr(changelog, "read", read)
+    monkeypatch.setattr(changelog, "read", lambda ctx, starts: Reader(state, starts))
+    monkeypatch.setattr(changelog, "ends", ends)
     monkeypatch.setattr(cache, "_stores", {})
     return state
 
@@ -175,7 +200,7 @@ def test_a_worker_back_on_its_partition_reads_only_what_others_wrote_since(kafka
     monkeypatch.setattr(cache, "_stores", workers["a"])
     kafka["sink"] = Sink(log=kafka["log"])
     run(ctx, arrow(values(4), partition=3, first_offset=108), 108, 112)
-    assert kafka["reads"] == [(3, None), (3, None), (3, mine)]  # worker a: b's changes only
+    assert kafka["reads"] == [(3, None), (3, None), (3, mine - 1)]  # worker a: its own last change (checked), then b's
     out = [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]
     assert sorted(e[2] for e in out) == [b"k0", b"k1", b"k2", b"k3"]  # each key's third record, b's counts included
 
@@ -320,3 +345,93 @@ def test_a_redeploy_with_exactly_once_replays_what_the_commit_says_the_changelog
     assert next(iter(cache._stores.values()))[0].snapshot() == {f"k{i}": {"count": 3} for i in range(4)}
     # The replayed state went to the changelog in the transaction, tagged with its end.
     assert {tag for _, _, tag in kafka["log"][3][-4:]} == {112}
+
+
+# ---- issue 35: stores kept current through ticks, a zombie's late changes, a changelog gone ---------
+
+
+def stamped(n, first_offset, age_ms):
+    """`n` records of keys k0.. on partition 3, `age_ms` old by the wall clock."""
+    batch = arrow(values(n), partition=3, first_offset=first_offset)
+    at = int(time.time() * 1000) - age_ms
+    return batch.set_column(5, "timestamp", pa.array([at * 1000] * n, pa.timestamp("us", tz="UTC")))
+
+
+@pytest.mark.parametrize("interval", [0.0, 60.0], ids=["every-batch", "interval"])
+def test_a_timer_detectors_store_stays_current_through_the_sources_ticks(kafka, interval):
+    """The source ticks (an empty range for a quiet partition, and a new tick on every range) every
+    few seconds: a store kept in its worker must not be read back at each one, nor, holding changes
+    an interval has not written yet, be rebuilt from the changelog's start."""
+    ctx = task(SILENCE, SilenceConfig(silence_seconds=1), grace=0.5)
+    ctx = dataclasses.replace(ctx, state=dataclasses.replace(ctx.state, flush_interval_seconds=interval))
+    run(ctx, stamped(2, 100, 5_000), 100, 102, tick=1)
+    run(ctx, None, 102, 102, tick=2)  # a tick: k0, k1 fire
+    run(ctx, stamped(3, 102, 0), 102, 105, tick=2)  # records within the same tick
+    run(ctx, stamped(4, 105, 0), 105, 109, tick=3)  # records in the next tick
+    run(ctx, None, 109, 109, tick=5)  # a tick, one skipped (the job was busy)
+    kafka["sink"] = Sink(log=kafka["log"])
+    run(ctx, stamped(1, 109, 0), 109, 110, tick=6)
+    assert kafka["reads"] == [(3, None)]  # read once, when the worker first ran the partition
+    assert len(kafka["ends"]) == 4  # a ListOffsets at each new tick: nobody else wrote the changelog
+    store = cache._stores[("svc.state", 3, SILENCE.state)][0]
+    assert (store.position, store.tick) == (110, 6)
+
+
+def test_a_store_is_current_after_a_batch_that_changed_no_state(kafka):
+    ctx = task(COUNT, CountConfig(every=2))
+    run(ctx, arrow(values(4), partition=3, first_offset=100), 100, 104)
+    run(ctx, arrow([b"{not json"] * 4, partition=3, first_offset=104), 104, 108)  # dead letters only
+    run(ctx, arrow(values(4), partition=3, first_offset=108), 108, 112)
+    assert kafka["reads"] == [(3, None)]
+    assert len([e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]) == 4
+
+
+def test_a_zombies_late_changes_do_not_hide_the_new_owners(kafka, monkeypatch):
+    """At-least-once, A pauses mid-batch, B takes the partition, runs further and commits; A wakes
+    and writes its changes after B's (its commit is refused). When the partition comes back to A
+    at B's committed offset, A must hold B's counts, not its own."""
+    ctx = task(COUNT, CountConfig(every=3))
+    workers = {"a": {}, "b": {}}
+    monkeypatch.setattr(cache, "_stores", workers["a"])
+    run(ctx, arrow(values(4), partition=3, first_offset=100), 100, 104)  # A: counts of 1
+    a_stores = _open_stores(ctx, [PartitionRange("in", 3, 104, 108)])  # A's next task starts, and pauses
+    monkeypatch.setattr(cache, "_stores", workers["b"])
+    chunks = [arrow(values(4), partition=3, first_offset=o) for o in (104, 108)]
+    list(_process(ctx, iter(chunks), {3: 112}, _open_stores(ctx, [PartitionRange("in", 3, 104, 112)])))  # B: counts of 3
+    monkeypatch.setattr(cache, "_stores", workers["a"])
+    list(_process(ctx, iter([arrow(values(4), partition=3, first_offset=104)]), {3: 108}, a_stores))  # A wakes: counts of 2, written last
+    kafka["sink"] = Sink(log=kafka["log"])
+    run(ctx, arrow(values(4), partition=3, first_offset=112), 112, 116)  # back to A, at B's committed offset
+    assert workers["a"][("svc.state", 3, COUNT.state)][0].snapshot() == {f"k{i}": {"count": 4} for i in range(4)}
+    assert not [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]  # 4th records: none is a 3rd
+    # A looked for its last change where it expected it (offset 8: its first 5 records, then 4 more;
+    # the event time did not move), found B's there (B wrote 5-8, A 9-12), and read the changelog
+    # again from its first record.
+    assert kafka["reads"] == [(3, None), (3, None), (3, 8), (3, None)]
+
+
+def test_a_store_whose_changelog_lost_its_offset_is_read_again_from_the_first_record(kafka, monkeypatch):
+    """The changelog was deleted and created again (or truncated): a catch-up from an offset it no
+    longer has must not jump to its end (librdkafka's default) but restore in full."""
+    ctx = task(COUNT, CountConfig(every=3))
+    workers = {"a": {}, "b": {}}
+
+    def on(worker, start, n, first=None):
+        monkeypatch.setattr(cache, "_stores", workers[worker])
+        run(ctx, arrow(values(n) if first is None else [first] * n, partition=3, first_offset=start), start, start + n)
+
+    on("a", 100, 4)  # counts of 1 at 0-4
+    on("b", 104, 4)  # counts of 2 at 5-8
+    on("a", 108, 2, b"{not json")  # a catches up (9 records) and changes nothing: it expects the end at 9
+    kafka["log"][3] = []  # the changelog created again, empty
+    on("b", 110, 2)  # k0, k1: counts of 1 (b's own offset is gone too), at 0-2
+    kafka["sink"] = Sink(log=kafka["log"])
+    on("a", 112, 4)
+    assert kafka["reads"][-2:] == [(3, 9), (3, None)]  # 9: beyond the new changelog's end (3)
+    assert workers["a"][("svc.state", 3, COUNT.state)][0].snapshot() == {
+        "k0": {"count": 2},
+        "k1": {"count": 2},
+        "k2": {"count": 1},
+        "k3": {"count": 1},
+    }
+    assert not [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]  # a's own counts of 2 would have made 3s

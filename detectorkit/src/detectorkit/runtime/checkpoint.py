@@ -7,7 +7,9 @@ the driver, `processing.process_in_driver`):
   2. the timers of partitions with nothing to read fire (a tick of the source);
   3. the outputs are flushed (`finish_task`, from here on);
   4. the state's changes are sent, one record per key tagged with the batch's end, and flushed;
-  5. the stores go back into the worker's cache; a failed task's are read back instead.
+  5. the stores go back into the worker's cache, at the range's end and tick, each with where its
+     changes should have landed in the changelog (checked by its next catch-up, state.cache); a
+     failed task's are read back instead.
 In the driver, once every task has returned (`runtime.job.StreamJob._process`):
   6. a stage that runs in the driver delivers what it wrote (`Stage.after_flush`: the notifier's
      notifications): after 4, but a restore counts 4's changes only once 7 has committed them, so
@@ -33,7 +35,7 @@ import structlog
 from detectorkit.kafka import sink as sinks
 from detectorkit.runtime import crash_points
 from detectorkit.state import cache
-from detectorkit.state.codec import INPUT_OFFSET_HEADER
+from detectorkit.state.codec import INPUT_OFFSET_HEADER, tag_of
 from detectorkit.state.store import EVENT_TIME_KEY
 
 _log = structlog.get_logger("detectorkit.transactions")
@@ -143,11 +145,17 @@ def _send_changes(ctx: TaskContext, sink: sinks.Sink, stores: Stores, p: int, su
         # A value carries its batch's offset (state.codec); a tombstone and the event time, in a header.
         event = [changes.pop()] if changes and changes[-1][0] == EVENT_TIME_KEY else []
         values = [c for c in changes if c[1] is not None]
+        headed = [c for c in changes if c[1] is None] + event
+        # The record sent last lands last (one producer, one partition, in order); send_batch may
+        # reorder its own when the local queue fills, so the last value goes alone when it is last.
         if values:
-            sink.send_batch(ctx.state.topic, p, values)
-        if len(values) < len(changes) or event:
-            headers = [(INPUT_OFFSET_HEADER, str(tag).encode())]
-            sink.send_all(ctx.state.topic, p, [c for c in changes if c[1] is None] + event, headers)
+            sink.send_batch(ctx.state.topic, p, values if headed else values[:-1])
+        if headed:
+            sink.send_all(ctx.state.topic, p, headed, [(INPUT_OFFSET_HEADER, str(tag).encode())])
+            stores.last_written[p] = (headed[-1][0], headed[-1][1], tag)
+        elif values:
+            sink.send_all(ctx.state.topic, p, values[-1:], None)
+            stores.last_written[p] = (values[-1][0], values[-1][1], tag_of(None, values[-1][1]))
         written = len(changes) + len(event)
     restored, seconds = stores.restored[p]
     summaries[p].state = {
@@ -163,11 +171,19 @@ def _send_changes(ctx: TaskContext, sink: sinks.Sink, stores: Stores, p: int, su
 
 def _keep(ctx: TaskContext, stores: Stores, summaries: dict[int, PartitionSummary]) -> None:
     for p, store in stores.stores.items():
-        # Its own changes are in the changelog right after what it had read (only the task of a
-        # partition writes to its changelog partition), so a later catch-up need not read them
-        # back. A partition still moves between Python workers now and then (on a cluster, or as
-        # the claims of kafka.claims even out), and before this each catch-up read both workers'
-        # changes. At worst (a zombie writing too, or a transaction's commit marker) this lands
-        # short of the end, and a catch-up reads a little more.
-        store.changelog_offset += summaries[p].state["written"]
+        # It reflects the input to the range's end, at the range's tick (opening it set that), also
+        # when the batch changed none of its keys: the next task, starting there, finds it current.
+        store.position = stores.tags[p]
+        written = summaries[p].state["written"]
+        if written:
+            # Its changes follow what it had read or written (only the partition's task writes its
+            # changelog partition), so a later catch-up need not read them back: a partition still
+            # moves between Python workers now and then (on a cluster, or as the claims of
+            # kafka.claims even out), and each catch-up read both workers' changes before this. A
+            # zombie's writes (at-least-once: a paused instance's task) may come between, so this
+            # is a guess: the catch-up checks the last change is where it is expected (state.cache).
+            last = store.changelog_offset + written - 1
+            store.last_written = (last, *stores.last_written[p])
+            # With exactly-once, the transaction's commit marker comes next.
+            store.changelog_offset = last + 1 + int(ctx.exactly_once)
         cache.keep(ctx.state, store)

@@ -108,6 +108,9 @@ class Stores:
     idle: set[int]  # partitions planned with nothing to read: a tick, for their timers
     replayed: dict[int, int] = field(default_factory=dict)  # input records replayed into the store to open it
     caught_up: set[int] = field(default_factory=set)  # partitions read to their end: nothing waits behind them
+    # The changelog record each partition's changes ended with, (key, value, tag): where the store
+    # expects it is checked by its next catch-up (runtime.checkpoint._keep, state.cache).
+    last_written: dict[int, tuple[str, bytes | None, int | None]] = field(default_factory=dict)
 
 
 def _headers(ctx: TaskContext, reason: str, message: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:

@@ -11,7 +11,10 @@ and at every assignment, with one line that says what to do (`partitions_changed
 A task's partitions are read back together, with a consumer of its own, assigned, in no group (as
 Kafka Streams' `StoreChangelogReader`), each until the end it reports after a fetch (exact on every
 broker, where ListOffsets is not on Tansu); a read that stops making progress fails the task, and
-with it the batch.
+with it the batch. A start the changelog no longer has (the topic was truncated, or deleted and
+created again) is reported, never skipped to the end as librdkafka would by default, and the caller
+reads that partition again from its first record (`Reader.restart`), as Kafka Streams does on
+`InvalidOffsetException`.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+import structlog
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, TopicPartition
 
 from detectorkit.kafka import broker_kind, clients
 from detectorkit.kafka.worker_clients import WorkerClients
@@ -117,41 +121,137 @@ def _partitions_when_known(admin, topic: str, timeout: float) -> list[int]:
             time.sleep(0.2)
 
 
-def read(ctx: StateContext, starts: dict[int, int | None]) -> Iterator[tuple[int, list[tuple[str, bytes | None, int | None, int]]]]:
-    """(partition, records) of each partition of `starts` from its start (None: its first record) to
-    its end, in parts; records are (key, value, input offset, changelog offset), in order."""
-    conf = clients.consumer(
+# A changelog record read back: (key, value, input offset tag, changelog offset).
+Record = tuple[str, bytes | None, int | None, int]
+
+# A fetch from an offset the partition no longer has (librdkafka reports it so with auto.offset.reset=error).
+_OUT_OF_RANGE = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
+
+_log = structlog.get_logger("detectorkit.state")
+
+
+class Part(NamedTuple):
+    """Records of one partition, in order, as a read gives them."""
+
+    partition: int
+    records: list[Record]
+    # On the partition's last part: its end, the offset after its last record (a transaction's
+    # commit marker included), where a store that read it all next reads from.
+    end: int | None = None
+    # Its start is not in the changelog (truncated, or deleted and created again): nothing was read.
+    out_of_range: bool = False
+
+
+def _conf(ctx: StateContext) -> dict[str, Any]:
+    return clients.consumer(
         ctx.client_conf,
         "detectorkit-restore",  # never subscribes or commits: assigned only
-        **{"enable.partition.eof": True, "isolation.level": ctx.isolation, "enable.auto.commit": False},
+        **{
+            "enable.partition.eof": True,
+            "isolation.level": ctx.isolation,
+            "enable.auto.commit": False,
+            # Not "latest" (librdkafka's default): a store that jumped to the end would miss every
+            # record in between without a word.
+            "auto.offset.reset": "error",
+        },
     )
-    with _consumers.use(clients.conf_key(conf), lambda: clients.new_consumer(conf)) as consumer:
-        consumer.assign([TopicPartition(ctx.topic, p, OFFSET_BEGINNING if start is None else start) for p, start in starts.items()])
-        reading = set(starts)
-        try:
-            progress = time.monotonic()
-            while reading:
-                # A short wait: consume() returns only when it has as many records as asked or its
-                # timeout passed, and the end of a catch-up comes after a few.
-                messages = consumer.consume(10_000, timeout=0.05)
-                if messages:
-                    progress = time.monotonic()
-                elif time.monotonic() - progress > ctx.timeout:
-                    waiting = ", ".join(f"{ctx.topic}-{p}" for p in sorted(reading))
-                    raise TimeoutError(f"reading state changelog {waiting} made no progress for {ctx.timeout:g} s")
-                parts: dict[int, list] = {}
-                for message in messages:
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            reading.discard(message.partition())
+
+
+class Reader:
+    """The parts of each partition of `starts` from its start (None: its first record) to its end;
+    `restart` reads a partition again from its first record (the caller drops what it read of it)."""
+
+    def __init__(self, ctx: StateContext, starts: Mapping[int, int | None]):
+        self._ctx = ctx
+        self._starts = dict(starts)
+        self._restarts: list[int] = []
+
+    def restart(self, partition: int) -> None:
+        self._restarts.append(partition)
+
+    def __iter__(self) -> Iterator[Part]:
+        ctx = self._ctx
+        conf = _conf(ctx)
+        with _consumers.use(clients.conf_key(conf), lambda: clients.new_consumer(conf)) as consumer:
+            consumer.assign([TopicPartition(ctx.topic, p, OFFSET_BEGINNING if start is None else start) for p, start in self._starts.items()])
+            reading = set(self._starts)
+            try:
+                progress = time.monotonic()
+                while reading or self._restarts:
+                    if self._restarts:
+                        # Assigned afresh: what was fetched from the old position is never delivered.
+                        again = [TopicPartition(ctx.topic, p, OFFSET_BEGINNING) for p in dict.fromkeys(self._restarts)]
+                        self._restarts.clear()
+                        consumer.incremental_unassign(again)
+                        consumer.incremental_assign(again)
+                        reading.update(tp.partition for tp in again)
+                        progress = time.monotonic()
+                    # A short wait: consume() returns only when it has as many records as asked or its
+                    # timeout passed, and the end of a catch-up comes after a few.
+                    messages = consumer.consume(10_000, timeout=0.05)
+                    if messages:
+                        progress = time.monotonic()
+                    elif time.monotonic() - progress > ctx.timeout:
+                        waiting = ", ".join(f"{ctx.topic}-{p}" for p in sorted(reading))
+                        raise TimeoutError(f"reading state changelog {waiting} made no progress for {ctx.timeout:g} s")
+                    parts: dict[int, Part] = {}
+                    for message in messages:
+                        p, error = message.partition(), message.error()
+                        if error is not None and error.code() != KafkaError._PARTITION_EOF and error.code() not in _OUT_OF_RANGE:
+                            if error.fatal() or not error.retriable():
+                                raise KafkaException(error)
                             continue
-                        if error.fatal() or not error.retriable():
-                            raise KafkaException(error)
-                        continue
-                    parts.setdefault(message.partition(), []).append(
-                        (message.key().decode(), (value := message.value()), tag_of(message.headers(), value), message.offset())
-                    )
-                yield from parts.items()
-        finally:
-            consumer.unassign()
+                        if p not in reading:
+                            continue  # written since its end was reached: the store reads it next time
+                        part = parts.setdefault(p, Part(p, []))
+                        if error is None:
+                            part.records.append(
+                                (message.key().decode(), (value := message.value()), tag_of(message.headers(), value), message.offset())
+                            )
+                        elif error.code() == KafkaError._PARTITION_EOF:
+                            reading.discard(p)
+                            parts[p] = part._replace(end=message.offset())
+                        else:
+                            reading.discard(p)
+                            _log.warning("state changelog offset out of range", partition=f"{ctx.topic}-{p}", error=error.str())
+                            parts[p] = Part(p, [], out_of_range=True)
+                    yield from parts.values()
+            finally:
+                consumer.unassign()
+
+
+def read(ctx: StateContext, starts: Mapping[int, int | None]) -> Reader:
+    """The parts of each partition of `starts` from its start (None: its first record) to its end."""
+    return Reader(ctx, starts)
+
+
+def ends(ctx: StateContext, partitions: list[int]) -> dict[int, int]:
+    """Each partition's end as ListOffsets answers it (the offset after its last record, commit
+    markers included; under read_committed the last stable offset), in one request, reading
+    nothing. Empty on a broker whose ListOffsets is wrong (Tansu) or when the answer fails: the
+    caller then reads instead."""
+    if not partitions or not _exact_ends(ctx):
+        return {}
+    conf = _conf(ctx)
+    try:
+        with _consumers.use(clients.conf_key(conf), lambda: clients.new_consumer(conf)) as consumer:
+            # A timestamp of -1 asks ListOffsets for the latest offset, with the consumer's isolation.
+            answers = consumer.offsets_for_times([TopicPartition(ctx.topic, p, OFFSET_END) for p in partitions], timeout=ctx.timeout)
+    except KafkaException as exc:
+        _log.info("state changelog ends unknown", topic=ctx.topic, error=str(exc))
+        return {}
+    return {tp.partition: tp.offset for tp in answers if tp.error is None and tp.offset >= 0}
+
+
+_exact: dict[str, bool] = {}
+
+
+def _exact_ends(ctx: StateContext) -> bool:
+    """Whether the broker's ListOffsets is exact (Apache Kafka): asked once per worker process."""
+    key = clients.conf_key(ctx.client_conf)
+    if key not in _exact:
+        try:
+            _exact[key] = broker_kind.detect(ctx.client_conf, ctx.timeout) == broker_kind.KAFKA
+        except KafkaException:
+            return False  # asked again next time
+    return _exact[key]

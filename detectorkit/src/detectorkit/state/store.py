@@ -98,6 +98,9 @@ class PartitionStore:
         self.position = -1  # input offset reflected; -1: nothing yet
         self.tick = 0  # the source's tick reflected: a tick fires timers without moving the offset
         self.changelog_offset = 0  # next changelog offset to read
+        # (changelog offset, key, value, tag) of the last change it wrote since it last read the
+        # changelog, where it lands if nobody else wrote in between: a catch-up checks it (state.cache).
+        self.last_written: tuple[int, str, bytes | None, int | None] | None = None
         self.event_ms = 0  # the partition's event time: its newest record's
         self.bytes = 0
         self._slot: dict[str, int] = {}
