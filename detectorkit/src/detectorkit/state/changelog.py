@@ -194,27 +194,33 @@ class Reader:
                     elif time.monotonic() - progress > ctx.timeout:
                         waiting = ", ".join(f"{ctx.topic}-{p}" for p in sorted(reading))
                         raise TimeoutError(f"reading state changelog {waiting} made no progress for {ctx.timeout:g} s")
-                    parts: dict[int, Part] = {}
+                    records: dict[int, list[Record]] = {}
+                    last: dict[int, Part] = {}  # a partition's end reached, or its start out of range
                     for message in messages:
-                        p, error = message.partition(), message.error()
-                        if error is not None and error.code() != KafkaError._PARTITION_EOF and error.code() not in _OUT_OF_RANGE:
-                            if error.fatal() or not error.retriable():
-                                raise KafkaException(error)
-                            continue
-                        if p not in reading:
-                            continue  # written since its end was reached: the store reads it next time
-                        part = parts.setdefault(p, Part(p, []))
+                        error = message.error()
                         if error is None:
-                            part.records.append(
-                                (message.key().decode(), (value := message.value()), tag_of(message.headers(), value), message.offset())
-                            )
+                            got = records.get(p := message.partition())
+                            if got is None:
+                                got = records[p] = []
+                            got.append((message.key().decode(), (value := message.value()), tag_of(message.headers(), value), message.offset()))
                         elif error.code() == KafkaError._PARTITION_EOF:
-                            reading.discard(p)
-                            parts[p] = part._replace(end=message.offset())
-                        else:
-                            reading.discard(p)
-                            _log.warning("state changelog offset out of range", partition=f"{ctx.topic}-{p}", error=error.str())
-                            parts[p] = Part(p, [], out_of_range=True)
+                            if (p := message.partition()) in reading:
+                                reading.discard(p)
+                                last[p] = Part(p, [], end=message.offset())
+                        elif error.code() in _OUT_OF_RANGE:
+                            if (p := message.partition()) in reading:
+                                reading.discard(p)
+                                _log.warning("state changelog offset out of range", partition=f"{ctx.topic}-{p}", error=error.str())
+                                last[p] = Part(p, [], out_of_range=True)
+                        elif error.fatal() or not error.retriable():
+                            raise KafkaException(error)
+                    # Records past a partition's end (written since it was reached) are left for the
+                    # store's next read.
+                    parts = {p: Part(p, got) for p, got in records.items() if p in reading}
+                    for p, part in last.items():
+                        if not part.out_of_range:
+                            part = part._replace(records=[r for r in records.get(p, ()) if r[3] < part.end])
+                        parts[p] = part
                     yield from parts.values()
             finally:
                 consumer.unassign()
