@@ -2,9 +2,11 @@
 metadata of a topic created a moment ago (by this job or another instance) may not show it yet, and
 an input that gained partitions is refused in one line."""
 
+import contextlib
 import types
 
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
 
 from detectorkit.settings import SettingsError
 from detectorkit.state import changelog
@@ -89,3 +91,103 @@ def test_the_group_may_know_partitions_the_metadata_does_not_show_yet():
     admin = Admin(**{"in": 4, "svc.state": 4})
     with pytest.raises(SettingsError, match="input topic 'in' now has 6 partitions but state changelog 'svc.state' has 4"):
         changelog.check_assignment(admin, "svc.state", "in", frozenset({0, 5}), timeout=1)
+
+
+# ---- the reader: parts, ends, offsets out of range --------------------------------------------
+
+
+class Message:
+    def __init__(self, partition, offset, key=None, error=None):
+        self._partition, self._offset, self._key, self._error = partition, offset, key, error
+
+    def partition(self):
+        return self._partition
+
+    def offset(self):
+        return self._offset
+
+    def key(self):
+        return self._key.encode()
+
+    def value(self):
+        return b"{}"
+
+    def headers(self):
+        return [("input_offset", b"10")]
+
+    def error(self):
+        return self._error
+
+
+def eof(partition, offset):
+    return Message(partition, offset, error=KafkaError(KafkaError._PARTITION_EOF))
+
+
+class Consumer:
+    """Hands out scripted fetches, one list of messages per consume(); records what was assigned."""
+
+    def __init__(self, fetches):
+        self.fetches, self.assigned = list(fetches), []
+
+    def assign(self, tps):
+        self.assigned.append([(tp.partition, tp.offset) for tp in tps])
+
+    def incremental_unassign(self, tps):
+        pass
+
+    def incremental_assign(self, tps):
+        self.assigned.append([(tp.partition, tp.offset) for tp in tps])
+
+    def unassign(self):
+        pass
+
+    def consume(self, n, timeout):
+        return self.fetches.pop(0) if self.fetches else []
+
+
+@pytest.fixture
+def consumer(monkeypatch):
+    holder = {}
+
+    @contextlib.contextmanager
+    def use(key, create, idle_seconds=None, valid=None):
+        yield holder["consumer"]
+
+    monkeypatch.setattr(changelog._consumers, "use", use)
+    return holder
+
+
+def test_a_read_gives_each_partition_to_its_end_and_leaves_what_was_written_since(consumer):
+    consumer["consumer"] = Consumer(
+        [
+            [Message(0, 5, "a"), Message(1, 0, "b"), Message(0, 6, "c")],
+            [Message(0, 7, "d"), eof(0, 8), Message(0, 8, "written-since"), eof(1, 1)],
+            [Message(0, 9, "later")],  # the partition ended: left for the store's next read
+        ]
+    )
+    parts = list(changelog.read(changelog.StateContext("t", {}, timeout=1.0), {0: 5, 1: None}))
+    assert [(p.partition, [r[0] for r in p.records], p.end) for p in parts] == [(0, ["a", "c"], None), (1, ["b"], None), (0, ["d"], 8), (1, [], 1)]
+    assert parts[0].records[0] == ("a", b"{}", 10, 5)
+
+
+def test_an_offset_out_of_range_is_reported_and_read_again_from_the_first_record_when_asked(consumer):
+    out_of_range = Message(0, 50, error=KafkaError(KafkaError._AUTO_OFFSET_RESET))
+    consumer["consumer"] = fake = Consumer([[out_of_range, Message(1, 3, "b"), eof(1, 4)], [Message(0, 0, "a"), eof(0, 1)]])
+    reader = changelog.read(changelog.StateContext("t", {}, timeout=1.0), {0: 50, 1: 3})
+    parts = []
+    for part in reader:
+        parts.append(part)
+        if part.out_of_range:
+            reader.restart(part.partition)
+    assert [(p.partition, [r[0] for r in p.records], p.end, p.out_of_range) for p in parts] == [
+        (0, [], None, True),
+        (1, ["b"], 4, False),
+        (0, ["a"], 1, False),
+    ]
+    assert fake.assigned == [[(0, 50), (1, 3)], [(0, OFFSET_BEGINNING)]]
+
+
+def test_a_broker_error_fails_the_read(consumer):
+    consumer["consumer"] = Consumer([[Message(0, 0, error=KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))]])
+    with pytest.raises(KafkaException):
+        list(changelog.read(changelog.StateContext("t", {}, timeout=1.0), {0: None}))
