@@ -384,14 +384,35 @@ class DriverKafka:
         def for_worker(conf, idle=None):
             yield Sink()
 
-        def read(ctx, starts):
-            for p, start in starts.items():
-                log = self.topics.get(ctx.topic, {}).get(p, [])
-                tags = [codec.tag_of(list(h.items()), v) for _, v, h in log]
-                yield p, [(k, v, tag, o) for o, ((k, v, _), tag) in enumerate(zip(log, tags, strict=True)) if o >= (start or 0)]
+        topics = self.topics
+
+        class Reader:
+            """changelog.read over the fake topics (offset = position): each partition to its end;
+            a restart reads a partition again from its first record."""
+
+            def __init__(self, ctx, starts):
+                self.topic, self.starts, self.restarts = ctx.topic, dict(starts), []
+
+            def restart(self, partition):
+                self.restarts.append(partition)
+
+            def __iter__(self):
+                todo = list(self.starts.items())
+                while todo:
+                    p, start = todo.pop(0)
+                    log = topics.get(self.topic, {}).get(p, [])
+                    tags = [codec.tag_of(list(h.items()), v) for _, v, h in log]
+                    records = [(k, v, tag, o) for o, ((k, v, _), tag) in enumerate(zip(log, tags, strict=True)) if o >= (start or 0)]
+                    yield changelog.Part(p, records, len(log))
+                    todo += [(q, None) for q in self.restarts]
+                    self.restarts.clear()
+
+        def ends(ctx, partitions):
+            return {p: len(topics.get(ctx.topic, {}).get(p, [])) for p in partitions}
 
         monkeypatch.setattr(processing.sinks, "for_worker", for_worker)
-        monkeypatch.setattr(changelog, "read", read)
+        monkeypatch.setattr(changelog, "read", Reader)
+        monkeypatch.setattr(changelog, "ends", ends)
         self.restart()
 
     def restart(self):
