@@ -284,14 +284,17 @@ def test_a_zombie_then_a_killed_instance_lose_nothing_and_never_move_offsets_bac
     """Instance 2 is paused past the session timeout with a batch in flight (SIGSTOP: a long GC
     pause, a frozen VM), resumed, then killed with `kill -9` with a batch in flight; an instance
     3 comes in its place. The group's committed offsets never go backwards, nothing is lost, and
-    every duplicate is a record of instance 2's uncommitted batches."""
+    every duplicate is a record of instance 2's uncommitted batches. The detector keeps state (every
+    third record of each customer): the zombie's late changelog writes land after the new owner's,
+    and a count it then caught up wrongly, when partitions come back to it, shifts every later
+    detection of their customers."""
     bs = kafka_bootstrap_servers
     topics, metrics_topic = setup(bs, "zombie")
     feed = Feed(bs, topics.input, chunks=12, chunk=5_000, seed=500)
-    one = start(bs, topics, metrics_topic)
+    one = start(bs, topics, metrics_topic, STATEFUL)
     # Slow, small batches: a batch is nearly always in flight, and one is at most 2,000 records.
     # (Tasks of any size: one task would run a batch's slow calls in a row.)
-    two = start(bs, topics, metrics_topic, max_records_per_batch=2_000, detector_delay_seconds=1, min_records_per_task=1)
+    two = start(bs, topics, metrics_topic, STATEFUL, max_records_per_batch=2_000, detector_delay_seconds=1, min_records_per_task=1)
     three = None
     history = collections.defaultdict(list)
     watching = threading.Event()
@@ -331,6 +334,7 @@ def test_a_zombie_then_a_killed_instance_lose_nothing_and_never_move_offsets_bac
             what="the zombie to rejoin and get a share again",
         )
         assert two.process.poll() is None, two.output()
+        returned = set(mine) & owned(two)  # partitions whose stores the zombie holds, stale
         refused = events(two, "offsets not committed: the group gave these partitions to another member")
         skipped = events(two, "not committing partitions this instance no longer owns")
 
@@ -349,7 +353,7 @@ def test_a_zombie_then_a_killed_instance_lose_nothing_and_never_move_offsets_bac
             what="the survivor to take the partitions",
         )
         moved = time.monotonic() - killed
-        three = start(bs, topics, metrics_topic)  # back when an instance returns
+        three = start(bs, topics, metrics_topic, STATEFUL)  # back when an instance returns
         wait_for(lambda: len(owned(three)) == 2 and len(owned(one)) == 2, timeout=180, what="the partitions to be shared again")
         sent += feed.finish()
         wait_for(lambda: all_committed(bs, topics, len(sent)), timeout=300, what="the instances to finish")
@@ -367,12 +371,13 @@ def test_a_zombie_then_a_killed_instance_lose_nothing_and_never_move_offsets_bac
     backwards = {p: h for p, h in history.items() if h != sorted(h)}
     print(
         f"zombie: its batch in flight was not committed after SIGCONT ({len(skipped)} skipped as lost, {len(refused)} refused by "
-        f"the group); kill -9: partitions moved {moved:.1f} s after (session timeout {SESSION} s); {len(duplicated)} detections "
+        f"the group), partitions {sorted(returned)} came back to it; "
+        f"kill -9: partitions moved {moved:.1f} s after (session timeout {SESSION} s); {len(duplicated)} detections "
         f"written twice; committed offsets seen {sum(map(len, history.values()))} times, never going back"
     )
     assert refused or skipped, "the zombie had no commit to make: the test proved nothing"
     assert not backwards, f"committed offsets went backwards: {backwards}"
-    assert set(found) == expected(sent)
+    assert set(found) == every_nth_reference(sent)
     assert moved <= SESSION + 15
     assert max(found.values()) <= 2
     assert all(any(p == q and start <= o < start + 2_000 for q, start in uncommitted) for p, o in duplicated)
