@@ -110,3 +110,20 @@ def test_cluster_ids_never_look_like_an_option(monkeypatch):
     draws = iter([uuid_module.UUID(int=0xF8 << 120), uuid_module.UUID(int=1)])
     monkeypatch.setattr(kafka_broker.uuid, "uuid4", lambda: next(draws))
     assert kafka_broker.cluster_id() == "AAAAAAAAAAAAAAAAAAAAAQ"
+
+
+def test_the_kafka_launcher_deletes_no_record_for_its_age(kafka_bootstrap_servers, kafka_broker_kind):
+    """Records stamped with event times days old (the samples, a backfill through the normaliser)
+    must not vanish under Kafka's 7-day time retention a moment after they are written: seen as a
+    test that read an output topic whose first records the broker's retention check had deleted."""
+    if kafka_broker_kind != "kafka":
+        pytest.skip("a property of the Apache Kafka launcher (kafka_broker.KafkaBroker)")
+    from confluent_kafka.admin import ConfigResource
+
+    from detectorkit.kafka import clients
+    from detectorkit.testing import create_test_topics
+
+    topic = create_test_topics(kafka_bootstrap_servers, "retention", partitions=1).output
+    admin = clients.new_admin(clients.base(kafka_bootstrap_servers))
+    (future,) = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)]).values()
+    assert future.result(timeout=30)["retention.ms"].value == "-1"

@@ -221,6 +221,11 @@ class KafkaBroker:
             # Tests and demos create groups all the time; the default 3 s delay only slows them.
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "false",
+            # No deletion by age: time retention goes by the records' timestamps, and a record's
+            # event time may be days old (the samples, a backfill through the normaliser), so the
+            # 7-day default deleted outputs soon after they were written (at the first retention
+            # check, 30 s after the start), under a test that then read them.
+            "log.retention.ms": "-1",
         }
         advertised = [f"PLAINTEXT://127.0.0.1:{ports['broker']}"]
         if self.sasl_users:
