@@ -45,6 +45,8 @@ NO_TIMER = np.iinfo(np.int64).max
 _NEVER = np.iinfo(np.int64).min
 # A typed key's change, encoded from the store's columns when the changes are taken.
 _CHANGED = True
+# A key with no change pending, in a savepoint.
+_NO_CHANGE = object()
 
 
 @dataclass
@@ -86,8 +88,7 @@ class Savepoint:
     tags: np.ndarray
     timers: np.ndarray
     typed: dict[str, Any] | None
-    changes: list[Any]  # each key's pending change, or `missing`
-    missing: object
+    changes: list[Any]  # each key's pending change, or _NO_CHANGE
 
 
 class PartitionStore:
@@ -339,7 +340,6 @@ class PartitionStore:
         rejected, and a rejected record moves no event time)."""
         keys = list(keys)
         slots = np.array([self._slot[k] for k in keys], dtype=np.intp)
-        missing = object()
         return Savepoint(
             keys,
             self._value[slots],
@@ -348,8 +348,7 @@ class PartitionStore:
             self._tag[slots],
             self._timer[slots],
             None if self._typed is None else self._typed.save(slots),
-            [self._changes.get(k, missing) for k in keys],
-            missing,
+            [self._changes.get(k, _NO_CHANGE) for k in keys],
         )
 
     def rollback(self, saved: Savepoint) -> None:
@@ -361,7 +360,7 @@ class PartitionStore:
         self._size[slots] = sizes
         self._seen[slots], self._tag[slots], self._timer[slots] = saved.seen, saved.tags, saved.timers
         for key, change in zip(saved.keys, saved.changes, strict=True):
-            if change is saved.missing:
+            if change is _NO_CHANGE:
                 self._changes.pop(key, None)
             else:
                 self._changes[key] = change
