@@ -20,6 +20,8 @@ import pytest
 
 from detectorkit.kafka import clients
 from detectorkit.kafka.offset_store import commits
+from detectorkit.kafka.topic_reader import read_messages
+from detectorkit.metrics.aggregator import Aggregator
 from detectorkit.samples import Sample
 from detectorkit.testing import KAFKA, create_test_topics, produce, read_all
 
@@ -310,3 +312,66 @@ def test_a_zombies_stale_store_given_back_to_it_catches_up_with_the_new_owners_c
     assert set(found) == set(expected)
     assert set(found.values()) == {1}
     assert rebuilt, "the zombie's stale store was not found stale: the test would prove nothing"
+
+
+def state_reads(bs, metrics_topic, after):
+    """(restores and catch-ups, changelog records read back, input records replayed) as the
+    metrics-aggregator sums them from the service's snapshots, once one taken after `after` (a
+    wall-clock time) has arrived."""
+    aggregator = Aggregator(ttl_seconds=3600)
+
+    def fresh():
+        for message in read_messages(clients.base(bs), metrics_topic, timeout=10):
+            aggregator.apply(message.key(), message.value())
+        return aggregator.stream_time > after
+
+    wait_for(fresh, timeout=60, what="a metrics snapshot")
+    names = ("detector_state_restore_seconds_count", "detector_state_restored_records_total", "detector_state_replayed_records_total")
+    series = [s for totals in aggregator.totals().values() for s in totals.items()]
+    return tuple(sum(v for (name, _), v in series if name == wanted) for wanted in names)
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_a_timer_services_stores_are_read_back_once_through_many_ticks(baked, kafka_bootstrap_servers, real_kafka, guarantee):
+    """Scenario 3: a kept store was current only until the source's next tick (every 0.5 s here),
+    so every partition caught up from the changelog at every tick. Through ~60 ticks, records of
+    fresh customers arriving and going quiet (each fires its silence in a tick), the baked silence
+    service's stores are read back at its start only, by the metrics an SRE reads."""
+    package = baked("silence")
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "tick-silences", partitions=2)
+    metrics_topic = f"metrics.{uuid.uuid4().hex[:8]}"
+    clients.create_topics(clients.base(bs), {metrics_topic: 1})
+    settings = {"timer_idle_grace_seconds": 1, "detector_silence_seconds": 2, "metrics_topic": metrics_topic, "metrics_interval_seconds": 1}
+    service = Service(package, service_env(bs, topics, processing_guarantee=guarantee, **settings))
+    sent = []
+
+    def trickle(seconds, seed):
+        """A few records of fresh customers every half second, stamped now: each goes quiet and fires in a tick."""
+        import random
+
+        rng = random.Random(seed)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            made = [f"q-{seed}-{len(sent) + i}" for i in range(rng.randrange(1, 4))]
+            sent.extend(produce(bs, topics.input, (Sample(c.encode(), json.dumps({"customer": c}).encode(), "valid") for c in made)))
+            time.sleep(0.5)  # the pace of the records, not a wait for a condition
+
+    def silences():
+        values = [json.loads(m["value"]) for m in read_all(bs, topics.output, committed_only=True)]
+        return collections.Counter(d["detection"]["customer"] for d in values)
+
+    try:
+        wait_for(lambda: service.owned() == {0, 1}, timeout=120, what="the service to start")
+        trickle(5, seed=1)
+        wait_for(lambda: len(silences()) >= len(sent) or service.process.poll() is not None, timeout=90, what="the first silences")
+        before = state_reads(bs, metrics_topic, time.time())
+        trickle(30, seed=2)
+        wait_for(lambda: len(silences()) >= len(sent) or service.process.poll() is not None, timeout=90, what="every silence")
+        after = state_reads(bs, metrics_topic, time.time())
+        service.stop()
+    finally:
+        service.kill()
+    print(f"{guarantee}: (restores, changelog records read, records replayed) after the first silences {before}, 30 s later {after}")
+    assert silences() == {s.sample.key.decode(): 1 for s in sent}
+    assert after == before

@@ -339,9 +339,8 @@ def test_a_timer_detectors_stores_are_not_read_back_at_every_tick(spark, transac
     """Issue 35, scenario 3: a kept store was current only until the source's next tick (every 0.5 s
     here, at most 10 s), so every partition caught up from the changelog at every tick. Through
     many ticks, records arriving and keys going quiet, the stores are read back at the start only.
-    Exactly-once: its tasks keep their partitions in their Python workers (kafka.claims, sticky);
-    at-least-once, a batch of ticks alone is one task, which Spark runs in either worker, and the
-    store catches up with the other worker's changes."""
+    Its tasks keep their partitions in their Python workers (kafka.claims); the baked silence
+    service's test proves both guarantees (tests/test_baked_state_on_kafka.py)."""
     bs = transactional_kafka
     topics = create_test_topics(bs, "state-ticks", partitions=2)
     options = {"timer_idle_grace_seconds": 1, "min_records_per_task": 1, "processing_guarantee": "exactly-once"}

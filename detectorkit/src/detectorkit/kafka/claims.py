@@ -26,7 +26,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from detectorkit.kafka.planning import PartitionRange
+from detectorkit.kafka.planning import PartitionRange, pack_ranges
 
 # Claim files older than this are removed as new ones are written (a batch lasts seconds).
 KEEP_SECONDS = 3600.0
@@ -50,6 +50,25 @@ def claims_for(directory: str, ranges: list[PartitionRange], tasks: int, sticky:
     plan = json.dumps([[r.topic, r.partition, r.start, r.end, r.tick] for r in sorted(ranges, key=lambda r: r.partition)] + [tasks])
     batch = hashlib.sha256(plan.encode()).hexdigest()[:32]
     return [Claim(directory, batch, index, tasks, sticky) for index in range(tasks)]
+
+
+def plan_tasks(
+    ranges: list[PartitionRange], tasks: int, min_records: int, claims_dir: str | None = None, sticky: bool = False
+) -> list[tuple[list[PartitionRange], Claim | None]]:
+    """A batch's Spark tasks, each as (its ranges, None), or (every range of the batch, a claim)
+    when its tasks claim their shares as they start (`claims_dir`: a stateful job, its tasks all
+    on this machine). With claims a batch has a task per core, however small: one task would run
+    in either Python worker, and the stores of every partition it reads would move to that worker,
+    to be caught up from the changelog in the other at its next task (a timer detector caught up
+    at every tick this way). A batch small enough for one task, or `sticky` (exactly-once, whose
+    producers fence each other when a partition changes worker), keeps every partition where its
+    store is: an uneven share of a few records costs nothing."""
+    groups = pack_ranges(ranges, tasks, min_records)
+    if not claims_dir or tasks < 2 or not ranges:
+        return [(group, None) for group in groups]
+    if sticky or len(groups) < 2:
+        return [(ranges, claim) for claim in claims_for(claims_dir, ranges, tasks, sticky=True)]
+    return [(ranges, claim) for claim in claims_for(claims_dir, ranges, len(groups))]
 
 
 def take(claim: Claim, ranges: list[PartitionRange], held: Collection[int], current: Collection[int] | None = None) -> list[PartitionRange]:

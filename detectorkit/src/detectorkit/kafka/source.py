@@ -37,7 +37,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from detectorkit.kafka import broker_kind as kinds
 from detectorkit.kafka import clients
-from detectorkit.kafka.claims import Claim, claims_for
+from detectorkit.kafka.claims import Claim, plan_tasks
 from detectorkit.kafka.end_offsets import EndOffsetProbe, ListOffsetsEnds, open_end_offsets
 from detectorkit.kafka.planning import (
     MIN_TASK_RECORDS,
@@ -45,7 +45,6 @@ from detectorkit.kafka.planning import (
     PartitionRange,
     cap_end_offsets,
     from_spark,
-    pack_ranges,
     plan_ranges,
     reconcile,
     to_spark,
@@ -309,16 +308,11 @@ class KafkaStreamReader(DataSourceStreamReader):
         if self.options.marks_caught_up:
             caught_up = set(end.get(CAUGHT_UP, ()))
             ranges = [dataclasses.replace(r, caught_up=r.partition in caught_up) for r in ranges]
-        if self.options.claims_dir and self.task is not None and self.options.group_metadata is not None and self.options.max_tasks > 1:
-            # Exactly-once: a task per Python worker, even for a batch of a few records, each keeping
-            # the partitions whose transactional producers its worker holds (kafka.claims): one
-            # task would run in either worker, and its producers would fence the other's.
-            claims = claims_for(self.options.claims_dir, ranges, self.options.max_tasks, sticky=True)
-            return [KafkaInputPartition(ranges, claim) for claim in claims]
-        groups = pack_ranges(ranges, self.options.max_tasks, self.options.min_task_records)
-        if self.options.claims_dir and len(groups) > 1 and self.task is not None:
-            return [KafkaInputPartition(ranges, claim) for claim in claims_for(self.options.claims_dir, ranges, len(groups))]
-        return [KafkaInputPartition(group) for group in groups]
+        # Only the runtime's own task claims (kafka.claims); exactly-once's claims are sticky.
+        claims_dir = self.options.claims_dir if self.task is not None else None
+        sticky = self.options.group_metadata is not None
+        tasks = plan_tasks(ranges, self.options.max_tasks, self.options.min_task_records, claims_dir, sticky)
+        return [KafkaInputPartition(task_ranges, claim) for task_ranges, claim in tasks]
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the job commits each batch's offsets itself once its output is flushed."""
