@@ -378,6 +378,11 @@ class StreamJob:
         self._stop_query()
         if owned:
             start = self._start_offsets(owned)
+            if self._leaving.is_set():
+                # Stopped meanwhile (a member is given partitions until it leaves): a query started
+                # now would plan its first batch while the stop waits for it. The next owner starts
+                # from the same committed offsets.
+                return
             self._start_query(owned, start)
         self._running = owned
         self.progress.mark()  # a new query has had no chance to complete a batch yet
