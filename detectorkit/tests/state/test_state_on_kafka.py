@@ -335,41 +335,6 @@ def state_reads(job):
     return total(m.state_restore, "_count"), total(m.state_restored_records, "_total"), total(m.state_replayed_records, "_total")
 
 
-def test_a_timer_detectors_stores_are_not_read_back_at_every_tick(spark, transactional_kafka):
-    """Issue 35, scenario 3: a kept store was current only until the source's next tick (every 0.5 s
-    here, at most 10 s), so every partition caught up from the changelog at every tick. Through
-    many ticks, records arriving and keys going quiet, the stores are read back at the start only.
-    Its tasks keep their partitions in their Python workers (kafka.claims); the baked silence
-    service's test proves both guarantees (tests/test_baked_state_on_kafka.py)."""
-    bs = transactional_kafka
-    topics = create_test_topics(bs, "state-ticks", partitions=2)
-    options = {"timer_idle_grace_seconds": 1, "min_records_per_task": 1, "processing_guarantee": "exactly-once"}
-    job = StreamJob(SILENCE, settings(bs, topics, **options), spark, config=SilenceConfig(silence_seconds=2))
-    job.start()
-    sent = []
-
-    def trickle(seconds, seed):
-        """A few records of fresh keys every half second: each key goes quiet and fires in a tick."""
-        rng = random.Random(seed)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            keys = [f"key-{seed}-{len(sent) + i}" for i in range(rng.randrange(1, 4))]
-            sent.extend(produce(bs, topics.input, (Sample(k.encode(), json.dumps({"customer": k}).encode(), "valid") for k in keys)))
-            time.sleep(0.5)
-
-    trickle(6, seed=1)
-    wait_for(lambda: len(timer_detections(bs, topics)) >= len(sent) or job.terminated(0), timeout=90, what="the first keys' timers")
-    before, batches = state_reads(job), job.stats.batches
-    trickle(30, seed=2)
-    wait_for(lambda: len(timer_detections(bs, topics)) >= len(sent) or job.terminated(0), timeout=90, what="every key's timer")
-    after = state_reads(job)
-    job.stop()
-    assert job.error() is None
-    assert job.stats.batches - batches >= 40  # about as many ticks
-    assert timer_detections(bs, topics) == {s.sample.key.decode(): 1 for s in sent}
-    assert after == before  # (restores, changelog records read, records replayed)
-
-
 def test_stores_holding_changes_an_interval_has_not_written_are_not_rebuilt_at_each_tick_of_a_backlog(
     spark, kafka_bootstrap_servers, kafka_broker_kind
 ):
