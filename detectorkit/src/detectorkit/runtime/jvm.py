@@ -38,7 +38,7 @@ SMALL_JVM = ("-XX:+UseSerialGC", "-Xms32m", "-Xmn16m", "-XX:TieredStopAtLevel=1"
 QUIET_CDS = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 # Options of the operator's, after ours (a larger heap for a detector that needs it, say).
 EXTRA_OPTIONS = "DETECTORKIT_JVM_OPTIONS"
-# Set for the archive's training run only (see _train).
+# Set for the archive's training run only (see jvm_archive).
 _ARCHIVE_TO = "DETECTORKIT_ARCHIVE_CLASSES_TO"
 
 
@@ -94,7 +94,7 @@ def build_archive(timeout: float = 300.0) -> tuple[pathlib.Path, float]:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         written = pathlib.Path(tmp) / target.name
         done = subprocess.run(
-            [sys.executable, "-m", "detectorkit.runtime.jvm"],
+            [sys.executable, "-m", "detectorkit.runtime.jvm_archive"],
             env={**os.environ, _ARCHIVE_TO: str(written)},
             capture_output=True,
             text=True,
@@ -105,36 +105,3 @@ def build_archive(timeout: float = 300.0) -> tuple[pathlib.Path, float]:
             raise RuntimeError(f"the class archive was not written ({last})")
         os.replace(written, target)
     return target, time.monotonic() - began
-
-
-def _train() -> None:
-    """What the archive's JVM runs: a session, a Python job through Arrow, and a streaming query
-    with foreachBatch, so their classes are in the archive (the Kafka source's planning needs a
-    broker; its classes load at a service's start as before)."""
-    from detectorkit.runtime.spark import session
-
-    spark = session("local[2]", "detectorkit-class-archive")
-    spark.range(0, 4, 1, 2).mapInArrow(lambda batches: batches, "id long").collect()
-    seen = []
-    query = (
-        spark.readStream.format("rate")
-        .option("rowsPerSecond", 10)
-        .load()
-        .writeStream.foreachBatch(lambda frame, batch_id: seen.append(frame.count()))
-        .option("checkpointLocation", tempfile.mkdtemp(prefix="detectorkit-archive-"))
-        .start()
-    )
-    deadline = time.monotonic() + 60
-    while len(seen) < 2 and time.monotonic() < deadline:
-        query.awaitTermination(0.2)
-    query.stop()
-    # The JVM writes the archive as it exits, which it does when its stdin closes; wait for it,
-    # or the caller would look for the file too soon.
-    jvm = spark.sparkContext._gateway.proc
-    spark.stop()
-    jvm.stdin.close()
-    jvm.wait(timeout=120)
-
-
-if __name__ == "__main__":
-    _train()
