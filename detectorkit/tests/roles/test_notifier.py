@@ -20,8 +20,8 @@ from detectorkit.kafka.source import arrow_schema
 from detectorkit.roles import notifier as nt
 from detectorkit.runtime import processing
 from detectorkit.runtime import records as rec
-from detectorkit.runtime.processing import TaskContext
 from detectorkit.runtime.stage import Source
+from detectorkit.runtime.task_context import TaskContext
 from detectorkit.settings import SettingsError
 from detectorkit.state import cache, changelog, codec
 from detectorkit.state.changelog import StateContext

@@ -10,8 +10,9 @@ import pytest
 from detectorkit.detector import Detector
 from detectorkit.kafka.source import arrow_schema
 from detectorkit.runtime import records as rec
-from detectorkit.runtime.processing import PartitionSummary, TaskContext, _by_partition, process_batch
+from detectorkit.runtime.processing import _by_partition, process_batch
 from detectorkit.runtime.stage import as_stage, run_detector
+from detectorkit.runtime.task_context import PartitionSummary, TaskContext
 
 from ..detectors import THRESHOLD, Config
 

@@ -12,8 +12,9 @@ import pytest
 
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.runtime import processing
-from detectorkit.runtime.processing import TaskContext, _open_stores, _process
+from detectorkit.runtime.processing import _open_stores, _process
 from detectorkit.runtime.stage import as_stage
+from detectorkit.runtime.task_context import TaskContext
 from detectorkit.state import cache, changelog, codec
 from detectorkit.state.changelog import StateContext
 from detectorkit.state.store import EVENT_TIME_KEY

@@ -34,6 +34,7 @@ import structlog
 
 from detectorkit.kafka import sink as sinks
 from detectorkit.runtime import crash_points
+from detectorkit.runtime.task_context import PartitionSummary, Stores, TaskContext
 from detectorkit.state import cache
 from detectorkit.state.codec import INPUT_OFFSET_HEADER, tag_of
 from detectorkit.state.store import EVENT_TIME_KEY
@@ -42,7 +43,6 @@ _log = structlog.get_logger("detectorkit.transactions")
 
 if TYPE_CHECKING:
     from detectorkit.kafka.transactions import TaskTransactions
-    from detectorkit.runtime.processing import PartitionSummary, Stores, TaskContext
 
 
 def finish_task(ctx: TaskContext, sink: sinks.Sink, stores: Stores | None, summaries: dict[int, PartitionSummary]) -> None:

@@ -45,8 +45,9 @@ from detectorkit.kafka.source import SourceOptions, task_source
 from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
 from detectorkit.metrics.reporter import MetricsReporter
 from detectorkit.runtime.health import Progress
-from detectorkit.runtime.processing import SUMMARY_SCHEMA, TaskContext, process_in_driver, process_partition, process_planned, warm_worker
+from detectorkit.runtime.processing import SUMMARY_SCHEMA, process_in_driver, process_partition, process_planned, warm_worker
 from detectorkit.runtime.stage import Stage, as_stage
+from detectorkit.runtime.task_context import TaskContext
 from detectorkit.settings import Settings, SettingsError
 from detectorkit.state import changelog
 from detectorkit.state.changelog import StateContext
