@@ -190,7 +190,7 @@ class JobMetrics:
                     pass
 
     def record_state(self, partition: int, report: Mapping[str, float]) -> None:
-        """What a task reports of a partition's state store (processing.PartitionSummary.state)."""
+        """What a task reports of a partition's state store (task_context.PartitionSummary.state)."""
         self.state_keys.labels(partition=str(partition)).set(report["keys"])
         self.state_bytes.labels(partition=str(partition)).set(report["bytes"])
         self.state_changelog_records.inc(report["written"])
