@@ -37,7 +37,7 @@ import psutil
 from confluent_kafka import Consumer, Producer, TopicPartition
 from density import density_run
 
-from detectorkit.devtools.embedded_broker import ENGINES, start_broker
+from detectorkit.devtools.brokers import ENGINES, start_broker
 from detectorkit.kafka import clients
 
 HERE = pathlib.Path(__file__).resolve().parent

@@ -41,7 +41,7 @@ import uuid
 import run as bench
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from detectorkit.devtools.embedded_broker import ENGINES, start_broker
+from detectorkit.devtools.brokers import ENGINES, start_broker
 from detectorkit.kafka import clients
 
 BURST_SERVICE = "customer-bursts"

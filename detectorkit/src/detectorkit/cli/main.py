@@ -14,7 +14,8 @@ import threading
 from collections.abc import Sequence
 
 from detectorkit.cli.run import EXIT_FAILED, _fail, run_detector
-from detectorkit.devtools.embedded_broker import ENGINES, BrokerError, start_broker
+from detectorkit.devtools.broker_net import BrokerError
+from detectorkit.devtools.brokers import ENGINES, start_broker
 from detectorkit.kafka import clients
 
 # A service is installed without the dev extra; its dev tools say so instead of failing on an import.

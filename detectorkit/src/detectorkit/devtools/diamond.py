@@ -24,7 +24,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from detectorkit.devtools.embedded_broker import ENGINES, free_port, start_broker
+from detectorkit.devtools.broker_net import free_port
+from detectorkit.devtools.brokers import ENGINES, start_broker
 from detectorkit.devtools.pacing import Pacer
 from detectorkit.kafka import clients
 from detectorkit.kafka.topic_reader import read_topic

