@@ -6,7 +6,7 @@ import pytest
 
 from detectorkit import logs
 from detectorkit.runtime import gc_tuning
-from detectorkit.runtime.processing import process_partition
+from detectorkit.runtime.processing import warm_worker
 
 from .test_processing import ctx
 
@@ -28,11 +28,11 @@ def fresh_collector(monkeypatch):
 
 def test_a_workers_first_task_freezes_what_is_loaded_and_collects_less_often(fresh_collector):
     assert gc.get_freeze_count() == 0
-    process_partition(ctx(), iter([]))
+    list(warm_worker(ctx(), iter([])))  # a worker's first task
     frozen = gc.get_freeze_count()
     assert frozen > 10_000  # the imports: pandas, pyarrow, detectorkit
     assert gc.get_threshold() == (gc_tuning.GEN0_THRESHOLD, 10, 10)
-    process_partition(ctx(), iter([]))  # a later task: nothing more is frozen
+    list(warm_worker(ctx(), iter([])))  # a later task: nothing more is frozen
     assert gc.get_freeze_count() == frozen
 
 

@@ -79,13 +79,11 @@ def test_latest_skips_records_produced_before_the_first_start(spark, kafka_boots
     assert set(detections_by_source(bs, topics.output)) == expected_detections(after)
 
 
-@pytest.mark.parametrize("deliver", ["ranges", "records"])
-def test_earliest_processes_records_produced_before_the_first_start(spark, kafka_bootstrap_servers, deliver):
-    """Also runs with the source delivering the records themselves through Spark, as any query would."""
+def test_earliest_processes_records_produced_before_the_first_start(spark, kafka_bootstrap_servers):
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "earliest", partitions=4)
     before = produce(bs, topics.input, samples(300, seed=3, bad_every=0, high_share=0.5))
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark, deliver=deliver)
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
     job.start()
     wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the earlier records")
     # Caught up holds steadily while nothing arrives (STOP_AFTER_IDLE_SECONDS needs it to), even
@@ -154,16 +152,6 @@ def test_committed_offsets_are_the_restart_point(spark, kafka_bootstrap_servers)
     assert job.stats.records == 300
     found = detections_by_source(bs, topics.output)
     assert set(found) == expected_detections(first + second) and set(found.values()) == {1}
-
-
-def test_a_stage_that_runs_in_the_driver_refuses_records_through_the_jvm():
-    from detectorkit.roles.notifier import Notifier
-
-    settings = Settings(kafka_bootstrap_servers="127.0.0.1:9")
-    with pytest.raises(ValueError, match="runs in the driver.*deliver must be 'ranges'"):
-        StreamJob(Notifier(), settings, spark=None, deliver="records")
-    with pytest.raises(ValueError, match="deliver must be"):
-        StreamJob(THRESHOLD, settings, spark=None, config=Config(), deliver="rows")
 
 
 def test_the_python_workers_start_with_the_stage_while_the_group_join_runs(spark, kafka_bootstrap_servers, tmp_path):

@@ -56,10 +56,8 @@ if TYPE_CHECKING:
 
 NAME = "detectorkit-kafka"
 
-# The same columns as Spark's own Kafka source, less headers.
-SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp"
-# deliver="ranges": one row per task naming the offset ranges it owns, for a stage that reads them
-# itself (the detector job does), so records never cross into the JVM and back.
+# Without a task (task_source): one row per task naming the offset ranges it owns, for a stage
+# that reads them itself in the driver (the notifier), so records never cross into the JVM and back.
 RANGES_SCHEMA = "ranges string"
 
 # How many records one Arrow batch from `read` holds: big enough to amortise the per-batch cost of
@@ -93,8 +91,6 @@ class SourceOptions:
     max_tasks: int = 2
     # A task per this many records at least: a caught-up job's small batches go in one task.
     min_task_records: int = MIN_TASK_RECORDS
-    # "records": the records themselves (Spark's Kafka source columns); "ranges": see RANGES_SCHEMA.
-    deliver: str = "records"
     # broker_kind.KAFKA or TANSU (AUTO: detected by the planner); the job detects it once at start.
     broker_kind: str = kinds.AUTO
     # A worker's cached reading consumer is closed after this long unused (see worker_clients).
@@ -163,7 +159,7 @@ class KafkaSource(DataSource):
         return NAME
 
     def schema(self) -> str:
-        return RANGES_SCHEMA if SourceOptions.from_options(self.options).deliver == "ranges" else SCHEMA
+        return RANGES_SCHEMA
 
     def streamReader(self, schema) -> KafkaStreamReader:
         return KafkaStreamReader(SourceOptions.from_options(self.options).resolved())
@@ -194,8 +190,7 @@ def task_source(name: str, schema: str, task: TaskFunction) -> type[KafkaSource]
             return schema
 
         def streamReader(self, schema) -> KafkaStreamReader:
-            options = dataclasses.replace(SourceOptions.from_options(self.options), deliver="ranges")
-            return KafkaStreamReader(options.resolved(), task=pickled)
+            return KafkaStreamReader(SourceOptions.from_options(self.options).resolved(), task=pickled)
 
     return TaskSource
 
@@ -207,7 +202,7 @@ _readers = WorkerClients(close=lambda consumer: consumer.close())
 @dataclass
 class KafkaStreamReader(DataSourceStreamReader):
     options: SourceOptions
-    # A pickled TaskFunction (see task_source); None: the source yields what `deliver` says.
+    # A pickled TaskFunction (see task_source); None: the source yields its tasks' ranges (RANGES_SCHEMA).
     task: bytes | None = field(default=None, repr=False)
     _probe: ListOffsetsEnds | EndOffsetProbe | None = field(default=None, repr=False)
     _partitions: list[int] = field(default_factory=list, repr=False)
@@ -329,10 +324,8 @@ class KafkaStreamReader(DataSourceStreamReader):
             task = pickle.loads(self.task)
             claim = getattr(partition, "claim", None)
             yield from (task(self.options, partition.ranges) if claim is None else task(self.options, partition.ranges, claim=claim))
-        elif self.options.deliver == "ranges":
-            yield (json.dumps([dataclasses.astuple(r) for r in partition.ranges]),)
         else:
-            yield from read_planned(self.options, partition.ranges)
+            yield (json.dumps([dataclasses.astuple(r) for r in partition.ranges]),)
 
 
 # A task's consumer reads its ranges and stops. librdkafka's defaults prefetch up to 64 MiB ahead
@@ -490,7 +483,7 @@ def _existing_partitions(consumer: Consumer, topic: str, timeout: float) -> set[
 
 @functools.cache
 def arrow_schema() -> pa.Schema:
-    """The same columns as SCHEMA, as the batches `read` yields."""
+    """The columns of the batches `read_planned` yields: those of Spark's own Kafka source, less headers."""
     import pyarrow as pa
 
     return pa.schema(

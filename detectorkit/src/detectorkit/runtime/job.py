@@ -45,7 +45,7 @@ from detectorkit.kafka.source import SourceOptions, task_source
 from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
 from detectorkit.metrics.reporter import MetricsReporter
 from detectorkit.runtime.health import Progress
-from detectorkit.runtime.processing import SUMMARY_SCHEMA, process_in_driver, process_partition, process_planned, warm_worker
+from detectorkit.runtime.processing import SUMMARY_SCHEMA, process_in_driver, process_planned, warm_worker
 from detectorkit.runtime.stage import Stage, as_stage
 from detectorkit.runtime.task_context import TaskContext
 from detectorkit.settings import Settings, SettingsError
@@ -83,7 +83,7 @@ class JobStats:
 class StreamJob:
     """Start with `start()`, stop gracefully with `stop()`; `stats` tells what was processed."""
 
-    def __init__(self, stage: Detector | Stage, settings: Settings, spark, config: Any = None, deliver: str = "ranges"):
+    def __init__(self, stage: Detector | Stage, settings: Settings, spark, config: Any = None):
         if not settings.kafka_bootstrap_servers:
             raise ValueError("settings.kafka_bootstrap_servers must be set (the command line starts the embedded broker)")
         self.stage = as_stage(stage)
@@ -92,18 +92,6 @@ class StreamJob:
         self.spark = spark
         self.config = self.stage.load_config() if config is None else config
         self.stats = JobStats()
-        # "ranges": the source's tasks read their planned ranges and process them; "records": the
-        # source's records pass through the JVM into a mapInArrow, as with any Spark source. Both
-        # are kept so the tests and the profile can compare them.
-        if deliver not in ("ranges", "records"):
-            raise ValueError(f"deliver must be 'ranges' or 'records', not {deliver!r}")
-        if self.stage.runs_in_driver and deliver != "ranges":
-            # The driver reads the planned ranges itself; records through the JVM would be read twice.
-            raise ValueError(f"{self.stage.name} runs in the driver, which reads its ranges itself: deliver must be 'ranges'")
-        if self.stage.state is not None and deliver != "ranges":
-            # A store reflects its partition up to a range's start: only planned ranges say where that is.
-            raise ValueError(f"{self.stage.name} keeps state, which its tasks restore up to their ranges' starts: deliver must be 'ranges'")
-        self.deliver = deliver
         # The query reading the partitions this instance owns; replaced when they change.
         self.query = None
         self._running: frozenset[int] | None = None  # what `query` reads; None: nothing runs
@@ -152,7 +140,6 @@ class StreamJob:
             timeout=s.connect_timeout_seconds,
             max_tasks=max(1, self.spark.sparkContext.defaultParallelism),
             min_task_records=s.min_records_per_task,
-            deliver=self.deliver,
             broker_kind=self.broker_kind,
             client_idle_seconds=self.client_idle_seconds,
             tick_seconds=self._tick_seconds(),
@@ -207,8 +194,8 @@ class StreamJob:
             transaction_timeout_ms=int(s.transaction_timeout_seconds * 1000),
             flush_timeout=max(60.0, s.transaction_timeout_seconds),
         )
-        self._format = SOURCE_NAME
-        if self.deliver == "ranges" and not self.stage.runs_in_driver:
+        self._format = SOURCE_NAME  # a stage that runs in the driver gets the planned ranges and reads them itself
+        if not self.stage.runs_in_driver:
             # The source's tasks read, detect and write themselves: one Python worker per task.
             self._format = f"{SOURCE_NAME}-{self.stage.name}-{uuid.uuid4().hex[:12]}"
             self.spark.dataSource.register(task_source(self._format, SUMMARY_SCHEMA, partial(process_planned, self._task)))
@@ -258,14 +245,11 @@ class StreamJob:
 
     def _check_exactly_once(self) -> None:
         """PROCESSING_GUARANTEE=exactly-once only where it holds; SettingsError in one line otherwise."""
-        name = self.stage.name
         if self.broker_kind == broker_kind.TANSU:
             raise SettingsError(
                 "PROCESSING_GUARANTEE=exactly-once needs Apache Kafka: the embedded broker (Tansu) shows aborted transactions "
                 "to read_committed consumers, so nothing written there can be exactly once; use at-least-once with it"
             )
-        if self.deliver != "ranges":
-            raise SettingsError(f"PROCESSING_GUARANTEE=exactly-once needs deliver='ranges' ({name}'s tasks write in transactions)")
         try:
             transactions.check_broker(clients.producer(self._base), self.settings.consumer_group, self.settings.connect_timeout_seconds)
         except transactions.TransactionError as exc:
@@ -533,10 +517,8 @@ class StreamJob:
         # 1-5 in the tasks (or, for a stage that runs in the driver, here, with 6: its after_flush).
         if self.stage.runs_in_driver:
             rows = process_in_driver(self._task, self._source, frame)
-        elif self.deliver == "ranges":
-            rows = frame.collect()  # the source's tasks have read, detected and written
         else:
-            rows = frame.mapInArrow(partial(process_partition, self._task), SUMMARY_SCHEMA).collect()
+            rows = frame.collect()  # the source's tasks have read, detected and written
         committed: dict[int, int] = {}
         records = detections = 0
         dead = Counter()

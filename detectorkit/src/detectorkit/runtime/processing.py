@@ -161,17 +161,9 @@ def _send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int
         summaries.setdefault(p, PartitionSummary()).detected_at.append(stamps[out.position].as_py())
 
 
-def process_partition(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The `mapInArrow` function over record batches: all batches of one task, then one summary
-    row per Kafka partition. The position it reports is the last record read + 1."""
-    _setup_worker(ctx)
-    return _process(ctx, batches, {})
-
-
 def process_planned(ctx: TaskContext, source: SourceOptions, ranges: list[PartitionRange], claim: Claim | None = None) -> Iterator[pa.RecordBatch]:
     """A task of the job's source (kafka.source.task_source): reads its planned ranges, in the
-    source's own Python worker, and processes them as `process_partition` does, so records never
-    cross the JVM.
+    source's own Python worker, and processes them there, so records never cross the JVM.
 
     The position it reports is each range's planned end, not its last record + 1: the offsets
     after the last record may hold transaction markers or aborted records, and a position short
