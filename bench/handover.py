@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     broker_options = dict(option.split("=", 1) for option in args.broker_option)
 
     sys.path.insert(0, str(HERE))
-    from run import ensure_service  # the same baked service as the benchmark
+    from common import ensure_service  # the same baked service as the benchmark
 
     service_cmd = ensure_service()
     lab = Lab(args.engine, broker_options, service_cmd)

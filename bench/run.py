@@ -20,51 +20,44 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import random
 import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 
-import psutil
+import stateful
+from common import (
+    CORES,
+    HERE,
+    PACKAGE,
+    PARTITIONS,
+    THRESHOLD,
+    Contender,
+    OutputTail,
+    TreeSampler,
+    ensure_kafka_streams,
+    ensure_service,
+    launch,
+    machine,
+    ratio,
+    stop,
+    throughput_run,
+    topics_of,
+    wait_until,
+)
 from confluent_kafka import Consumer, Producer, TopicPartition
 from density import density_run
 
 from detectorkit.devtools.brokers import ENGINES, start_broker
 from detectorkit.kafka import clients
 
-HERE = pathlib.Path(__file__).resolve().parent
-REPO = HERE.parent
-WORK = HERE / ".work"
-SERVICE = "high-value-orders"
-PACKAGE = SERVICE.replace("-", "_")
-THRESHOLD = 1000.0
-PARTITIONS = 8
-# The cores the detector service's Spark job uses (SPARK_MASTER's default, local[2]); the peers that
-# can use several get as many.
-CORES = 2
-
-
 COPIES = str(HERE / "contenders" / "copies.py")
 
 # ---- set-up --------------------------------------------------------------------------------------
-
-
-def ensure_service() -> str:
-    """Bake the template's default service and install it beside detectorkit; returns its command."""
-    target = WORK / SERVICE
-    if not (target / "pyproject.toml").exists():
-        WORK.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "cookiecutter", str(REPO), "--no-input", "-f", "-o", str(WORK)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(target)], check=True)
-    return str(pathlib.Path(sys.executable).parent / SERVICE)
 
 
 def ensure_quix() -> str:
@@ -75,17 +68,6 @@ def ensure_quix() -> str:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "quixstreams==3.28.1"], check=True)
     return str(python)
-
-
-def ensure_kafka_streams(main_class: str = "bench.Detector") -> list[str]:
-    """The Kafka Streams peer, built with Maven (jars from Maven Central) once its sources change;
-    returns the java command line of `main_class` (bench.Burst: the stateful one) before its arguments."""
-    project = HERE / "contenders" / "kafka-streams"
-    jar = project / "target" / "kafka-streams-detector-1.jar"
-    sources = [project / "pom.xml", *(project / "src").rglob("*.java")]
-    if not jar.exists() or any(s.stat().st_mtime > jar.stat().st_mtime for s in sources):
-        subprocess.run(["mvn", "-q", "-B", "-f", str(project / "pom.xml"), "package", "dependency:copy-dependencies", "-DskipTests"], check=True)
-    return ["java", "-cp", f"{jar}:{project / 'target' / 'lib'}/*", main_class]
 
 
 def ensure_spark_kafka_jars() -> str:
@@ -122,128 +104,7 @@ def sample_values(count: int, seed: int = 42) -> list[tuple[bytes, bytes, bool]]
 # ---- measuring -----------------------------------------------------------------------------------
 
 
-class TreeSampler(threading.Thread):
-    """Peak memory and CPU time of a process and all its descendants.
-
-    Memory is counted twice: the sum of resident set sizes, and the sum of proportional set sizes
-    (PSS, Linux), which shares each page among the processes mapping it. PySpark forks its Python
-    workers from one daemon, so their RSS counts the same copy-on-write pages again and again; PSS
-    is the memory the tree really holds, and the figure the 2 GiB target is read against.
-    """
-
-    def __init__(self, pid: int, interval: float = 0.2):
-        super().__init__(daemon=True)
-        self.root = psutil.Process(pid)
-        self.interval = interval
-        self.peak_rss = 0
-        self.peak_pss = 0
-        self.pss = 0  # at the last sample
-        self.cpu = 0.0
-        self._cpu_by_pid: dict[int, float] = {}
-        self._name_by_pid: dict[int, str] = {}
-        self._sys_by_pid: dict[int, float] = {}
-        self._halt = threading.Event()
-
-    def sample(self) -> None:
-        try:
-            procs = [self.root, *self.root.children(recursive=True)]
-        except psutil.Error:
-            return
-        rss = pss = 0
-        for proc in procs:
-            try:
-                info = proc.memory_full_info() if hasattr(psutil.Process, "memory_full_info") else proc.memory_info()
-                rss += info.rss
-                pss += getattr(info, "pss", info.rss)
-                t = proc.cpu_times()
-                # Remember each process's own CPU: an exited worker's seconds still count.
-                self._cpu_by_pid[proc.pid] = max(self._cpu_by_pid.get(proc.pid, 0.0), t.user + t.system)
-                self._sys_by_pid[proc.pid] = max(self._sys_by_pid.get(proc.pid, 0.0), t.system)
-                # Each time: Spark's launcher script execs the JVM in the same process.
-                self._name_by_pid[proc.pid] = _kind_of(proc)
-            except psutil.Error:
-                continue
-        self.pss = pss
-        self.peak_rss = max(self.peak_rss, rss)
-        self.peak_pss = max(self.peak_pss, pss)
-        self.cpu = sum(self._cpu_by_pid.values())
-
-    def by_kind(self) -> dict[str, float]:
-        """CPU seconds so far (and of them, the kernel's), summed by kind of process
-        (BENCH_CPU_BY_PROCESS=1 prints them)."""
-        kinds: dict[str, float] = {}
-        for pid, cpu in self._cpu_by_pid.items():
-            kind = self._name_by_pid.get(pid, "?")
-            kinds[kind] = kinds.get(kind, 0.0) + cpu
-            kinds[kind + " (system)"] = kinds.get(kind + " (system)", 0.0) + self._sys_by_pid.get(pid, 0.0)
-        return kinds
-
-    def run(self) -> None:
-        while not self._halt.wait(self.interval):
-            self.sample()
-
-    def stop(self) -> None:
-        self.sample()
-        self._halt.set()
-
-
-def _kind_of(proc: psutil.Process) -> str:
-    """A process's kind, for a CPU breakdown: its program and the module or main class it runs."""
-    try:
-        cmd = proc.cmdline()
-    except psutil.Error:
-        return "?"
-    if not cmd:
-        return "?"
-    program = pathlib.Path(cmd[0]).name
-    module = next((cmd[i + 1] for i, a in enumerate(cmd[:-1]) if a == "-m"), None)
-    main = next((a for a in cmd[1:] if not a.startswith("-") and ("." in a or "/" in a)), "")
-    return f"{program} {module or main}"[:80]
-
-
-class OutputTail(threading.Thread):
-    """Reads an output topic from the start; remembers when each detection arrived."""
-
-    def __init__(self, base: dict, topic: str):
-        super().__init__(daemon=True)
-        self.consumer = Consumer(clients.consumer(base, f"bench-tail-{uuid.uuid4().hex[:8]}"))
-        partitions = clients.topic_partitions(self.consumer, topic, 30)
-        self.consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        self.count = 0
-        # When the detections arrived here: output timestamps cannot be used, since a peer may
-        # copy the input record's timestamp to its output (Quix Streams does).
-        self.first_ms: float | None = None
-        self.last_ms: float | None = None
-        self.latencies_ms: list[tuple[int, float]] = []  # (source timestamp, receive - source)
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            for m in self.consumer.consume(10_000, timeout=0.05):
-                if m.error() is not None:
-                    continue
-                now_ms = time.time() * 1000
-                self.first_ms = self.first_ms or now_ms
-                self.last_ms = now_ms
-                self.count += 1
-                source_ts = json.loads(m.value())["source"]["timestamp_ms"]
-                self.latencies_ms.append((source_ts, now_ms - source_ts))
-        self.consumer.close()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(10)
-
-
 EXACTLY_ONCE_SERVICE = "detector service, exactly-once (this project)"
-
-
-@dataclass
-class Contender:
-    name: str
-    output_topic: str
-    command: list[str]
-    env: dict = field(default_factory=dict)
 
 
 def contenders(service_cmd: str, quix_python: str, bootstrap: str, in_topic: str, prefix: str) -> list[Contender]:
@@ -327,15 +188,6 @@ def contenders(service_cmd: str, quix_python: str, bootstrap: str, in_topic: str
     return [service, service_eos, instances, plain, processes, quix, spark_kafka, streams, streams_eos]
 
 
-def topics_of(c: Contender) -> dict[str, int]:
-    """The topics a contender writes to. The service's metrics topic too: its reports are part of
-    what it costs (a missing topic made every report wait for metadata and fail)."""
-    topics = {c.output_topic: PARTITIONS, f"{c.output_topic}.dlq": 1}
-    if "METRICS_TOPIC" in c.env:
-        topics[c.env["METRICS_TOPIC"]] = 1
-    return topics
-
-
 def selected(all_contenders: list[Contender], only: list[str] | None) -> list[Contender]:
     return [c for c in all_contenders if not only or any(c.name.lower().startswith(w.lower()) for w in only)]
 
@@ -347,37 +199,6 @@ def runnable(all_contenders: list[Contender], engine: str | None) -> list[Conten
         return all_contenders
     # Exactly-once is refused on the embedded broker (its read_committed shows aborted records).
     return [c for c in all_contenders if not c.name.startswith("Spark's") and c.name != EXACTLY_ONCE_SERVICE and "exactly_once" not in c.name]
-
-
-def launch(c: Contender, log_path: pathlib.Path) -> subprocess.Popen:
-    env = {**os.environ, **c.env, "PYTHONUNBUFFERED": "1"}
-    log = open(log_path, "w")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(c.command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    try:  # whatever the job left behind (JVM, workers)
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def wait_until(condition, timeout: float, proc: subprocess.Popen | None = None, what: str = "") -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what}: the contender exited with {proc.returncode}")
-        time.sleep(0.1)
-    return condition()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -417,53 +238,6 @@ def raw_consume(base: dict, topic: str, expected: int) -> tuple[float, int]:
             seen += len(batch)
     consumer.close()
     return (seen / (last - first) if first and last and last > first else float("nan")), seen
-
-
-def throughput_run(c: Contender, base: dict, out_topic: str, records: int, expected: int, logs: pathlib.Path) -> dict:
-    tail = OutputTail(base, out_topic)
-    tail.start()
-    launched = time.time()
-    proc = launch(c, logs / f"throughput-{c.name.split()[0].lower()}.log")
-    sampler = TreeSampler(proc.pid)
-    sampler.start()
-    at_first: list[tuple[float, int]] = []  # (CPU seconds, detections) when the first detection came out
-    kinds_at_first: dict[str, float] = {}
-
-    def progress() -> bool:
-        if not at_first and tail.count > 0:
-            sampler.sample()
-            at_first.append((sampler.cpu, tail.count))
-            kinds_at_first.update(sampler.by_kind())
-        return tail.count >= expected
-
-    try:
-        done = wait_until(progress, timeout=max(180, records / 2_000), proc=proc, what=c.name)
-    finally:
-        sampler.stop()
-        stop(proc)
-        tail.stop()
-    span_s = ((tail.last_ms or 0) - (tail.first_ms or 0)) / 1000
-    if os.environ.get("BENCH_CPU_BY_PROCESS"):
-        for kind, cpu in sorted(sampler.by_kind().items(), key=lambda kv: -kv[1]):
-            print(f"  {c.name.split()[0]} steady CPU {cpu - kinds_at_first.get(kind, 0.0):7.2f} s (total {cpu:7.2f}) {kind}", flush=True)
-    # Steady state: the CPU spent after the first detection, per record processed after it (the
-    # detections are spread evenly over the records, so their share stands for the records').
-    steady = float("nan")
-    if at_first and expected > at_first[0][1]:
-        cpu_first, count_first = at_first[0]
-        steady = (sampler.cpu - cpu_first) / (records * (expected - count_first) / expected) * 1_000_000
-    return {
-        "name": c.name,
-        "complete": done and tail.count == expected,
-        "detections": tail.count,
-        "expected": expected,
-        "records_per_s": records / span_s if span_s > 0 else float("nan"),
-        "first_detection_s": (tail.first_ms / 1000 - launched) if tail.first_ms else float("nan"),
-        "peak_memory_bytes": sampler.peak_pss,
-        "peak_rss_sum_bytes": sampler.peak_rss,
-        "cpu_seconds_per_million": sampler.cpu / records * 1_000_000,
-        "steady_cpu_seconds_per_million": steady,
-    }
 
 
 def paced(producer: Producer, topic: str, records: list[tuple[bytes, bytes, bool]], rate: int) -> None:
@@ -526,24 +300,6 @@ def latency_run(c: Contender, base: dict, in_topic: str, out_topic: str, rate: i
         "p99_ms": percentile(values, 0.99),
         "max_ms": max(values) if values else float("nan"),
     }
-
-
-def machine() -> dict:
-    import pyspark
-
-    return {
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "memory_bytes": psutil.virtual_memory().total,
-        "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "pyspark": pyspark.__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }
-
-
-def ratio(value: float, peer: float) -> float:
-    return value / peer if peer and peer == peer else float("nan")
 
 
 def markdown(result: dict, charts: list[str] = ()) -> str:
@@ -740,8 +496,6 @@ def draw_charts(result: dict, out: pathlib.Path) -> list[str]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--stateful" in argv:  # a benchmark of its own, with its own options (bench/stateful.py --help)
-        import stateful
-
         return stateful.main([a for a in argv if a != "--stateful"])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stateful", action="store_true", help="run the stateful benchmark instead (bench/stateful.py; its own options)")

@@ -38,7 +38,7 @@ import tempfile
 import time
 import uuid
 
-import run as bench
+import common
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from detectorkit.devtools.brokers import ENGINES, start_broker
@@ -58,18 +58,18 @@ STEP_MS = 5
 def ensure_burst_service() -> str:
     """The template baked with detector_kind=burst, afresh on every run (the burst detector is what
     is measured, and the template's may have changed), installed beside detectorkit; its command."""
-    target = bench.WORK / BURST_SERVICE
-    bench.WORK.mkdir(parents=True, exist_ok=True)
+    target = common.WORK / BURST_SERVICE
+    common.WORK.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [
             sys.executable,
             "-m",
             "cookiecutter",
-            str(bench.REPO),
+            str(common.REPO),
             "--no-input",
             "-f",
             "-o",
-            str(bench.WORK),
+            str(common.WORK),
             f"service_name={BURST_SERVICE}",
             "detector_kind=burst",
         ],
@@ -166,27 +166,27 @@ def service_env(bootstrap: str, in_topic: str, out: str, group: str, metrics: st
     }
 
 
-def burst_service(cmd: str, bootstrap: str, in_topic: str, prefix: str, slug: str = "burst") -> bench.Contender:
+def burst_service(cmd: str, bootstrap: str, in_topic: str, prefix: str, slug: str = "burst") -> common.Contender:
     out, group = f"{prefix}.{slug}.out", f"{prefix}-{slug}"
     env = service_env(bootstrap, in_topic, out, group, f"{prefix}.metrics")
     env |= {"DETECTOR_MIN_RECORDS": str(MIN_RECORDS), "DETECTOR_WINDOW_SECONDS": str(WINDOW_SECONDS)}
-    return bench.Contender("burst detector service (stateful, this project)", out, [cmd], env)
+    return common.Contender("burst detector service (stateful, this project)", out, [cmd], env)
 
 
-def threshold_service(cmd: str, bootstrap: str, in_topic: str, prefix: str) -> bench.Contender:
+def threshold_service(cmd: str, bootstrap: str, in_topic: str, prefix: str) -> common.Contender:
     out, group = f"{prefix}.threshold.out", f"{prefix}-threshold"
-    return bench.Contender(
+    return common.Contender(
         "threshold detector service (stateless, this project)", out, [cmd], service_env(bootstrap, in_topic, out, group, f"{prefix}.metrics")
     )
 
 
-def streams_burst(java: list[str], bootstrap: str, in_topic: str, prefix: str, state_dir: str, slug: str = "streams") -> bench.Contender:
+def streams_burst(java: list[str], bootstrap: str, in_topic: str, prefix: str, state_dir: str, slug: str = "streams") -> common.Contender:
     out, group = f"{prefix}.{slug}.out", f"{prefix}-{slug}"
-    args = [bootstrap, in_topic, out, group, str(MIN_RECORDS), str(WINDOW_SECONDS), str(bench.CORES), state_dir]
-    return bench.Contender("Kafka Streams burst (processor, RocksDB store, changelog)", out, [*java, *args])
+    args = [bootstrap, in_topic, out, group, str(MIN_RECORDS), str(WINDOW_SECONDS), str(common.CORES), state_dir]
+    return common.Contender("Kafka Streams burst (processor, RocksDB store, changelog)", out, [*java, *args])
 
 
-def changelog_of(c: bench.Contender) -> str | None:
+def changelog_of(c: common.Contender) -> str | None:
     """The contender's changelog topic: the service's `<group>.<State name>`, Kafka Streams'
     `<application id>-<store>-changelog`; None for the stateless one."""
     if c.name.startswith("burst"):
@@ -206,7 +206,7 @@ def records_in(base: dict, topic: str) -> int:
         consumer.close()
 
 
-def group_of(c: bench.Contender) -> str:
+def group_of(c: common.Contender) -> str:
     """The contender's consumer group (Kafka Streams: its application id)."""
     return c.env["CONSUMER_GROUP"] if "CONSUMER_GROUP" in c.env else c.command[-5]
 
@@ -225,10 +225,10 @@ def ends_and_committed(base: dict, group: str, topic: str) -> tuple[dict[int, in
     return ends, committed
 
 
-def process_all(c: bench.Contender, base: dict, topic: str, logs: pathlib.Path, timeout: float) -> dict[int, int]:
+def process_all(c: common.Contender, base: dict, topic: str, logs: pathlib.Path, timeout: float) -> dict[int, int]:
     """Runs the contender until its group has committed the whole topic, then stops it gracefully;
     returns the committed offsets."""
-    proc = bench.launch(c, logs / f"restore-fill-{group_of(c)}.log")
+    proc = common.launch(c, logs / f"restore-fill-{group_of(c)}.log")
     committed: dict[int, int] = {}
 
     def done() -> bool:
@@ -237,18 +237,18 @@ def process_all(c: bench.Contender, base: dict, topic: str, logs: pathlib.Path, 
         return all(committed.get(p, -1) >= end for p, end in ends.items())
 
     try:
-        if not bench.wait_until(done, timeout, proc, c.name):
+        if not common.wait_until(done, timeout, proc, c.name):
             raise RuntimeError(f"{c.name} did not commit {topic} within {timeout:g} s")
     finally:
-        bench.stop(proc)
+        common.stop(proc)
     return committed
 
 
 def restore_ours(bootstrap: str, changelog_topic: str, committed: dict[int, int]) -> dict:
-    """The service's changelog restored into stores by `bench.CORES` fresh processes at once, the
+    """The service's changelog restored into stores by `common.CORES` fresh processes at once, the
     partitions dealt among them (as a service of that many cores restores on a fresh start); then
     by one fresh process holding every partition (one Spark task, one Python worker)."""
-    shares = [{p: o for p, o in sorted(committed.items()) if p % bench.CORES == i} for i in range(bench.CORES)]
+    shares = [{p: o for p, o in sorted(committed.items()) if p % common.CORES == i} for i in range(common.CORES)]
     reports = _restore_processes(bootstrap, changelog_topic, [share for share in shares if share])
     alone = _restore_processes(bootstrap, changelog_topic, [committed])[0]
     parts = [p for r in reports for p in r["partitions"].values()]
@@ -265,7 +265,7 @@ def restore_ours(bootstrap: str, changelog_topic: str, committed: dict[int, int]
 
 def _restore_processes(bootstrap: str, changelog_topic: str, shares: list[dict[int, int]]) -> list[dict]:
     """bench/contenders/restore_store.py in a fresh process per share of partitions, all at once; their reports."""
-    script = bench.HERE / "contenders" / "restore_store.py"
+    script = common.HERE / "contenders" / "restore_store.py"
     target = f"{BURST_PACKAGE}.detector:DETECTOR"
     procs = [
         subprocess.Popen(
@@ -284,21 +284,21 @@ def _restore_processes(bootstrap: str, changelog_topic: str, shares: list[dict[i
     return reports
 
 
-def restore_streams(c: bench.Contender, logs: pathlib.Path, partitions: int, timeout: float) -> dict:
+def restore_streams(c: common.Contender, logs: pathlib.Path, partitions: int, timeout: float) -> dict:
     """Kafka Streams started again with an empty state directory: its store restored from its
     changelog, timed by its StateRestoreListener (first restore-start to last restore-end)."""
     log = logs / "restore-streams.log"
     launched = time.time()
-    proc = bench.launch(c, log)
+    proc = common.launch(c, log)
 
     def lines(kind: str) -> list[list[str]]:
         return [line.split() for line in log.read_text().splitlines() if line.startswith(kind + " ")]
 
     try:
-        if not bench.wait_until(lambda: len(lines("restore-end")) >= partitions and lines("running"), timeout, proc, c.name):
+        if not common.wait_until(lambda: len(lines("restore-end")) >= partitions and lines("running"), timeout, proc, c.name):
             raise RuntimeError(f"{c.name} did not restore {partitions} partitions within {timeout:g} s")
     finally:
-        bench.stop(proc)
+        common.stop(proc)
     starts, ends = lines("restore-start"), lines("restore-end")
     return {
         "records": sum(int(e[2]) for e in ends),
@@ -321,10 +321,10 @@ def markdown(result: dict) -> str:
         f"broker: {result['broker']}. Every contender gets {p['cores']} cores. Command: `{result['command']}`.",
         "",
         f"## Throughput: {p['records']:,} records keyed by customer ({p['population']:,} customers), event time as the Kafka timestamp, "
-        f"{bench.PARTITIONS} partitions",
+        f"{common.PARTITIONS} partitions",
         "",
         f"Burst rule: a customer with {p['min_records']} records within {p['window_seconds']:g} s of event time, flagged at most once "
-        f"per window ({p['bursts']:,} detections by a single-pass reference); threshold rule: amount above {bench.THRESHOLD:g} "
+        f"per window ({p['bursts']:,} detections by a single-pass reference); threshold rule: amount above {common.THRESHOLD:g} "
         f"({p['above_threshold']:,} detections).",
         "",
         "| contender | records/s | CPU s per 1M records (steady) | CPU s per 1M records (total) | peak memory (PSS) "
@@ -341,7 +341,7 @@ def markdown(result: dict) -> str:
     ours, streams = result["restore"]["ours"], result["restore"]["streams"]
     lines += [
         "",
-        f"## Restore of {p['restore_keys']:,} keys ({bench.PARTITIONS} changelog partitions, written by each contender processing "
+        f"## Restore of {p['restore_keys']:,} keys ({common.PARTITIONS} changelog partitions, written by each contender processing "
         f"{p['restore_keys']:,} records of distinct customers)",
         "",
         "| store | changelog records read | keys | seconds | keys/s | notes |",
@@ -391,13 +391,13 @@ def main(argv=None) -> int:
     # (1.43-1.46x) than on longer runs of the same code (1.60-1.81x at 3M, 2026-11-24).
     parser.add_argument("--records", type=int, default=3_000_000)
     parser.add_argument("--restore-keys", type=int, default=1_000_000, help="keys in the stores whose restore is timed")
-    parser.add_argument("--out", type=pathlib.Path, default=bench.HERE / "results", help="where stateful.json and stateful.md go")
+    parser.add_argument("--out", type=pathlib.Path, default=common.HERE / "results", help="where stateful.json and stateful.md go")
     parser.add_argument("--engine", choices=ENGINES, default="kafka", help="the broker started for the run (KAFKA_BOOTSTRAP_SERVERS: a running one)")
     parser.add_argument("--skip-restore", action="store_true", help="throughput only")
     args = parser.parse_args(argv)
 
-    burst_cmd, threshold_cmd = ensure_burst_service(), bench.ensure_service()
-    java = bench.ensure_kafka_streams("bench.Burst")
+    burst_cmd, threshold_cmd = ensure_burst_service(), common.ensure_service()
+    java = common.ensure_kafka_streams("bench.Burst")
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bootstrap:
@@ -414,7 +414,7 @@ def main(argv=None) -> int:
         values, times = burst_records(args.records)
         bursts, above = reference_bursts(values, times), sum(1 for *_, high in values if high)
         in_topic = f"bench.{run_id}.stateful.in"
-        clients.create_topics(base, {in_topic: bench.PARTITIONS})
+        clients.create_topics(base, {in_topic: common.PARTITIONS})
         rate = produce(base, in_topic, values, times)
         print(f"produced {args.records:,} records at {rate:,.0f}/s; reference: {bursts:,} bursts, {above:,} above the threshold", flush=True)
         prefix = f"bench.{run_id}.s"
@@ -425,8 +425,8 @@ def main(argv=None) -> int:
         ]
         throughput = []
         for c, expected in runs:
-            clients.create_topics(base, bench.topics_of(c))
-            r = bench.throughput_run(c, base, c.output_topic, args.records, expected, logs)
+            clients.create_topics(base, common.topics_of(c))
+            r = common.throughput_run(c, base, c.output_topic, args.records, expected, logs)
             if (topic := changelog_of(c)) is not None:
                 r["changelog_records"] = records_in(base, topic)
             print(
@@ -439,7 +439,7 @@ def main(argv=None) -> int:
         if not args.skip_restore:
             values, times = distinct_records(args.restore_keys)
             r_topic = f"bench.{run_id}.restore.in"
-            clients.create_topics(base, {r_topic: bench.PARTITIONS})
+            clients.create_topics(base, {r_topic: common.PARTITIONS})
             produce(base, r_topic, values, times)
             fill_timeout = max(300.0, args.restore_keys / 2_000)
             prefix = f"bench.{run_id}.r"
@@ -448,15 +448,15 @@ def main(argv=None) -> int:
             # flush interval, the changes of the fill's last seconds would be replayed from the input
             # on a move (at most an interval's records), not read from the changelog.
             ours.env["STATE_FLUSH_INTERVAL_SECONDS"] = "0"
-            clients.create_topics(base, bench.topics_of(ours))
+            clients.create_topics(base, common.topics_of(ours))
             committed = process_all(ours, base, r_topic, logs, fill_timeout)
             restore["ours"] = restore_ours(bootstrap, f"{group_of(ours)}.state", committed)
             print(f"restore, this project: {restore['ours']['keys']:,} keys in {restore['ours']['seconds']:.2f} s", flush=True)
             streams = streams_burst(java, bootstrap, r_topic, prefix, str(state_dirs / "restore-fill"))
-            clients.create_topics(base, bench.topics_of(streams))
+            clients.create_topics(base, common.topics_of(streams))
             process_all(streams, base, r_topic, logs, fill_timeout)
             again = streams_burst(java, bootstrap, r_topic, prefix, str(state_dirs / "restore-empty"))
-            restore["streams"] = restore_streams(again, logs, bench.PARTITIONS, fill_timeout)
+            restore["streams"] = restore_streams(again, logs, common.PARTITIONS, fill_timeout)
             print(f"restore, Kafka Streams: {restore['streams']['records']:,} records in {restore['streams']['seconds']:.2f} s", flush=True)
     finally:
         if broker is not None:
@@ -465,14 +465,14 @@ def main(argv=None) -> int:
 
     by = {t["name"].split()[0]: t for t in throughput}
     ratios = {
-        "throughput_ours_to_streams": bench.ratio(by["burst"]["records_per_s"], by["Kafka"]["records_per_s"]),
-        "cpu_stateful_to_stateless": bench.ratio(by["burst"]["steady_cpu_seconds_per_million"], by["threshold"]["steady_cpu_seconds_per_million"]),
-        "cpu_total_stateful_to_stateless": bench.ratio(by["burst"]["cpu_seconds_per_million"], by["threshold"]["cpu_seconds_per_million"]),
+        "throughput_ours_to_streams": common.ratio(by["burst"]["records_per_s"], by["Kafka"]["records_per_s"]),
+        "cpu_stateful_to_stateless": common.ratio(by["burst"]["steady_cpu_seconds_per_million"], by["threshold"]["steady_cpu_seconds_per_million"]),
+        "cpu_total_stateful_to_stateless": common.ratio(by["burst"]["cpu_seconds_per_million"], by["threshold"]["cpu_seconds_per_million"]),
     }
     if restore:
-        ratios["restore_ours_to_streams"] = bench.ratio(restore["ours"]["seconds"], restore["streams"]["seconds"])
+        ratios["restore_ours_to_streams"] = common.ratio(restore["ours"]["seconds"], restore["streams"]["seconds"])
     result = {
-        "machine": bench.machine(),
+        "machine": common.machine(),
         "broker": where,
         "command": " ".join(["python bench/run.py --stateful", *(sys.argv[1:] if argv is None else argv)]),
         "params": {
@@ -483,8 +483,8 @@ def main(argv=None) -> int:
             "bursts": bursts,
             "above_threshold": above,
             "restore_keys": args.restore_keys,
-            "partitions": bench.PARTITIONS,
-            "cores": bench.CORES,
+            "partitions": common.PARTITIONS,
+            "cores": common.CORES,
         },
         "throughput": throughput,
         "restore": restore,

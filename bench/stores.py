@@ -36,10 +36,10 @@ import tempfile
 import time
 import zlib
 
+import common
 import numpy as np
 import orjson
 import pandas as pd
-import run as bench
 import stateful
 from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--restore-keys", type=int, default=1_000_000)
-    parser.add_argument("--out", type=pathlib.Path, default=bench.HERE / "results")
+    parser.add_argument("--out", type=pathlib.Path, default=common.HERE / "results")
     args = parser.parse_args(argv)
 
     work = batches(args.records)
@@ -279,7 +279,7 @@ def main(argv=None) -> int:
         row["cpu_ratio"] = row["cpu_seconds_per_million"] / base["cpu_seconds_per_million"]
         row["restore_ratio"] = row["restore_wall_seconds"] / base["restore_wall_seconds"]
     command = " ".join(["python bench/stores.py", *(sys.argv[1:] if argv is None else argv)])
-    result = {"machine": bench.machine(), "command": command, "params": {"records": args.records, "restore_keys": args.restore_keys}, "stores": rows}
+    result = {"machine": common.machine(), "command": command, "params": {"records": args.records, "restore_keys": args.restore_keys}, "stores": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stores.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     lines = [
