@@ -12,8 +12,10 @@ from detectorkit.kafka import clients
 from detectorkit.kafka.end_offsets import EndOffsetProbe
 from detectorkit.kafka.offset_store import OffsetStore
 from detectorkit.kafka.planning import DataLossError, PartitionRange
+from detectorkit.kafka.range_reader import read_ranges
 from detectorkit.kafka.sink import DeliveryError, Sink
-from detectorkit.kafka.source import KafkaStreamReader, SourceOptions, read_ranges
+from detectorkit.kafka.source import KafkaStreamReader
+from detectorkit.kafka.source_options import SourceOptions
 
 
 @pytest.fixture
@@ -84,9 +86,9 @@ def test_read_range_returns_exactly_the_planned_records(base, topic):
 
 
 def test_read_range_chunks_large_ranges(base, topic, monkeypatch):
-    import detectorkit.kafka.source as source
+    import detectorkit.kafka.range_reader as range_reader
 
-    monkeypatch.setattr(source, "CHUNK_RECORDS", 100)
+    monkeypatch.setattr(range_reader, "CHUNK_RECORDS", 100)
     produce(base, topic, 450)
     consumer = reader(base)
     batches = list(read_ranges(consumer, [PartitionRange(topic, 0, 0, 450)], True, 10))

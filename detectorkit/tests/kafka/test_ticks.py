@@ -1,7 +1,8 @@
 """The source's ticks: a detector with timers gets a batch now and then even when nothing arrives,
 with an empty range for every partition that has nothing to read (their timers fire in it)."""
 
-from detectorkit.kafka.source import CAUGHT_UP, TICK, KafkaStreamReader, SourceOptions
+from detectorkit.kafka.source import CAUGHT_UP, TICK, KafkaStreamReader
+from detectorkit.kafka.source_options import SourceOptions
 
 
 def reader(tick_seconds):

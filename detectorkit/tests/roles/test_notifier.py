@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from detectorkit.kafka.planning import PartitionRange
-from detectorkit.kafka.source import arrow_schema
+from detectorkit.kafka.range_reader import arrow_schema
 from detectorkit.roles import notifier as nt
 from detectorkit.runtime import processing
 from detectorkit.runtime import records as rec

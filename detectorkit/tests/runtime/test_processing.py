@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 import pytest
 
 from detectorkit.detector import Detector
-from detectorkit.kafka.source import arrow_schema
+from detectorkit.kafka.range_reader import arrow_schema
 from detectorkit.runtime import records as rec
 from detectorkit.runtime.processing import _by_partition, process_batch
 from detectorkit.runtime.stage import as_stage, run_detector

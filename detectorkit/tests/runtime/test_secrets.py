@@ -10,7 +10,8 @@ from pydantic import SecretStr
 
 from detectorkit import settings as settings_mod
 from detectorkit.kafka import clients
-from detectorkit.kafka.source import NAME, SourceOptions
+from detectorkit.kafka.source import NAME
+from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.runtime.job import StreamJob
 from detectorkit.samples import samples
 from detectorkit.testing import create_test_topics, produce

@@ -41,7 +41,8 @@ from detectorkit.kafka.end_offsets import EndOffsetProbe, ListOffsetsEnds, open_
 from detectorkit.kafka.membership import CommitRefused, GroupMember
 from detectorkit.kafka.planning import DataLossError
 from detectorkit.kafka.source import NAME as SOURCE_NAME
-from detectorkit.kafka.source import SourceOptions, task_source
+from detectorkit.kafka.source import task_source
+from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
 from detectorkit.metrics.reporter import MetricsReporter
 from detectorkit.runtime.health import Progress

@@ -27,7 +27,9 @@ from detectorkit.kafka import claims, offset_store, transactions
 from detectorkit.kafka import sink as sinks
 from detectorkit.kafka.claims import Claim
 from detectorkit.kafka.planning import PartitionRange
-from detectorkit.kafka.source import SourceOptions, ranges_from_row, read_planned
+from detectorkit.kafka.range_reader import read_planned
+from detectorkit.kafka.source import ranges_from_row
+from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.kafka.transactions import TaskTransactions
 from detectorkit.metrics import executors
 from detectorkit.metrics.registry import bucket_counts
