@@ -1,14 +1,26 @@
-"""Unit tests of the pre-generation hook's checks, without baking anything."""
+"""The hooks: the pre-generation checks as plain functions, without baking anything; the
+post-generation choice of the detector kind's files, on a copy of them and in real bakes."""
 
 import importlib.util
+import json
 import pathlib
+import shutil
 
 import pytest
 
-HOOK = pathlib.Path(__file__).parent.parent / "hooks" / "pre_gen_project.py"
-spec = importlib.util.spec_from_file_location("pre_gen_project", HOOK)
-hook = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(hook)
+REPO = pathlib.Path(__file__).parent.parent
+KINDS = REPO / "{{cookiecutter.service_name}}" / "_kinds"
+
+
+def load_hook(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "hooks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hook = load_hook("pre_gen_project")
+post_gen = load_hook("post_gen_project")
 
 GOOD = {
     "service_name": "high-value-orders",
@@ -115,3 +127,36 @@ def test_every_detector_kind_passes(kind):
 
 def test_an_unknown_detector_kind_says_which_to_type():
     assert hook.check_detector_kind("spike").endswith("type one of threshold, burst, silence")
+
+
+def test_each_kind_offered_has_a_folder_of_its_files_and_nothing_else():
+    offered = json.loads((REPO / "cookiecutter.json").read_text())["detector_kind"]
+    assert sorted(offered) == sorted(hook.KINDS) == sorted(p.name for p in KINDS.iterdir())
+    for kind in offered:
+        # A file the hook does not place would be dropped from every bake without a word.
+        assert sorted(p.name for p in (KINDS / kind).iterdir()) == sorted(post_gen.places("pkg"))
+
+
+@pytest.mark.parametrize("kind", ["threshold", "burst", "silence"])
+def test_keep_kind_puts_the_chosen_files_in_place_and_drops_the_other_kinds(tmp_path, kind):
+    shutil.copytree(KINDS, tmp_path / "_kinds")
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    post_gen.keep_kind(tmp_path, kind, "pkg")
+    assert not (tmp_path / "_kinds").exists()
+    for name, place in post_gen.places("pkg").items():
+        assert (tmp_path / place).read_text() == (KINDS / kind / name).read_text()
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == sorted(post_gen.places("pkg").values())
+
+
+@pytest.mark.parametrize("kind", ["threshold", "burst", "silence"])
+def test_a_bake_holds_its_kinds_files_under_the_usual_names_and_no_other_kinds(cookies, kind):
+    result = cookies.bake(extra_context={"service_name": f"svc-{kind}", "detector_kind": kind})
+    assert result.exit_code == 0, result.exception
+    project = pathlib.Path(result.project_path)
+    assert not (project / "_kinds").exists()
+    for name, place in post_gen.places(f"svc_{kind}").items():
+        template = (KINDS / kind / name).read_text()
+        rendered = template.replace("{{ cookiecutter.service_name }}", f"svc-{kind}").replace("{{ cookiecutter.package_name }}", f"svc_{kind}")
+        assert (project / place).read_text() == rendered, place
+    assert sorted(p.name for p in (project / "src" / f"svc_{kind}").iterdir()) == ["__init__.py", "__main__.py", "detector.py"]
+    assert sorted(p.name for p in (project / "tests").iterdir()) == ["test_detector.py", "test_integration.py"]

@@ -1,0 +1,37 @@
+"""Keep the chosen detector kind's files under their usual names, and drop the other kinds'.
+
+The template holds each kind's detector and tests as plain files in `_kinds/<kind>/`, rather than
+one file per name with a Jinja branch per kind, so each reads as the Python it bakes to (the way
+cookiecutter-django keeps optional files whole and lets its post-generation hook choose). Cookiecutter
+runs this in the baked project, after rendering the file; the pre-generation hook has already
+refused any kind or package name that is not a plain word, so the literals below need no escaping.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+
+KINDS = "_kinds"
+
+
+def places(package: str) -> dict[str, str]:
+    """Each file of a kind's folder, and where it goes in the baked project."""
+    return {
+        "detector.py": f"src/{package}/detector.py",
+        "test_detector.py": "tests/test_detector.py",
+        "test_integration.py": "tests/test_integration.py",
+    }
+
+
+def keep_kind(project: pathlib.Path, kind: str, package: str) -> None:
+    chosen = project / KINDS / kind
+    for name, place in places(package).items():
+        target = project / place
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (chosen / name).replace(target)
+    shutil.rmtree(project / KINDS)
+
+
+if __name__ == "__main__":
+    keep_kind(pathlib.Path.cwd(), "{{ cookiecutter.detector_kind }}", "{{ cookiecutter.package_name }}")

@@ -1,0 +1,212 @@
+"""Tests of the detector alone: plain pandas, no Kafka, no Spark."""
+
+from itertools import accumulate
+
+import pandas as pd
+import pytest
+from detectorkit.settings import SettingsError
+from detectorkit.testing import DetectorHarness, event_times
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from {{ cookiecutter.package_name }}.detector import DETECTOR, MAX_SILENCE_SECONDS, Config
+
+NOON = pd.Timestamp("2026-11-22T12:00:00Z")
+
+
+def records(*rows, first_index=10, unit="s"):
+    """rows: (customer, time after 12:00:00 in `unit`). As the runtime gives them: the parsed fields,
+    and the Kafka key (the customer) and timestamp (the record's time) as `key` and `event_time`."""
+    times = [NOON + pd.Timedelta(t, unit=unit) for _, t in rows]
+    return pd.DataFrame(
+        {"customer": [c for c, _ in rows], "key": [c for c, _ in rows], "event_time": event_times(times)},
+        index=range(first_index, first_index + len(rows)),
+    )
+
+
+def at(seconds, unit="s"):
+    return NOON + pd.Timedelta(seconds, unit=unit)
+
+
+def silences(run, unit="s"):
+    """What the timers detected since the last call: (customer, their last record's time, the
+    timer's time), times after 12:00:00 in `unit`, sorted."""
+    fired = run.take_fired()
+    one = pd.Timedelta(1, unit=unit)
+    return sorted(
+        (customer, (pd.Timestamp(row["last_seen"]) - NOON) / one, (row["deadline"] - NOON) / one)
+        for customer, row in fired.iterrows()
+    )
+
+
+def test_detect_flags_nothing_itself_and_keeps_each_customers_newest_time():
+    run = DetectorHarness(DETECTOR, Config(silence_seconds=60))
+    assert run.batch(records(("c-1", 0), ("c-2", 10), ("c-1", 30))).empty
+    assert run.state() == {"c-1": {"last_ms": at(30).value // 10**6}, "c-2": {"last_ms": at(10).value // 10**6}}
+
+
+def test_flags_each_customer_once_when_the_partitions_time_passes_their_silence():
+    run = DetectorHarness(DETECTOR, Config(silence_seconds=60))
+    run.batch(records(("c-1", 0), ("c-2", 10), ("c-1", 30)))
+    run.batch(records(("c-3", 69)))
+    assert silences(run) == []  # c-2 is due at 70, c-1 at 90
+    run.batch(records(("c-3", 70)))
+    assert silences(run) == [("c-2", 10, 70)]
+    run.batch(records(("c-3", 200)))
+    assert silences(run) == [("c-1", 30, 90), ("c-3", 70, 130)]  # c-3's own silence before its record at 200
+    run.batch(records(("c-4", 250)))
+    assert silences(run) == []  # each silence once
+    assert set(run.state()) == {"c-3", "c-4"}  # a customer's state goes with its detection
+
+
+def test_a_detection_says_who_since_when_and_for_how_long():
+    run = DetectorHarness(DETECTOR, Config(silence_seconds=3600))
+    run.batch(records(("c-1", 0), ("c-1", 1.5), ("c-2", 7200)))
+    fired = run.take_fired()
+    assert fired.loc["c-1"].to_dict() == {
+        "rule": "silence",
+        "customer": "c-1",
+        "last_seen": "2026-11-22T12:00:01.500+00:00",
+        "silent_for_seconds": 3600.0,
+        "deadline": at(3601.5),
+    }
+
+
+def test_a_customers_own_record_in_time_restarts_the_silence():
+    run = DetectorHarness(DETECTOR, Config(silence_seconds=60))
+    run.batch(records(("c-1", 0)))
+    run.batch(records(("c-1", 59)))
+    run.batch(records(("c-2", 118)))
+    assert silences(run) == []
+    run.batch(records(("c-2", 119)))
+    assert silences(run) == [("c-1", 59, 119)]
+
+
+def test_a_late_record_does_not_move_a_customers_last_time_back():
+    run = DetectorHarness(DETECTOR, Config(silence_seconds=60))
+    run.batch(records(("c-1", 50), ("c-1", 20)))
+    run.advance(at(109))
+    assert silences(run) == []
+    run.advance(at(110))
+    assert silences(run) == [("c-1", 50, 110)]
+
+
+def test_a_quiet_partition_flags_its_silent_customers_once_its_time_moves_on():
+    # In the job: no record for TIMER_IDLE_GRACE_SECONDS, and the wall clock moves the event time.
+    run = DetectorHarness(DETECTOR, Config(silence_seconds=60), partitions=3)
+    run.batch(records(("c-1", 0), ("c-2", 30)))
+    run.advance(at(89))
+    assert silences(run) == [("c-1", 0, 60)]
+    run.advance(at(3600))
+    assert silences(run) == [("c-2", 30, 90)]
+    run.advance(at(7200))
+    assert silences(run) == []
+
+
+def test_a_customer_who_comes_back_is_flagged_again_after_another_silence():
+    run = DetectorHarness(DETECTOR, Config(silence_seconds=60))
+    run.batch(records(("c-1", 0)))
+    run.advance(at(60))
+    run.batch(records(("c-1", 100)))
+    run.advance(at(160))
+    assert silences(run) == [("c-1", 0, 60), ("c-1", 100, 160)]
+
+
+def test_timers_survive_a_restart_and_fire_once():
+    run = DetectorHarness(DETECTOR, Config(silence_seconds=60), partitions=2)
+    run.batch(records(("c-1", 0), ("c-2", 10)))
+    run.restart()  # as a redeploy would: state and timers read back from the changelog
+    run.batch(records(("c-3", 65)))
+    run.restart()
+    run.advance(at(1000))
+    run.restart()
+    run.advance(at(2000))
+    assert silences(run) == [("c-1", 0, 60), ("c-2", 10, 70), ("c-3", 65, 125)]
+
+
+def test_settings_come_from_the_environment():
+    assert DETECTOR.load_config({"DETECTOR_SILENCE_SECONDS": "600"}) == Config(silence_seconds=600)
+    assert DETECTOR.load_config({}) == Config() == Config(silence_seconds=3 * 3600)
+
+
+@pytest.mark.parametrize("value", ["0", "-60", "0.0001", "nan", "inf", str(MAX_SILENCE_SECONDS + 1), "3h"])
+def test_settings_it_cannot_honour_are_refused_naming_the_variable(value):
+    with pytest.raises(SettingsError, match="DETECTOR_SILENCE_SECONDS"):
+        DETECTOR.load_config({"DETECTOR_SILENCE_SECONDS": value})
+
+
+def test_declares_its_state_and_timers_and_needs_no_field_but_the_key_and_time():
+    assert DETECTOR.required_fields == ()
+    assert DETECTOR.state.columns == ("last_ms",) and DETECTOR.on_timer is not None
+    # No TTL: a pending timer keeps a customer's state anyway, and its firing drops it.
+    assert DETECTOR.state.ttl_seconds is None
+
+
+# ---- the same answers whatever the batches: a property over random record streams -------------------
+
+
+def reference(events, silence_ms, partition_of, partitions):
+    """(customer, last record's time, timer's time) of every silence, in ms, one event at a time and
+    independently of the detector. An event is (customer, time) for a record, or (None, time) for a
+    quiet spell that moves every partition's time on. A partition's time is the newest it has seen; a
+    customer is silent once their partition's time reaches their newest record's time + the silence,
+    and counts once: then forgotten, until their next record."""
+    now, last, found = {}, {}, []
+
+    def flag_silent(p):
+        for customer in sorted(c for c, seen in last.items() if partition_of(c) == p and seen + silence_ms <= now[p]):
+            seen = last.pop(customer)
+            found.append((customer, seen, seen + silence_ms))
+
+    for customer, t in events:
+        moved = range(partitions) if customer is None else [partition_of(customer)]
+        for p in moved:
+            now[p] = max(now.get(p, t), t)
+            flag_silent(p)
+        if customer is not None:
+            last[customer] = max(last.get(customer, t), t)
+            flag_silent(moved[0])
+    return sorted(found)
+
+
+# Times in ms after noon, mostly forward as a partition's Kafka timestamps go, now and then a record
+# stamped earlier than the one before it (a late one); gaps around a 5 s silence, often on its edges.
+GAPS_MS = st.one_of(st.integers(-2_000, 6_000), st.sampled_from([0, 1, 4_999, 5_000, 5_001]))
+SOMETIMES = st.sampled_from([False, False, True])
+STEPS = st.lists(
+    st.tuples(st.sampled_from(["c-1", "c-2", "c-3", None]), GAPS_MS, SOMETIMES, st.sampled_from([False] * 4 + [True])),
+    max_size=50,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=STEPS, partitions=st.integers(1, 3))
+def test_silences_do_not_depend_on_batches_partitions_or_restarts(steps, partitions):
+    """Each step: a record of a customer (None: a quiet spell, the partitions' time moved on without
+    records), then whether the batch ends there, and whether the service restarts after it."""
+    silence_ms = 5_000
+    times = list(accumulate(gap for _, gap, _, _ in steps))
+    run = DetectorHarness(DETECTOR, Config(silence_seconds=silence_ms / 1000), partitions=partitions)
+    events, found, pending = [], [], []
+
+    def end_batch():
+        if pending:
+            run.batch(records(*pending, first_index=len(events), unit="ms"))
+            pending.clear()
+
+    for (customer, _, cut, restart), t in zip(steps, times, strict=True):
+        events.append((customer, t))
+        if customer is None:
+            end_batch()
+            run.advance(at(t, unit="ms"))
+        else:
+            pending.append((customer, t))
+        if cut or restart:
+            end_batch()
+        if restart:
+            found += silences(run, unit="ms")
+            run.restart()
+    end_batch()
+    found += silences(run, unit="ms")
+    expected = reference(events, silence_ms, run.partition_of, partitions)
+    assert sorted(found) == expected
