@@ -22,10 +22,22 @@ import pytest
 
 from detectorkit.kafka import clients
 from detectorkit.kafka.topic_reader import read_topic
-from detectorkit.samples import Sample
+from detectorkit.samples import Sample, samples
+from detectorkit.settings import SettingsError
 from detectorkit.state.harness import DetectorError, DetectorHarness, event_times
 
-__all__ = ["DetectorError", "DetectorHarness", "event_times", "create_test_topics", "produce", "read_all"]
+# Sample, samples and SettingsError too: a service's tests import this face alone, not the modules behind it.
+__all__ = [
+    "DetectorError",
+    "DetectorHarness",
+    "event_times",
+    "create_test_topics",
+    "produce",
+    "read_all",
+    "Sample",
+    "samples",
+    "SettingsError",
+]
 
 EXTERNAL, KAFKA, CONTAINER, TANSU = "external", "kafka", "container", "tansu"
 

@@ -11,8 +11,7 @@ import sys
 import time
 
 import pytest
-from detectorkit.samples import Sample
-from detectorkit.testing import create_test_topics, produce, read_all
+from detectorkit.testing import Sample, create_test_topics, produce, read_all
 
 from {{ cookiecutter.package_name }}.detector import Config
 

@@ -4,8 +4,7 @@ from itertools import accumulate
 
 import pandas as pd
 import pytest
-from detectorkit.settings import SettingsError
-from detectorkit.testing import DetectorHarness, event_times
+from detectorkit.testing import DetectorHarness, SettingsError, event_times
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -12,8 +12,7 @@ import time
 from datetime import datetime
 
 import pytest
-from detectorkit.samples import Sample
-from detectorkit.testing import create_test_topics, produce, read_all
+from detectorkit.testing import Sample, create_test_topics, produce, read_all
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from detectorkit.samples import samples
-from detectorkit.testing import create_test_topics, produce, read_all
+from detectorkit.testing import create_test_topics, produce, read_all, samples
 
 from {{ cookiecutter.package_name }}.detector import Config
 
