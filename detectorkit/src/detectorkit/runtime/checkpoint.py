@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from detectorkit.kafka import sink as sinks
+from detectorkit.kafka.transactions import TransactionError
 from detectorkit.runtime import crash_points
 from detectorkit.runtime.task_context import PartitionSummary, Stores, TaskContext
 from detectorkit.state import cache
@@ -109,30 +110,49 @@ def finish_transactions(
         _keep(ctx, stores, summaries)
 
 
+class CommitsFailed(TransactionError):
+    """Some of a task's transactions could not commit (a rebalance during the batch, a fenced
+    producer) and were aborted; the others committed. The task reports what committed and the
+    driver fails the batch after counting it: the failed partitions are read again from the
+    group's offsets, and records whose transaction committed are counted once."""
+
+    def __init__(self, message: str, partitions: set[int]):
+        super().__init__(message)
+        self.partitions = frozenset(partitions)
+
+
 def _commit_all(txns: TaskTransactions, ends: dict[int, int]) -> None:
     """Each partition's transaction committed, all at once: a commit is round trips to the group
     and transaction coordinators (the offsets, then the end and its markers), which librdkafka
     waits out with the GIL released, and one after the other they were a tenth of a batch's time
     with exactly-once. The transactions are independent: one that fails leaves the others
-    committed, and its partition is planned again (as when the commits ran in turn)."""
+    committed, and its partition is planned again (as when the commits ran in turn):
+    CommitsFailed names the partitions whose transactions failed. Any other error is raised as is."""
 
     def commit(p: int) -> None:
         txns.commit(p, ends[p], offsets_sent=lambda: crash_points.reach("during-commit"))
 
+    failures: dict[int, BaseException] = {}
     if len(ends) <= 1:
         for p in ends:
-            commit(p)
-        return
-    with ThreadPoolExecutor(max_workers=len(ends), thread_name_prefix="commit") as pool:
-        futures = [pool.submit(commit, p) for p in sorted(ends)]
-        failed: BaseException | None = None
-        for n, future in enumerate(as_completed(futures), 1):
-            error = future.exception()
-            failed = failed or error
-            if error is None and n < len(futures):
-                crash_points.reach("between-commits")  # one partition committed, another not yet
-    if failed is not None:
-        raise failed
+            try:
+                commit(p)
+            except TransactionError as exc:
+                failures[p] = exc
+    else:
+        with ThreadPoolExecutor(max_workers=len(ends), thread_name_prefix="commit") as pool:
+            futures = {pool.submit(commit, p): p for p in sorted(ends)}
+            for n, future in enumerate(as_completed(futures), 1):
+                error = future.exception()
+                if error is not None:
+                    failures[futures[future]] = error
+                elif n < len(futures):
+                    crash_points.reach("between-commits")  # one partition committed, another not yet
+    for error in failures.values():
+        if not isinstance(error, TransactionError):
+            raise error
+    if failures:
+        raise CommitsFailed(str(failures[min(failures)]), set(failures))
 
 
 def _send_changes(ctx: TaskContext, sink: sinks.Sink, stores: Stores, p: int, summaries: dict[int, PartitionSummary], send: bool = True) -> None:

@@ -525,8 +525,11 @@ class StreamJob:
         dead = Counter()
         latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         latency_sum = 0.0
+        # A task some of whose transactions failed reports the others (checkpoint.CommitsFailed).
+        failed = [row.error for row in rows if row.error]
         for row in rows:
-            committed[row.partition] = max(committed.get(row.partition, -1), row.next_offset)
+            if row.partition >= 0:  # -1: the error of a task none of whose transactions committed
+                committed[row.partition] = max(committed.get(row.partition, -1), row.next_offset)
             records += row.records
             detections += row.detections
             dead.update(json.loads(row.dead_letters))
@@ -539,6 +542,14 @@ class StreamJob:
                 if "durable" in state:
                     self._durable[row.partition] = max(self._durable.get(row.partition, -1), state["durable"])
         collected = time.monotonic()
+        if failed:
+            # What committed is counted; the batch fails, and the query starts again from the
+            # group's offsets, where the failed partitions' records are read again.
+            self.metrics.record_batch(records, detections, dead, collected - started, latency_counts, latency_sum)
+            self.stats.records += records
+            self.stats.detections += detections
+            self.stats.dead_letters.update(dead)
+            raise transactions.TransactionError(failed[0])
         # 7. every task has flushed: the output and the state's changes are written, so the position may move.
         self._commit(committed)
         commit_seconds = time.monotonic() - collected

@@ -43,7 +43,7 @@ _log = structlog.get_logger("detectorkit.state")
 
 SUMMARY_SCHEMA = (
     "partition int, next_offset long, records long, detections long, dead_letters string, latency_counts string, latency_sum double, "
-    "processes string, state string"
+    "processes string, state string, error string"
 )
 _SUMMARY_ARROW = pa.schema(
     [
@@ -58,6 +58,9 @@ _SUMMARY_ARROW = pa.schema(
         ("processes", pa.string()),
         # The partition's state store (keys, bytes, restore, changelog records), for a detector with state.
         ("state", pa.string()),
+        # Why some of the task's transactions did not commit (checkpoint.CommitsFailed), on the
+        # first row only; the rows are the partitions that did. The driver fails the batch after them.
+        ("error", pa.string()),
     ]
 )
 
@@ -332,20 +335,32 @@ def _process(
             _fire_idle(ctx, stores, sink_of, summaries)  # 2. the timers of partitions with nothing to read
             for p in stores.stores:
                 summaries.setdefault(p, PartitionSummary())
+        failed: checkpoint.CommitsFailed | None = None
         if txns is None:
             checkpoint.finish_task(ctx, shared, stores, summaries)  # 3-5. flush, the state's changes, the stores kept
         else:
-            checkpoint.finish_transactions(ctx, txns, stores, summaries, ends, before_commit)  # 3-7, a transaction per partition
+            try:
+                checkpoint.finish_transactions(ctx, txns, stores, summaries, ends, before_commit)  # 3-7, a transaction per partition
+            except checkpoint.CommitsFailed as exc:
+                # The others committed: reported, they are counted once; raised, Spark would drop
+                # them with the task, and no one would read their records again. No store is kept.
+                failed = exc
+                txns.abort_open()
+    lost = failed.partitions if failed is not None else frozenset()
+    for p in lost:
+        summaries.pop(p, None)
     for p, end in [*ends.items(), *(skipped or {}).items()]:
-        s = summaries.setdefault(p, PartitionSummary())
-        s.next_offset = max(s.next_offset, end)
+        if p not in lost:
+            s = summaries.setdefault(p, PartitionSummary())
+            s.next_offset = max(s.next_offset, end)
     # Latency ends when the broker has acknowledged the detection: after the flush.
-    if summaries:
-        yield _summary_batch(summaries, time.time() * 1000)
+    if summaries or failed is not None:
+        yield _summary_batch(summaries, time.time() * 1000, None if failed is None else str(failed))
 
 
-def _summary_batch(summaries: dict[int, PartitionSummary], written_ms: float) -> pa.RecordBatch:
-    items = sorted(summaries.items())
+def _summary_batch(summaries: dict[int, PartitionSummary], written_ms: float, error: str | None = None) -> pa.RecordBatch:
+    # A task whose transactions all failed still reports why, in a row of no partition (-1).
+    items = sorted(summaries.items()) or [(-1, PartitionSummary())]
     latencies = [[(written_ms - ts) / 1000 for ts in s.detected_at] for _, s in items]
     return pa.RecordBatch.from_arrays(
         [
@@ -358,6 +373,7 @@ def _summary_batch(summaries: dict[int, PartitionSummary], written_ms: float) ->
             pa.array([float(sum(values)) for values in latencies], pa.float64()),
             pa.array([json.dumps(executors.report())] + ["[]"] * (len(items) - 1), pa.string()),
             pa.array([json.dumps(s.state) if s.state else None for _, s in items], pa.string()),
+            pa.array([error] + [None] * (len(items) - 1), pa.string()),
         ],
         schema=_SUMMARY_ARROW,
     )
