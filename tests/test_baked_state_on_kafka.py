@@ -23,7 +23,7 @@ from detectorkit.kafka.offset_store import commits
 from detectorkit.kafka.topic_reader import read_messages
 from detectorkit.metrics.aggregator import Aggregator
 from detectorkit.samples import Sample
-from detectorkit.testing import KAFKA, create_test_topics, produce, read_all
+from detectorkit.testing import KAFKA, create_test_topics, produce, read_all, wait_for
 
 SESSION = 6  # seconds: the broker's minimum (group.min.session.timeout.ms)
 
@@ -104,14 +104,6 @@ def service_env(bs, topics, **settings):
     )
     env.update({k.upper(): str(v) for k, v in settings.items()})
     return env
-
-
-def wait_for(condition, timeout=120, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def group_commits(bs, topics, partitions):

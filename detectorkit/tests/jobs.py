@@ -5,10 +5,10 @@ import pathlib
 import subprocess
 import sys
 import tempfile
-import time
 
 from detectorkit.kafka import clients
 from detectorkit.kafka.offset_store import OffsetStore
+from detectorkit.testing import wait_for  # noqa: F401 - the tests take it from here
 
 HERE = pathlib.Path(__file__).parent
 COMMAND = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:THRESHOLD"]
@@ -77,14 +77,6 @@ def committed(bootstrap_servers, topics, partitions, stable=True):
         return store.committed(partitions)
     finally:
         store.close()
-
-
-def wait_for(condition, timeout=120, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def aggregator_command(bootstrap_servers, metrics_topic, port=0, *extra):

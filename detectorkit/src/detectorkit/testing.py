@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -37,7 +38,18 @@ __all__ = [
     "Sample",
     "samples",
     "SettingsError",
+    "wait_for",
 ]
+
+
+def wait_for(condition, timeout: float = 120.0, what: str = "condition") -> None:
+    """Poll `condition` every 0.1 s until it holds; AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
 
 EXTERNAL, KAFKA, CONTAINER, TANSU = "external", "kafka", "container", "tansu"
 

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from detectorkit.kafka import clients
-from detectorkit.runtime.job import StreamJob, explain
+from detectorkit.runtime.job import StreamJob
+from detectorkit.runtime.supervisor import explain
 from detectorkit.samples import KINDS, samples
 from detectorkit.settings import Settings
 from detectorkit.testing import create_test_topics, produce, read_all
@@ -347,7 +348,7 @@ def test_a_failure_that_persists_stops_the_job_with_its_error_in_one_line(spark,
     ],
 )
 def test_only_errors_a_restart_cannot_mend_stop_the_job_at_once(reason, permanent):
-    from detectorkit.runtime.job import is_permanent
+    from detectorkit.runtime.supervisor import is_permanent
 
     assert is_permanent(reason) is permanent
 
