@@ -542,23 +542,16 @@ class StreamJob:
         if failed:
             # What committed is counted; the batch fails, and the query starts again from the
             # group's offsets, where the failed partitions' records are read again.
-            self.metrics.record_batch(records, detections, dead, collected - started, latency_counts, latency_sum)
-            self.stats.records += records
-            self.stats.detections += detections
-            self.stats.dead_letters.update(dead)
+            self._count(BatchResult(batch_id, records, detections, dead, committed, collected - started), latency_counts, latency_sum)
             raise transactions.TransactionError(failed[0])
         # 7. every task has flushed: the output and the state's changes are written, so the position may move.
         self._commit(committed)
         commit_seconds = time.monotonic() - collected
         # 8. what the batch did.
         result = BatchResult(batch_id, records, detections, dead, committed, time.monotonic() - started)
-        self.metrics.record_batch(records, detections, dead, result.seconds, latency_counts, latency_sum)
-        st = self.stats
-        st.batches += 1
-        st.records += records
-        st.detections += detections
-        st.dead_letters.update(dead)
-        st.last = result
+        self._count(result, latency_counts, latency_sum)
+        self.stats.batches += 1
+        self.stats.last = result
         if records:
             log.info(
                 "batch done",
@@ -571,6 +564,15 @@ class StreamJob:
                 commit_seconds=round(commit_seconds, 3),
             )
         return result
+
+    def _count(self, result: BatchResult, latency_counts: list[int], latency_sum: float) -> None:
+        """What the batch's tasks wrote, into the metrics and the stats: also for a batch that
+        fails after some of its transactions committed, whose records are not read again."""
+        self.metrics.record_batch(result.records, result.detections, result.dead_letters, result.seconds, latency_counts, latency_sum)
+        st = self.stats
+        st.records += result.records
+        st.detections += result.detections
+        st.dead_letters.update(result.dead_letters)
 
     def _commit(self, committed: dict[int, int]) -> None:
         """The batch's end offsets, for the partitions this instance still owns. With exactly-once
