@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import pathlib
+import random
 import signal
 import subprocess
 import sys
@@ -149,8 +150,6 @@ def backlog(start_ms, customers=400, minutes=20, seed=35):
     """Customers over `minutes` of event time, in time order as a normaliser writes them: records 5
     to 40 s apart, and now and then a burst of 4 to 7 records 0.5 to 5 s apart (some complete one,
     some fall short). Every 50th record is not JSON and goes to the dead letters."""
-    import random
-
     rng = random.Random(seed)
     timed = []
     for c in range(customers):
@@ -340,8 +339,6 @@ def test_a_timer_services_stores_are_read_back_once_through_many_ticks(baked, ka
 
     def trickle(seconds, seed):
         """A few records of fresh customers every half second, stamped now: each goes quiet and fires in a tick."""
-        import random
-
         rng = random.Random(seed)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
