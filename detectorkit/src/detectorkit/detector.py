@@ -52,16 +52,3 @@ class Detector:
     def load_config(self, environ: Mapping[str, str] | None = None) -> Any:
         """The config dataclass filled from DETECTOR_<FIELD> variables; SettingsError on a bad value."""
         return config_from_env(self.config, "DETECTOR_", environ)
-
-
-def detections_of(out: Any, index: pd.Index, single: bool = False) -> list[tuple[int, dict]]:
-    """A detect() function's detections as (record position, fields), checked against the records'
-    index; with `single`, the batch held one record and every detection is that record's."""
-    if not isinstance(out, pd.DataFrame):
-        raise TypeError(f"detect() must return a pandas DataFrame of detections, not {type(out).__name__}")
-    if out.empty:
-        return []
-    if not single and not out.index.isin(index).all():
-        raise ValueError("detect() returned rows whose index is not the index of an input record")
-    positions = [int(index[0])] * len(out) if single else [int(i) for i in out.index]
-    return list(zip(positions, out.to_dict(orient="records"), strict=True))

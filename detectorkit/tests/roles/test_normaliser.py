@@ -6,8 +6,8 @@ import json
 import pyarrow as pa
 import pytest
 
+from detectorkit import records as rec
 from detectorkit.roles import normaliser as n
-from detectorkit.runtime import records as rec
 from detectorkit.runtime.stage import Source
 
 KAFKA_MS = 1_795_000_000_000  # 2026-11-18T...

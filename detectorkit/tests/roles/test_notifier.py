@@ -15,11 +15,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from detectorkit import records as rec
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.range_reader import arrow_schema
 from detectorkit.roles import notifier as nt
 from detectorkit.runtime import processing
-from detectorkit.runtime import records as rec
 from detectorkit.runtime.stage import Source
 from detectorkit.runtime.task_context import TaskContext
 from detectorkit.settings import SettingsError

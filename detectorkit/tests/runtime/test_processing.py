@@ -7,9 +7,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from detectorkit import records as rec
 from detectorkit.detector import Detector
 from detectorkit.kafka.range_reader import arrow_schema
-from detectorkit.runtime import records as rec
 from detectorkit.runtime.processing import _by_partition, process_batch
 from detectorkit.runtime.stage import as_stage, run_detector
 from detectorkit.runtime.task_context import PartitionSummary, TaskContext

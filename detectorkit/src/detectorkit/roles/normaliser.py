@@ -23,10 +23,10 @@ from typing import Any
 import pyarrow as pa
 
 from detectorkit.detector import NoConfig
-from detectorkit.runtime.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Refused, Rejected, parse_object
+from detectorkit.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Refused, Rejected, parse_object
 from detectorkit.runtime.stage import Output, Source, StageBase
 
-# Dead-letter reasons beyond those of parsing (see runtime.records).
+# Dead-letter reasons beyond those of parsing (see detectorkit.records).
 BAD_AMOUNT = "bad_amount"
 BAD_TIMESTAMP = "bad_timestamp"
 BAD_CURRENCY = "bad_currency"

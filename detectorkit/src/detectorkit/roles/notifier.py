@@ -44,7 +44,7 @@ import pandas as pd
 import pyarrow as pa
 import structlog
 
-from detectorkit.runtime.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Refused, Rejected, parse_object
+from detectorkit.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Refused, Rejected, parse_object
 from detectorkit.runtime.stage import Output, Source, StageBase
 from detectorkit.settings import SettingsError, config_from_env
 from detectorkit.state.declaration import State

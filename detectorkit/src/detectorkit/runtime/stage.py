@@ -18,8 +18,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from detectorkit.detector import Detector, detections_of
-from detectorkit.runtime import records as rec
+from detectorkit import records as rec
+from detectorkit.detector import Detector
+from detectorkit.records import detections_of
 from detectorkit.state.declaration import EVENT_TIME, KEY, State
 from detectorkit.state.runner import run_stateful
 from detectorkit.state.store import PartitionStore

@@ -19,14 +19,17 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from detectorkit.detector import Detector, detections_of
+from detectorkit.records import detections_of
 from detectorkit.state.declaration import DEADLINE, EVENT_TIME, KEY
 from detectorkit.state.runner import run_stateful
 from detectorkit.state.store import PartitionStore
+
+if TYPE_CHECKING:
+    from detectorkit.detector import Detector  # a field's type: the harness only calls what a detector holds
 
 
 class DetectorError(AssertionError):

@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from detectorkit.detector import detections_of
-from detectorkit.runtime import records as rec
+from detectorkit import records as rec
 from detectorkit.state.declaration import DEADLINE, KEY
 from detectorkit.state.store import PartitionStore
 
@@ -277,7 +276,7 @@ def _unpack(out: Any, index: pd.Index | None, single: bool, name: str):
         if not isinstance(detections, pd.DataFrame):
             raise TypeError(f"{name}() must return a pandas DataFrame of detections, not {type(detections).__name__}")
         return detections, new_state, timers
-    return detections_of(detections, index, single), new_state, timers
+    return rec.detections_of(detections, index, single), new_state, timers
 
 
 def _key_timers(timers: Any, keys: pd.Index) -> dict[str, int]:

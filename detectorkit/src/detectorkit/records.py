@@ -1,4 +1,5 @@
-"""Turning raw Kafka values into the records a detector sees, and the reasons a record is refused."""
+"""Turning raw Kafka values into the records a detector sees, the reasons a record is refused, and
+the detections a detector returns for them: what the state, runtime and roles layers share."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -106,3 +108,16 @@ def _parse_all_at_once(raw: Sequence[bytes | None], required_fields: Sequence[st
             rejected.append(Rejected(int(position), MISSING_FIELD, f"record has no value for {', '.join(absent)}"))
         frame = frame[~missing]
     return frame, rejected
+
+
+def detections_of(out: Any, index: pd.Index, single: bool = False) -> list[tuple[int, dict]]:
+    """A detect() function's detections as (record position, fields), checked against the records'
+    index; with `single`, the batch held one record and every detection is that record's."""
+    if not isinstance(out, pd.DataFrame):
+        raise TypeError(f"detect() must return a pandas DataFrame of detections, not {type(out).__name__}")
+    if out.empty:
+        return []
+    if not single and not out.index.isin(index).all():
+        raise ValueError("detect() returned rows whose index is not the index of an input record")
+    positions = [int(index[0])] * len(out) if single else [int(i) for i in out.index]
+    return list(zip(positions, out.to_dict(orient="records"), strict=True))
