@@ -45,9 +45,10 @@ def start_positions(
 
 
 def open_end_offsets(kind: str, base_conf: Mapping[str, Any], group: str, topic: str, timeout: float) -> ListOffsetsEnds | EndOffsetProbe:
-    """The end-offset strategy for a broker kind (`broker_kind.KAFKA` or `TANSU`)."""
-    isolation = broker_kind.isolation_level(kind)
-    if kind == broker_kind.TANSU:
+    """The end-offset strategy for a resolved broker kind."""
+    broker = broker_kind.profile(kind)
+    isolation = broker.isolation_level
+    if not broker.lists_latest:
         return EndOffsetProbe(clients.consumer(base_conf, group, **{"isolation.level": isolation}), topic, timeout)
     return ListOffsetsEnds(base_conf, topic, timeout, isolation)
 

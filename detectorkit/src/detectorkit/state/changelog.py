@@ -63,8 +63,8 @@ def create(base_conf: Mapping[str, Any], topic: str, input_topic: str, kind: str
     """The changelog topic with the input's partition count; SettingsError when one exists with another."""
     admin = clients.new_admin(base_conf)
     wanted = len(clients.topic_partitions(admin, input_topic, timeout))
-    # Tansu has no compaction; there the changelog just grows (a demo broker).
-    config = {} if kind == broker_kind.TANSU else TOPIC_CONFIG
+    # Without compaction (Tansu) the changelog just grows: a demo broker.
+    config = TOPIC_CONFIG if broker_kind.profile(kind).compacts else {}
     if topic in clients.create_topics(base_conf, {topic: wanted}, timeout, config=config):
         return  # created now, as asked (its metadata may take a moment to reach every broker)
     have = len(_partitions_when_known(admin, topic, timeout))
@@ -257,7 +257,7 @@ def _exact_ends(ctx: StateContext) -> bool:
     key = clients.conf_key(ctx.client_conf)
     if key not in _exact:
         try:
-            _exact[key] = broker_kind.detect(ctx.client_conf, ctx.timeout) == broker_kind.KAFKA
+            _exact[key] = broker_kind.profile(broker_kind.detect(ctx.client_conf, ctx.timeout)).lists_latest
         except KafkaException:
             return False  # asked again next time
     return _exact[key]
