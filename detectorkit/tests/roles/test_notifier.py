@@ -465,7 +465,7 @@ def test_the_notifiers_windows_are_state_in_its_own_changelog_and_show_in_the_st
     items = [("c-1", detection("threshold", 5, T0 + 10)), ("c-1", detection("burst", 6, T0 + 20)), ("c-2", detection("threshold", 7, T0 + 30))]
     rows = driver_batch(n, driver_kafka, monkeypatch, items, start=100)
     assert len(n.delivery.delivered) == 2
-    state = json.loads(rows[0].state)
+    state = rows[0].state
     assert state["keys"] == 2 and state["bytes"] > 0 and state["written"] >= 2
     written = {k: v for k, v, _ in driver_kafka.topics[f"{GROUP}.notifications"][0]}
     window = T0 // HOUR_MS
@@ -481,7 +481,7 @@ def test_a_restarted_notifier_reads_its_windows_back_from_the_changelog(driver_k
     again = prepared(Recorder())
     rows = driver_batch(again, driver_kafka, monkeypatch, [("c-1", detection("threshold", 5, T0 + 10))], start=101)  # a replay
     assert again.delivery.delivered == [] and again.counts == {"duplicate": 1}
-    assert json.loads(rows[0].state)["restored"] > 0
+    assert rows[0].state["restored"] > 0
     driver_batch(again, driver_kafka, monkeypatch, [("c-1", detection("threshold", 8, T0 + HOUR_MS))], start=102)
     assert [d["customer"] for d in again.delivery.delivered] == ["c-1"]  # its next window
 

@@ -189,13 +189,37 @@ def test_a_query_that_died_is_never_dropped_silently_when_its_partitions_go():
     """The group may take the partitions away (lost, when the input topic is deleted) before the
     job has seen its query die of the same deletion: the job must still fail with the query's
     error, not sit there owning nothing (a race seen once in 30 runs of the deleted-topic test)."""
-    job = StreamJob(THRESHOLD, Settings(kafka_bootstrap_servers="127.0.0.1:9"), spark=None, config=Config())
-    job.query = query = FailedQuery()
-    job._running = frozenset({0, 1})
-    job.release({0, 1}, lost=True)
+    job, assignment = driver_parts(THRESHOLD)
+    assignment.runner.query = query = FailedQuery()
+    assignment.running = frozenset({0, 1})
+    assignment.release({0, 1}, lost=True)
     assert query.stopped
     assert job.terminated(0)
     assert job.error() == "DataLossError: topic 'in' was deleted while the job read it"
+
+
+def driver_parts(stage, start_query=None, **options):
+    """A job's driver parts without Spark or a broker: its plan, committer, query runner and assignment."""
+    from detectorkit.runtime.assignment import Assignment
+    from detectorkit.runtime.batch_committer import BatchCommitter
+    from detectorkit.runtime.query_runner import QueryRunner
+
+    job = StreamJob(stage, Settings(kafka_bootstrap_servers="127.0.0.1:9", kafka_broker_kind="kafka", **options), spark=None, config=Config())
+    plan = job.make_plan()
+    state = job.state_context()
+    assignment = Assignment(
+        plan,
+        {},
+        QueryRunner(None, plan, run_batch=None, serve=lambda: None),
+        BatchCommitter(plan, job.metrics),
+        job.supervisor,
+        job.metrics,
+        job.progress,
+        job._leaving,
+        start_query=start_query,
+        state_topic=None if state is None else state.topic,
+    )
+    return job, assignment
 
 
 class Member:
@@ -205,13 +229,13 @@ class Member:
     joined = True
     changed_at = 0.0
 
-    def __init__(self, job, owned, polls=3):
-        self.job, self.owned, self.polls = job, frozenset(owned), polls
+    def __init__(self, leaving, owned, polls=3):
+        self.leaving, self.owned, self.polls = leaving, frozenset(owned), polls
 
     def poll(self, timeout):
         self.polls -= 1
         if self.polls < 0:
-            self.job._leaving.set()
+            self.leaving.set()
 
     def member_id(self):
         return "member-1"
@@ -227,8 +251,8 @@ def test_a_stateful_job_given_partitions_its_changelog_lacks_stops_at_once_in_on
 
     from ..detectors import COUNT
 
-    job = StreamJob(COUNT, Settings(kafka_bootstrap_servers="127.0.0.1:9", input_topic="in", consumer_group="g"), spark=None)
-    job._task = SimpleNamespace(state=job._state_context())
+    started = []
+    job, assignment = driver_parts(COUNT, start_query=lambda owned, start, metadata: started.append(owned), input_topic="in", consumer_group="g")
     requests = []
 
     def list_topics(timeout):
@@ -237,11 +261,9 @@ def test_a_stateful_job_given_partitions_its_changelog_lacks_stops_at_once_in_on
         return SimpleNamespace(topics={t: SimpleNamespace(partitions=dict.fromkeys(range(n)), error=None) for t, n in topics.items()})
 
     monkeypatch.setattr(changelog.clients, "new_admin", lambda conf: SimpleNamespace(list_topics=list_topics))
-    started = []
-    job._start_offsets = lambda owned: dict.fromkeys(owned, 0)
-    job._start_query = lambda owned, start: started.append(owned)
-    job._member = Member(job, range(8))
-    job._serve_group()
+    assignment.start_offsets = lambda owned: dict.fromkeys(owned, 0)
+    assignment.member = Member(job._leaving, range(8))
+    assignment.serve()
     assert job.terminated(0)
     assert started == []
     error = job.error()
@@ -256,20 +278,16 @@ def test_a_job_told_to_stop_while_it_takes_an_assignment_starts_no_query_for_it(
     (it is a member until it closes), and the stop comes while the job reads their start offsets.
     A query started then plans its first batch while the stop waits for it (seen once in CI: Spark's
     Python source runner timed out opening its socket, and the instance did not stop in 300 s)."""
-    from types import SimpleNamespace
-
-    job = StreamJob(THRESHOLD, Settings(kafka_bootstrap_servers="127.0.0.1:9"), spark=None, config=Config())
-    job._task = SimpleNamespace(state=None)
     started = []
+    job, assignment = driver_parts(THRESHOLD, start_query=lambda owned, start, metadata: started.append(owned))
 
     def start_offsets(owned):
         job._leaving.set()  # stop() is called now
         return dict.fromkeys(owned, 0)
 
-    job._start_offsets = start_offsets
-    job._start_query = lambda owned, start: started.append(owned)
-    job._member = Member(job, {3})
-    job._serve_group()
+    assignment.start_offsets = start_offsets
+    assignment.member = Member(job._leaving, {3})
+    assignment.serve()
     assert started == []
     assert job.error() is None and restarts(job) == {}
 
@@ -325,7 +343,7 @@ def test_a_failure_that_persists_stops_the_job_with_its_error_in_one_line(spark,
     topics = create_test_topics(bs, "persistent", partitions=1)
     job = StreamJob(THRESHOLD, settings(bs, topics, query_restart_attempts=2, query_restart_backoff_seconds=0.1), spark)
 
-    def never(owned, start):
+    def never(owned, start, metadata):
         raise RuntimeError(WORKER_TIMEOUT.split(": ", 1)[1])
 
     job._start_query = never

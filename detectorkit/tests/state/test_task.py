@@ -222,7 +222,11 @@ def interval_task(seconds=60.0):
 
 
 def summaries(rows):
-    return {r["partition"]: json.loads(r["state"]) for batch in rows for r in batch.to_pylist()}
+    found = {}
+    for batch in rows:
+        for r in batch.to_pylist():
+            found[r["partition"]] = json.loads(r["state"]) | ({} if r["durable"] is None else {"durable": r["durable"]})
+    return found
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ the driver, `processing.process_in_driver`):
   5. the stores go back into the worker's cache, at the range's end and tick, each with where its
      changes should have landed in the changelog (checked by its next catch-up, state.cache); a
      failed task's are read back instead.
-In the driver, once every task has returned (`runtime.job.StreamJob._process`):
+In the driver, once every task has returned (`runtime.batch_committer.BatchCommitter.finish`):
   6. a stage that runs in the driver delivers what it wrote (`Stage.after_flush`: the notifier's
      notifications): after 4, but a restore counts 4's changes only once 7 has committed them, so
      a crash during the deliveries delivers them again;
@@ -65,7 +65,7 @@ def finish_task(ctx: TaskContext, sink: sinks.Sink, stores: Stores | None, summa
         # The changelog now reflects the input up to the batch's end: with the offset, the driver
         # commits this (step 7), and a restore reads the changelog up to it and replays the rest.
         stores.stores[p].flushed_at = now
-        summaries[p].state["durable"] = stores.tags[p]
+        summaries[p].durable = stores.tags[p]
     # 5. only now: a task that failed before here leaves no store behind.
     _keep(ctx, stores, summaries)
     crash_points.reach("before-commit")

@@ -15,7 +15,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from functools import partial
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -33,36 +32,14 @@ from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.kafka.transactions import TaskTransactions
 from detectorkit.metrics import executors
 from detectorkit.metrics.registry import bucket_counts
-from detectorkit.runtime import checkpoint, crash_points, gc_tuning
+from detectorkit.runtime import checkpoint, crash_points, gc_tuning, task_result
 from detectorkit.runtime.stage import Source
 from detectorkit.runtime.task_context import PartitionSummary, Stores, TaskContext
+from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
 from detectorkit.state import cache
 from detectorkit.state.store import PartitionStore
 
 _log = structlog.get_logger("detectorkit.state")
-
-SUMMARY_SCHEMA = (
-    "partition int, next_offset long, records long, detections long, dead_letters string, latency_counts string, latency_sum double, "
-    "processes string, state string, error string"
-)
-_SUMMARY_ARROW = pa.schema(
-    [
-        ("partition", pa.int32()),
-        ("next_offset", pa.int64()),
-        ("records", pa.int64()),
-        ("detections", pa.int64()),
-        ("dead_letters", pa.string()),
-        ("latency_counts", pa.string()),
-        ("latency_sum", pa.float64()),
-        # What the task's processes cost (metrics.executors), on the first row only.
-        ("processes", pa.string()),
-        # The partition's state store (keys, bytes, restore, changelog records), for a detector with state.
-        ("state", pa.string()),
-        # Why some of the task's transactions did not commit (checkpoint.CommitsFailed), on the
-        # first row only; the rows are the partitions that did. The driver fails the batch after them.
-        ("error", pa.string()),
-    ]
-)
 
 
 def _headers(ctx: TaskContext, reason: str, message: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
@@ -359,24 +336,27 @@ def _process(
 
 
 def _summary_batch(summaries: dict[int, PartitionSummary], written_ms: float, error: str | None = None) -> pa.RecordBatch:
-    # A task whose transactions all failed still reports why, in a row of no partition (-1).
-    items = sorted(summaries.items()) or [(-1, PartitionSummary())]
-    latencies = [[(written_ms - ts) / 1000 for ts in s.detected_at] for _, s in items]
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([p for p, _ in items], pa.int32()),
-            pa.array([s.next_offset for _, s in items], pa.int64()),
-            pa.array([s.records for _, s in items], pa.int64()),
-            pa.array([s.detections + s.timer_detections for _, s in items], pa.int64()),
-            pa.array([json.dumps(dict(s.dead_letters)) for _, s in items], pa.string()),
-            pa.array([json.dumps(bucket_counts(values)) for values in latencies], pa.string()),
-            pa.array([float(sum(values)) for values in latencies], pa.float64()),
-            pa.array([json.dumps(executors.report())] + ["[]"] * (len(items) - 1), pa.string()),
-            pa.array([json.dumps(s.state) if s.state else None for _, s in items], pa.string()),
-            pa.array([error] + [None] * (len(items) - 1), pa.string()),
-        ],
-        schema=_SUMMARY_ARROW,
-    )
+    # A task whose transactions all failed still reports why, in a row of no partition.
+    items = sorted(summaries.items()) or [(NO_PARTITION, PartitionSummary())]
+    results = []
+    for i, (p, s) in enumerate(items):
+        latencies = [(written_ms - ts) / 1000 for ts in s.detected_at]
+        results.append(
+            TaskResult(
+                partition=p,
+                next_offset=s.next_offset,
+                records=s.records,
+                detections=s.detections + s.timer_detections,
+                dead_letters=dict(s.dead_letters),
+                latency_counts=bucket_counts(latencies),
+                latency_sum=float(sum(latencies)),
+                processes=executors.report() if i == 0 else (),
+                state=s.state or None,
+                durable=s.durable,
+                error=error if i == 0 else None,
+            )
+        )
+    return task_result.to_batch(results)
 
 
 def warm_worker(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -394,7 +374,7 @@ def _setup_worker(ctx: TaskContext) -> None:
     gc_tuning.tune_once()
 
 
-def process_in_driver(ctx: TaskContext, source: SourceOptions, frame) -> list[SimpleNamespace]:
+def process_in_driver(ctx: TaskContext, source: SourceOptions, frame) -> list[TaskResult]:
     """A batch of a stage that runs in the driver (`runs_in_driver`): the driver reads the planned
     ranges itself and runs the stage as a task would, its state's stores opened, written and kept
     as a task's (in the driver's process); then the stage's `after_flush` (deliveries) runs once
@@ -416,7 +396,7 @@ def process_in_driver(ctx: TaskContext, source: SourceOptions, frame) -> list[Si
         stores = _open_stores(ctx, ranges, source) if ctx.state is not None else None
         summaries = list(_process(ctx, read_planned(source, ranges) if ranges else iter(()), ends, stores))
         dead = ctx.stage.after_flush(ctx)
-    rows = [SimpleNamespace(**row) for batch in summaries for row in batch.to_pylist()]
-    for row in rows[:1]:  # dead letters of the delivery count with the batch, on any one row
-        row.dead_letters = json.dumps(dict(Counter(json.loads(row.dead_letters)) + Counter(dead)))
-    return rows
+    results = task_result.rows_of(summaries)
+    for result in results[:1]:  # dead letters of the delivery count with the batch, on any one row
+        result.dead_letters = dict(Counter(result.dead_letters) + Counter(dead))
+    return results

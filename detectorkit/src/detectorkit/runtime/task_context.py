@@ -50,6 +50,8 @@ class PartitionSummary:
     detected_at: list[int] = field(default_factory=list)
     timer_detections: int = 0  # detections of timers: no input record, no latency
     state: dict[str, float] = field(default_factory=dict)
+    # With a state flush interval: the input offset the changelog reflects, once this task wrote it.
+    durable: int | None = None
 
 
 @dataclass

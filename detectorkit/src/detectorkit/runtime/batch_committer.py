@@ -1,0 +1,249 @@
+"""The driver's end of a batch (steps 7 and 8 of runtime.checkpoint): fold what the tasks report,
+commit the batch's end offsets with where each partition's changelog is, count; and between
+batches, measure lag and commit the same positions again now and then.
+
+It owns what a batch may still commit (`committable`): the group's hand-overs narrow it, under the
+same lock as the commits, so no commit ever moves a partition another member now reads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+
+import structlog
+from confluent_kafka import KafkaException
+
+from detectorkit.kafka import clients, offset_store, transactions
+from detectorkit.kafka.membership import CommitRefused, GroupMember
+from detectorkit.kafka.planning import DataLossError
+from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
+from detectorkit.runtime.job_plan import JobPlan
+from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
+
+log = structlog.get_logger("detectorkit.job")
+
+
+@dataclass
+class BatchResult:
+    batch_id: int
+    records: int
+    detections: int
+    dead_letters: Counter
+    committed: dict[int, int]
+    seconds: float
+
+
+@dataclass
+class JobStats:
+    batches: int = 0
+    records: int = 0
+    detections: int = 0
+    dead_letters: Counter = field(default_factory=Counter)
+    last: BatchResult | None = None
+
+
+@dataclass
+class _Folded:
+    """A batch's task results summed up."""
+
+    committed: dict[int, int] = field(default_factory=dict)
+    records: int = 0
+    detections: int = 0
+    dead: Counter = field(default_factory=Counter)
+    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    latency_sum: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+class BatchCommitter:
+    def __init__(self, plan: JobPlan, metrics: JobMetrics, stats: JobStats | None = None):
+        self.plan = plan
+        self.metrics = metrics
+        self.stats = JobStats() if stats is None else stats
+        self.member: GroupMember | None = None
+        self.ends = None  # end offsets (kafka.end_offsets), for the lag
+        # Serialises the group commits of batches with the periodic refresh, the lag reading and
+        # the hand-over of partitions.
+        self._lock = threading.Lock()
+        self._committable: set[int] = set()
+        self._committed_at = time.monotonic()
+        # With a state flush interval: how far each partition's changelog reflects the input,
+        # committed with its offset; the tasks report it as they flush.
+        self._durable: dict[int, int] = {}
+
+    # ---- what may be committed ----------------------------------------------------------------
+
+    def allow(self, partitions: Iterable[int]) -> None:
+        """A query starts on `partitions`: its batches commit them."""
+        with self._lock:
+            self._committable = set(partitions)
+
+    def forbid(self, partitions: Iterable[int] | None = None) -> None:
+        """Handed over (or, None, a batch cancelled): nothing of theirs is committed any more."""
+        with self._lock:
+            if partitions is None:
+                self._committable = set()
+            else:
+                self._committable -= set(partitions)
+                self.metrics.forget_partitions(set(partitions))
+
+    def starting_at(self, start: dict[int, int], commits: dict[int, offset_store.Commit]) -> None:
+        """Where the changelog of each partition a query starts on is: the metadata of its commit.
+        Without any (a new partition, or one committed by a version that wrote the changelog every
+        batch) the changelog reflects the input up to the committed offset."""
+        if self.plan.flushes_per_interval:
+            self._durable.update({p: start[p] if commits[p].durable is None else commits[p].durable for p in start})
+
+    # ---- a batch ------------------------------------------------------------------------------
+
+    def finish(self, batch_id: int, results: list[TaskResult], started: float) -> BatchResult:
+        """Steps 7-8 of the commit sequence, once every task has flushed: the output and the state's
+        changes are written, so the position may move."""
+        folded = self._fold(results)
+        collected = time.monotonic()
+        if folded.errors:
+            # What committed is counted; the batch fails, and the query starts again from the
+            # group's offsets, where the failed partitions' records are read again.
+            self._count(self._result(batch_id, folded, collected - started), folded)
+            raise transactions.TransactionError(folded.errors[0])
+        self._commit(folded.committed)
+        commit_seconds = time.monotonic() - collected
+        result = self._result(batch_id, folded, time.monotonic() - started)
+        self._count(result, folded)
+        self.stats.batches += 1
+        self.stats.last = result
+        if result.records:
+            log.info(
+                "batch done",
+                records=result.records,
+                detections=result.detections,
+                dead_letters=dict(result.dead_letters),
+                committed={str(k): v for k, v in result.committed.items()},
+                seconds=round(result.seconds, 3),
+                tasks_seconds=round(collected - started, 3),
+                commit_seconds=round(commit_seconds, 3),
+            )
+        return result
+
+    def _fold(self, results: list[TaskResult]) -> _Folded:
+        f = _Folded()
+        for r in results:
+            if r.error:
+                f.errors.append(r.error)
+            if r.partition != NO_PARTITION:
+                f.committed[r.partition] = max(f.committed.get(r.partition, -1), r.next_offset)
+            f.records += r.records
+            f.detections += r.detections
+            f.dead.update(r.dead_letters)
+            f.latency_counts = [a + b for a, b in zip(f.latency_counts, r.latency_counts, strict=True)] if r.latency_counts else f.latency_counts
+            f.latency_sum += r.latency_sum
+            self.metrics.executors.update(r.processes)
+            if r.state:
+                self.metrics.record_state(r.partition, r.state)
+            if r.durable is not None:
+                self._durable[r.partition] = max(self._durable.get(r.partition, -1), r.durable)
+        return f
+
+    @staticmethod
+    def _result(batch_id: int, f: _Folded, seconds: float) -> BatchResult:
+        return BatchResult(batch_id, f.records, f.detections, f.dead, f.committed, seconds)
+
+    def _count(self, result: BatchResult, f: _Folded) -> None:
+        """What the batch's tasks wrote, into the metrics and the stats: also for a batch that
+        fails after some of its transactions committed, whose records are not read again."""
+        self.metrics.record_batch(result.records, result.detections, result.dead_letters, result.seconds, f.latency_counts, f.latency_sum)
+        st = self.stats
+        st.records += result.records
+        st.detections += result.detections
+        st.dead_letters.update(result.dead_letters)
+
+    def _commit(self, committed: dict[int, int]) -> None:
+        """The batch's end offsets, for the partitions this instance still owns. With exactly-once
+        the tasks have committed them in their transactions: only the lag is measured here."""
+        exactly_once = self.plan.exactly_once
+        with self._lock:
+            mine = {p: o for p, o in committed.items() if p in self._committable}
+        if mine != committed and not exactly_once:
+            log.warning("not committing partitions this instance no longer owns", partitions=sorted(set(committed) - set(mine)))
+        # Not under the lock: the commit runs on the group's thread, which may be handing
+        # partitions over and take that lock.
+        try:
+            try:
+                if not exactly_once:
+                    self.member.commit(mine, self._durable_metadata(mine))
+            except CommitRefused as exc:
+                # A zombie: the group moved on while this instance was away. The output is written
+                # (the new owner writes it again), the group's offsets stay where the owner put them.
+                log.warning(
+                    "offsets not committed: the group gave these partitions to another member", partitions=sorted(mine), error=exc.args[0].str()
+                )
+                mine = {}
+            with self._lock:
+                if mine:
+                    self._committed_at = time.monotonic()
+                    self.metrics.set_offsets(mine, self.ends.end_offsets(mine))
+        except (LookupError, KafkaException) as exc:
+            if not clients.is_not_there(exc):
+                raise
+            # Deleted after the batch was planned: a deletion like any other. When skipping,
+            # the source waits for the topic to come back.
+            problem = f"topic {self.plan.input_topic!r} was deleted while the job read it"
+            if self.plan.fail_on_data_loss:
+                raise DataLossError(f"{problem}. Some records may never have been processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
+            log.warning("skipping lost records", problem=problem)
+
+    def _durable_metadata(self, offsets: dict[int, int]) -> dict[int, str] | None:
+        """The metadata of a commit of `offsets`: where each partition's changelog is (a commit
+        without it would make the next owner take the changelog as reflecting the whole input)."""
+        if not self.plan.flushes_per_interval:
+            return None
+        return {p: offset_store.durable_metadata(self._durable[p]) for p in offsets if p in self._durable}
+
+    # ---- between batches ----------------------------------------------------------------------
+
+    def maintain(self, between_batches: Callable[[], AbstractContextManager[bool]]) -> None:
+        """Before each metrics report: lag of every partition the instance owns, also while no batch
+        runs; and, every COMMIT_REFRESH_SECONDS, the group's positions committed again.
+
+        Kafka deletes a group's offsets once they are older than offsets.retention.minutes (7 days
+        by default) and the group has had no member for that long; committing the same positions
+        again now and then costs nothing and keeps a quiet partition's position safe either way.
+        With exactly-once the tasks commit, outside the driver: a recommit then only runs while no
+        batch does (`between_batches`), else it could write back a position a task's transaction
+        has just moved on."""
+        member = self.member
+        with self._lock:
+            partitions = sorted(self._committable)
+        if member is None or self.ends is None or not partitions:
+            return
+        try:
+            known = None
+            if time.monotonic() - self._committed_at >= self.plan.commit_refresh_seconds:
+                with between_batches() if self.plan.exactly_once else nullcontext(True) as free:
+                    if free:
+                        known = member.recommit(partitions)  # the same positions: only their commit time moves
+                if known is not None:
+                    self._committed_at = time.monotonic()
+                    log.info("positions committed again", partitions=len(known))
+            if known is None:
+                known = {p: o for p, o in member.committed(partitions).items() if o is not None}
+            with self._lock:
+                known = {p: o for p, o in known.items() if p in self._committable}
+                if known and self.ends is not None:
+                    self.metrics.set_offsets(known, self.ends.end_offsets(known))
+        except CommitRefused:
+            pass  # being handed over: the new owner commits them
+        except (LookupError, KafkaException) as exc:
+            if not clients.is_not_there(exc):
+                raise
+            # A deleted input topic: the source and the batches say so; there is no lag to tell.
+
+    def close(self) -> None:
+        with self._lock:
+            if self.ends is not None:
+                self.ends.close()
+            self.member = self.ends = None

@@ -1,0 +1,108 @@
+"""Settings turned, once, into what a job does: the guarantee, the broker's profile and what follows
+from both (how often state is flushed, whether batches claim partitions, how often quiet partitions
+tick). The driver's parts read this plan, never `Settings`, and never test a broker's name."""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from detectorkit.kafka.broker_kind import BrokerProfile
+from detectorkit.runtime.stage import Stage
+from detectorkit.settings import Settings, SettingsError
+
+
+class Guarantee(enum.Enum):
+    AT_LEAST_ONCE = "at-least-once"
+    # Each partition's writes and next offset in one transaction per task.
+    EXACTLY_ONCE = "exactly-once"
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    service: str
+    instance_id: str
+    group: str
+    input_topic: str
+    guarantee: Guarantee
+    broker: BrokerProfile
+    # How often a task writes its stores' changes (0: every batch); with an interval the group's
+    # commit carries where the changelog is (kafka.offset_store.durable_metadata).
+    flush_interval_seconds: float
+    # How often the source plans a batch with nothing to read, for quiet partitions' timers (None: never).
+    tick_seconds: float | None
+    # Where a batch's tasks claim their partitions (kafka.claims); None: each task runs what it was planned.
+    claims_dir: str | None
+    timeout: float
+    starting_offsets: str
+    fail_on_data_loss: bool
+    trigger_interval_seconds: float
+    checkpoint_dir: str | None
+    restart_attempts: int
+    restart_backoff_seconds: float
+    commit_refresh_seconds: float
+    transaction_timeout_seconds: float
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.guarantee is Guarantee.EXACTLY_ONCE
+
+    @property
+    def flushes_per_interval(self) -> bool:
+        return self.flush_interval_seconds > 0
+
+    @property
+    def state_isolation(self) -> str:
+        """How a task reads its changelog back: under exactly-once an aborted batch's changes never count."""
+        return "read_committed" if self.exactly_once else "read_uncommitted"
+
+    @classmethod
+    def of(cls, stage: Stage, settings: Settings, broker: BrokerProfile, spark_master: str = "local") -> JobPlan:
+        s = settings
+        guarantee = Guarantee(s.processing_guarantee)
+        if guarantee is Guarantee.EXACTLY_ONCE and not broker.hides_aborted:
+            raise SettingsError(
+                "PROCESSING_GUARANTEE=exactly-once needs Apache Kafka: the embedded broker (Tansu) shows aborted transactions "
+                "to read_committed consumers, so nothing written there can be exactly once; use at-least-once with it"
+            )
+        stateful = stage.state is not None
+        # Exactly-once commits a partition's changes with its offset in each batch's transaction; a
+        # broker that keeps no metadata with a commit has nowhere to say where the changelog is; a
+        # stage in the driver delivers what its changes say was sent (after_flush): every batch.
+        every_batch = guarantee is Guarantee.EXACTLY_ONCE or not broker.keeps_commit_metadata or stage.runs_in_driver
+        claims = (stateful or guarantee is Guarantee.EXACTLY_ONCE) and spark_master.startswith("local")
+        return cls(
+            service=stage.name,
+            instance_id=s.instance_id,
+            group=s.consumer_group,
+            input_topic=s.input_topic,
+            guarantee=guarantee,
+            broker=broker,
+            flush_interval_seconds=0.0 if not stateful or every_batch else s.state_flush_interval_seconds,
+            tick_seconds=max(0.5, min(10.0, s.timer_idle_grace_seconds / 4)) if stage.ticks else None,
+            # Only when all tasks run on this machine: Spark in local mode.
+            claims_dir=os.path.join(tempfile.gettempdir(), "detectorkit-claims", f"{s.consumer_group}-{os.getpid()}") if claims else None,
+            timeout=s.connect_timeout_seconds,
+            starting_offsets=s.starting_offsets,
+            fail_on_data_loss=s.fail_on_data_loss,
+            trigger_interval_seconds=s.trigger_interval_seconds,
+            checkpoint_dir=s.checkpoint_dir,
+            restart_attempts=s.query_restart_attempts,
+            restart_backoff_seconds=s.query_restart_backoff_seconds,
+            commit_refresh_seconds=s.commit_refresh_seconds,
+            transaction_timeout_seconds=s.transaction_timeout_seconds,
+        )
+
+    def fresh_checkpoint(self) -> str:
+        """A checkpoint directory that holds nothing: the group's offsets are the only position."""
+        if self.checkpoint_dir is None:
+            return tempfile.mkdtemp(prefix=f"{self.service}-checkpoint-")
+        # Per instance, so instances sharing CHECKPOINT_DIR never empty each other's.
+        path = os.path.join(self.checkpoint_dir, re.sub(r"[^\w.-]", "_", self.instance_id))
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path)
+        return path

@@ -1,0 +1,143 @@
+"""The Spark query that reads what this instance owns: started on a fresh checkpoint, stopped after its
+batch in flight, one at a time.
+
+A batch runs under the batch lock; whatever must not happen under a running batch (a stop, a
+recommit, closing Kafka clients) takes that lock here, in a `with`, and nowhere else. A batch of a
+query being stopped is skipped (its token is no longer current) and so never committed: the
+partitions' next reader reads it again."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+
+import structlog
+
+from detectorkit.kafka.source_options import SourceOptions
+from detectorkit.runtime.job_plan import JobPlan
+from detectorkit.runtime.supervisor import explain
+
+log = structlog.get_logger("detectorkit.job")
+
+
+class QueryRunner:
+    def __init__(self, spark, plan: JobPlan, run_batch: Callable[[object, int], None], serve: Callable[[], None]):
+        self.spark = spark
+        self.plan = plan
+        self._run_batch = run_batch
+        self._serve = serve  # answers the group while waiting for a batch (it may be waiting on this thread)
+        self.query = None
+        self._token = 0
+        self._lock = threading.Lock()
+        self._checkpoint: str | None = None
+
+    def start(self, source_format: str, options: SourceOptions) -> None:
+        token = self._token
+        self._checkpoint = self.plan.fresh_checkpoint()
+        stream = self.spark.readStream.format(source_format).options(**options.to_options()).load()
+        writer = (
+            stream.writeStream.foreachBatch(partial(self._on_batch, token))
+            .option("checkpointLocation", self._checkpoint)
+            .queryName(f"{self.plan.service}-{token}")
+        )
+        if self.plan.trigger_interval_seconds > 0:
+            writer = writer.trigger(processingTime=f"{self.plan.trigger_interval_seconds} seconds")
+        self.query = writer.start()
+
+    def _on_batch(self, token: int, frame, batch_id: int) -> None:
+        with self._lock:
+            if token != self._token:
+                # Not committed, so the partitions' next reader reads these records again; Spark
+                # records the batch as done, which is harmless since no query reuses a checkpoint.
+                return
+            self._run_batch(frame, batch_id)
+
+    def failure(self) -> str | None:
+        """Why the query has died; None while it runs, or when there is none."""
+        query = self.query
+        if query is None or query.isActive:
+            return None
+        exc = query.exception()
+        return explain(exc) if exc is not None else "the query stopped by itself"
+
+    def stop(self, timeout: float, on_cancel: Callable[[], None]) -> None:
+        """Stop the query after its batch in flight. If that batch takes longer than `timeout`, the
+        query is stopped under it (its tasks cancelled) after `on_cancel`, which keeps its offsets
+        from being committed."""
+        if self.query is None:
+            return
+        with self.idle(timeout) as finished:
+            self._token += 1  # later batches of this query are skipped, and never committed
+        if not finished:
+            log.warning("batch in flight did not finish in time; cancelling it", timeout=timeout)
+            on_cancel()
+        self.query.stop()
+        # Cancelled, the batch's callback returns soon: wait for it before anything is closed.
+        with self.idle(max(timeout, 120.0)):
+            pass
+        self.query = None
+        self._drop_checkpoint()
+
+    @contextmanager
+    def idle(self, timeout: float) -> Iterator[bool]:
+        """No batch runs inside (True), or none finished within `timeout` (False). The group is
+        served meanwhile: the batch in flight may wait for its commit to run on this thread."""
+        deadline = time.monotonic() + timeout
+        acquired = False
+        while not (acquired := self._lock.acquire(timeout=0.05)):
+            self._serve()
+            if time.monotonic() > deadline:
+                break
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                self._lock.release()
+
+    @contextmanager
+    def between_batches(self) -> Iterator[bool]:
+        """True inside if no batch runs now; none starts until the block ends."""
+        acquired = self._lock.acquire(blocking=False)
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                self._lock.release()
+
+    def after_batch(self, close: Callable[[], None], timeout: float) -> None:
+        """Run `close` once no batch runs: the batch callback runs in this process and may outlive
+        query.stop(). If one still runs after `timeout`, `close` runs when it returns."""
+        with self.idle_quietly(timeout) as free:
+            if free:
+                close()
+                self._drop_checkpoint()
+                return
+        # Never left to the garbage collector: librdkafka spins forever destroying an unclosed
+        # group member with a rebalance pending (measured).
+        log.error("a batch is still running; its Kafka clients are closed when it returns", timeout=timeout)
+
+        def later() -> None:
+            with self._lock:
+                close()
+                self._drop_checkpoint()
+
+        threading.Thread(target=later, name="close-after-batch", daemon=True).start()
+
+    @contextmanager
+    def idle_quietly(self, timeout: float) -> Iterator[bool]:
+        """As `idle`, without serving the group (it is being closed)."""
+        acquired = self._lock.acquire(timeout=timeout)
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                self._lock.release()
+
+    def _drop_checkpoint(self) -> None:
+        if self._checkpoint:
+            shutil.rmtree(self._checkpoint, ignore_errors=True)
+            self._checkpoint = None

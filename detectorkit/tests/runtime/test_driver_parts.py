@@ -1,0 +1,140 @@
+"""The driver's parts without Spark or a broker: the plan settings become, the task result's one
+schema, and the batch committer's folding and commits."""
+
+from __future__ import annotations
+
+import pytest
+
+from detectorkit.kafka import broker_kind, offset_store, transactions
+from detectorkit.kafka.membership import CommitRefused
+from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
+from detectorkit.runtime import task_result
+from detectorkit.runtime.batch_committer import BatchCommitter
+from detectorkit.runtime.job_plan import Guarantee, JobPlan
+from detectorkit.runtime.stage import as_stage
+from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
+from detectorkit.settings import Settings, SettingsError
+
+from ..detectors import COUNT, SILENCE, THRESHOLD
+
+KAFKA = broker_kind.profile(broker_kind.KAFKA)
+TANSU = broker_kind.profile(broker_kind.TANSU)
+
+
+def plan_of(detector, broker=KAFKA, master="local[2]", **options):
+    settings = Settings(kafka_bootstrap_servers="b:9", state_flush_interval_seconds=5.0, **options).for_service(detector.name)
+    return JobPlan.of(as_stage(detector), settings, broker, master)
+
+
+def test_the_plan_decides_once_what_the_guarantee_and_the_broker_imply():
+    stateful = plan_of(COUNT)
+    assert stateful.guarantee is Guarantee.AT_LEAST_ONCE and stateful.flush_interval_seconds == 5.0 and stateful.flushes_per_interval
+    assert stateful.claims_dir is not None and stateful.tick_seconds is None
+    # Exactly-once commits a partition's changes with its offset in every transaction.
+    exactly_once = plan_of(COUNT, processing_guarantee="exactly-once")
+    assert exactly_once.flush_interval_seconds == 0 and exactly_once.state_isolation == "read_committed"
+    # A broker that drops a commit's metadata has nowhere to say where the changelog is.
+    assert plan_of(COUNT, broker=TANSU).flush_interval_seconds == 0
+    stateless = plan_of(THRESHOLD)
+    assert stateless.flush_interval_seconds == 0 and stateless.claims_dir is None
+    assert plan_of(THRESHOLD, processing_guarantee="exactly-once").claims_dir is not None  # producers stay with their worker
+    assert plan_of(COUNT, master="spark://cluster:7077").claims_dir is None  # tasks on other machines claim nothing here
+    assert plan_of(SILENCE, timer_idle_grace_seconds=8).tick_seconds == 2.0
+
+
+def test_exactly_once_on_a_broker_that_shows_aborted_records_is_refused_in_one_line():
+    with pytest.raises(SettingsError, match="needs Apache Kafka") as refused:
+        plan_of(THRESHOLD, broker=TANSU, processing_guarantee="exactly-once")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_task_result_crosses_its_one_schema_unchanged():
+    results = [
+        TaskResult(
+            partition=3,
+            next_offset=105,
+            records=5,
+            detections=2,
+            dead_letters={"malformed_json": 1},
+            latency_counts=[1] * (len(LATENCY_BUCKETS) + 1),
+            latency_sum=0.25,
+            processes=[{"kind": "python", "pid": 7}],
+            state={"keys": 2.0, "bytes": 10.0},
+            durable=104,
+            error="TransactionError: rebalanced",
+        ),
+        TaskResult(partition=4, next_offset=9),
+    ]
+    batch = task_result.to_batch(results)
+    assert batch.schema.names == [field.split(" ")[0] for field in task_result.SPARK_SCHEMA.split(", ")]
+    back = task_result.rows_of([batch])
+    assert back[0] == TaskResult(**{**results[0].__dict__, "latency_counts": list(results[0].latency_counts)})
+    assert (back[1].state, back[1].durable, back[1].error, dict(back[1].dead_letters)) == (None, None, None, {})
+
+
+class Member:
+    """The group member as the committer sees it: records commits, or refuses them (a zombie)."""
+
+    def __init__(self, refuse=False):
+        self.commits, self.refuse = [], refuse
+
+    def commit(self, offsets, metadata=None):
+        if self.refuse:
+            raise CommitRefused(type("Error", (), {"str": lambda self: "ILLEGAL_GENERATION"})())
+        self.commits.append((dict(offsets), metadata))
+
+
+class Ends:
+    def end_offsets(self, partitions):
+        return dict.fromkeys(partitions, 200)
+
+
+def committer_of(plan, member):
+    committer = BatchCommitter(plan, JobMetrics())
+    committer.member, committer.ends = member, Ends()
+    return committer
+
+
+def test_a_batch_commits_only_what_this_instance_still_owns_with_where_the_changelog_is():
+    member = Member()
+    committer = committer_of(plan_of(COUNT), member)
+    committer.allow({0, 1, 2})
+    committer.starting_at({0: 10, 1: 20, 2: 30}, {0: offset_store.Commit(10, 8), 1: offset_store.Commit(20, None), 2: offset_store.Commit(30, 30)})
+    committer.forbid({2})  # revoked while the batch ran
+    results = [
+        TaskResult(
+            partition=0,
+            next_offset=15,
+            records=5,
+            detections=1,
+            durable=15,
+            state={"keys": 1, "bytes": 1, "written": 1, "expired": 0, "restored": 0, "restore_seconds": 0},
+        ),
+        TaskResult(partition=1, next_offset=22, records=2),
+        TaskResult(partition=2, next_offset=33, records=3),
+    ]
+    result = committer.finish(7, results, started=0.0)
+    assert (result.records, result.detections) == (10, 1)
+    # Partition 1's changelog still reflects the input up to where its last flush left it (its start).
+    assert member.commits == [({0: 15, 1: 22}, {0: offset_store.durable_metadata(15), 1: offset_store.durable_metadata(20)})]
+    assert committer.stats.batches == 1 and committer.stats.records == 10
+
+
+def test_a_batch_some_of_whose_transactions_failed_is_counted_then_fails():
+    member = Member()
+    committer = committer_of(plan_of(THRESHOLD, processing_guarantee="exactly-once"), member)
+    committer.allow({0, 1})
+    results = [TaskResult(partition=0, next_offset=15, records=5, detections=2, error="TransactionError: fenced")]
+    with pytest.raises(transactions.TransactionError, match="fenced"):
+        committer.finish(1, results, started=0.0)
+    assert committer.stats.records == 5 and committer.stats.batches == 0
+    none_committed = [TaskResult(partition=NO_PARTITION, error="TransactionError: fenced")]
+    with pytest.raises(transactions.TransactionError):
+        committer.finish(2, none_committed, started=0.0)
+    assert member.commits == []  # exactly-once: the tasks commit, never the driver
+
+
+def test_a_zombies_refused_commit_leaves_the_batch_written_and_the_job_going():
+    committer = committer_of(plan_of(THRESHOLD), Member(refuse=True))
+    committer.allow({0})
+    assert committer.finish(1, [TaskResult(partition=0, next_offset=3, records=3)], started=0.0).records == 3
