@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 from detectorkit import records as rec
+from detectorkit.kafka import range_reader
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.range_reader import arrow_schema
 from detectorkit.roles import notifier as nt
@@ -445,7 +446,7 @@ def driver_batch(notifier, kafka, monkeypatch, items, start, partition=0):
         ],
         schema=arrow_schema(),
     )
-    monkeypatch.setattr(processing, "read_planned", lambda source, ranges: iter([batch]))
+    monkeypatch.setattr(range_reader, "read_planned", lambda source, ranges: iter([batch]))
     ranges = [dataclasses.astuple(PartitionRange("detections", partition, start, start + n))]
     state = StateContext(f"{GROUP}.notifications", {}, 5.0, 600.0, 60.0, "detections")
     ctx = TaskContext("notifier", notifier, CONFIG, {}, "notifications", "notifier.dlq", state=state)

@@ -1,11 +1,13 @@
 """The commit sequence's last step with exactly-once: each partition's transaction committed."""
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 
+from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.transactions import TransactionError
-from detectorkit.runtime import checkpoint
+from detectorkit.runtime import checkpoint, writers
 
 
 class Transactions:
@@ -25,14 +27,14 @@ class Transactions:
 
 def test_the_partitions_of_a_task_commit_at_once():
     txns = Transactions(4)
-    checkpoint._commit_all(txns, {0: 10, 3: 30, 5: 50, 6: 60})
+    writers._commit_all(txns, {0: 10, 3: 30, 5: 50, 6: 60})
     assert txns.committed == {0: 10, 3: 30, 5: 50, 6: 60}
 
 
 def test_a_partition_that_cannot_commit_leaves_the_others_committed_and_fails_the_task():
     txns = Transactions(3, failing=3)
     with pytest.raises(RuntimeError, match="partition 3 fenced"):
-        checkpoint._commit_all(txns, {0: 10, 3: 30, 5: 50})
+        writers._commit_all(txns, {0: 10, 3: 30, 5: 50})
     assert txns.committed == {0: 10, 5: 50}
 
 
@@ -47,7 +49,7 @@ class Rebalanced(Transactions):
 def test_transactions_that_cannot_commit_are_named_and_the_others_stay_committed(partitions):
     txns = Rebalanced(len(partitions), failing=3)
     with pytest.raises(checkpoint.CommitsFailed, match="rebalanced") as failed:
-        checkpoint._commit_all(txns, {p: p * 10 + 10 for p in partitions})
+        writers._commit_all(txns, {p: p * 10 + 10 for p in partitions})
     assert failed.value.partitions == {3}
     assert txns.committed == {p: p * 10 + 10 for p in partitions if p != 3}
 
@@ -87,7 +89,10 @@ def test_a_task_reports_the_partitions_it_committed_and_why_the_others_did_not()
 
     txns = Txns()
     batches = [arrow([b'{"amount": 5000}'] * 3, partition=3, first_offset=100), arrow([b'{"amount": 5000}'] * 2, partition=4, first_offset=7)]
-    (summary,) = processing._process(ctx(), iter(batches), {3: 103, 4: 9}, txns=txns)
+    ranges = [PartitionRange("in", 3, 100, 103), PartitionRange("in", 4, 7, 9)]
+    writer = writers.TransactionalWriter(ctx(), SimpleNamespace(group_metadata="00"), ranges)
+    writer.txns, writer._done = txns, set()
+    (summary,) = processing.run_task(ctx(), iter(batches), {3: 103, 4: 9}, None, writer)
     rows = summary.to_pylist()
     assert txns.committed == {3: 103} and txns.aborted
     assert [(r["partition"], r["next_offset"], r["records"]) for r in rows] == [(3, 103, 3)]

@@ -10,7 +10,8 @@ import pytest
 from detectorkit import records as rec
 from detectorkit.detector import Detector
 from detectorkit.kafka.range_reader import arrow_schema
-from detectorkit.runtime.processing import _by_partition, process_batch
+from detectorkit.runtime.batches import by_partition
+from detectorkit.runtime.processing import process_batch
 from detectorkit.runtime.stage import as_stage, run_detector
 from detectorkit.runtime.task_context import PartitionSummary, TaskContext
 
@@ -193,14 +194,14 @@ def test_a_tasks_interleaved_chunks_come_out_as_one_batch_per_partition_in_the_o
     chunks = [arrow([b"{}"] * 3, partition=p, first_offset=o) for p, o in ((5, 10), (2, 40), (5, 13))]
     mixed = pa.Table.from_batches(chunks[1:]).combine_chunks().to_batches()[0]
     empty = arrow([], partition=9)
-    parts = dict(_by_partition(iter([chunks[0], empty, mixed])))
+    parts = dict(by_partition(iter([chunks[0], empty, mixed])))
     assert sorted(parts) == [2, 5]
     assert parts[5].column("offset").to_pylist() == [10, 11, 12, 13, 14, 15]
     assert parts[2].column("offset").to_pylist() == [40, 41, 42]
     assert parts[5].column("key").to_pylist() == [b"k0", b"k1", b"k2"] * 2
     assert all(isinstance(b, pa.RecordBatch) for b in parts.values())
-    assert dict(_by_partition(iter([empty]))) == {}
-    (only,) = _by_partition(iter([chunks[0]]))  # one partition: handed over as it is
+    assert dict(by_partition(iter([empty]))) == {}
+    (only,) = by_partition(iter([chunks[0]]))  # one partition: handed over as it is
     assert only == (5, chunks[0])
 
 
@@ -209,6 +210,6 @@ def test_many_interleaved_records_keep_their_order_within_each_partition():
     batch = arrow([b"{}"] * n)
     partitions = pa.array([i % 3 for i in range(n)], pa.int32())
     batch = batch.set_column(batch.schema.get_field_index("partition"), "partition", partitions)
-    parts = dict(_by_partition(iter([batch.slice(0, 200), batch.slice(200)])))
+    parts = dict(by_partition(iter([batch.slice(0, 200), batch.slice(200)])))
     for p in range(3):
         assert parts[p].column("offset").to_pylist() == [100 + i for i in range(p, n, 3)]

@@ -10,11 +10,14 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pytest
 
+from detectorkit.kafka import offset_store, range_reader
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.runtime import processing
-from detectorkit.runtime.processing import _open_stores, _process
+from detectorkit.runtime.processing import run_task
 from detectorkit.runtime.stage import as_stage
 from detectorkit.runtime.task_context import TaskContext
+from detectorkit.runtime.task_stores import TaskStores
+from detectorkit.runtime.writers import AtLeastOnceWriter
 from detectorkit.state import cache, changelog, codec
 from detectorkit.state.changelog import StateContext
 from detectorkit.state.store import EVENT_TIME_KEY
@@ -94,13 +97,19 @@ def kafka(monkeypatch):
     return state
 
 
+def _process(ctx, batches, ends, stores):
+    """A task at-least-once, as a worker runs it (processing.process_planned)."""
+    with AtLeastOnceWriter(ctx) as writer:
+        return list(run_task(ctx, batches, ends, stores, writer))
+
+
 def task(detector, config, topic="svc.state", grace=60.0):
     return TaskContext("svc", as_stage(detector), config, {}, "out", "svc.dlq", state=StateContext(topic, {}, 5.0, 600.0, grace, "in"))
 
 
 def run(ctx, batch, start, end, partition=3, tick=0):
     ranges = [PartitionRange("in", partition, start, end, tick=tick)]
-    return list(_process(ctx, iter([batch] if batch is not None else []), {partition: end}, _open_stores(ctx, ranges)))
+    return list(_process(ctx, iter([batch] if batch is not None else []), {partition: end}, TaskStores.open(ctx, ranges)))
 
 
 def values(n):
@@ -184,7 +193,7 @@ def test_a_partitions_records_read_in_interleaved_chunks_go_to_the_detector_once
     ctx = task(dataclasses.replace(COUNT, detect=detect), CountConfig(every=2))
     chunks = [arrow(values(2), partition=p, first_offset=100 + 2 * c) for c in range(3) for p in (3, 5)]  # 3, 5, 3, 5, ...
     ranges = [PartitionRange("in", p, 100, 106) for p in (3, 5)]
-    list(_process(ctx, iter(chunks), {3: 106, 5: 106}, _open_stores(ctx, ranges)))
+    list(_process(ctx, iter(chunks), {3: 106, 5: 106}, TaskStores.open(ctx, ranges)))
     assert calls == [[0, 1, 0, 1, 0, 1]] * 2  # one call a partition, its chunks in the order read
 
 
@@ -239,10 +248,8 @@ def input_log(monkeypatch):
             yield arrow(values(r.end - r.start), partition=r.partition, first_offset=r.start)
             batches.setdefault("replayed", []).append((r.partition, r.start, r.end))
 
-    monkeypatch.setattr(processing, "read_planned", read_planned)
-    monkeypatch.setattr(
-        processing.offset_store, "committed_durable", lambda conf, group, topic, partitions, timeout: {p: durable.get(p) for p in partitions}
-    )
+    monkeypatch.setattr(range_reader, "read_planned", read_planned)
+    monkeypatch.setattr(offset_store, "committed_durable", lambda conf, group, topic, partitions, timeout: {p: durable.get(p) for p in partitions})
     return SimpleNamespace(batches=batches, durable=durable)
 
 
@@ -250,7 +257,7 @@ def run_from(ctx, start, end, partition=3, caught_up=False):
     ranges = [PartitionRange("in", partition, start, end, caught_up=caught_up)]
     source = SimpleNamespace(client_conf={}, group="svc", topic="in")
     batch = arrow(values(end - start), partition=partition, first_offset=start)
-    return list(_process(ctx, iter([batch]), {partition: end}, _open_stores(ctx, ranges, source)))
+    return list(_process(ctx, iter([batch]), {partition: end}, TaskStores.open(ctx, ranges, source)))
 
 
 def test_with_an_interval_each_changed_key_is_written_once_when_it_has_passed(kafka, input_log):
@@ -344,7 +351,7 @@ def test_a_redeploy_with_exactly_once_replays_what_the_commit_says_the_changelog
     monkeypatch.setattr(processing.transactions, "for_task", for_task)
     ctx = dataclasses.replace(interval_task(0), exactly_once=True)
     source = SimpleNamespace(client_conf={}, group="svc", topic="in", group_metadata="00")
-    list(processing._process_in_transactions(ctx, source, [PartitionRange("in", 3, 108, 112)]))
+    list(processing.process_planned(ctx, source, [PartitionRange("in", 3, 108, 112)]))
     # The replay's read, then the batch's own (the fake input reads both).
     assert input_log.batches["replayed"] == [(3, 104, 108), (3, 108, 112)] and committed == [(3, 112)]
     assert next(iter(cache._stores.values()))[0].snapshot() == {f"k{i}": {"count": 3} for i in range(4)}
@@ -399,10 +406,10 @@ def test_a_zombies_late_changes_do_not_hide_the_new_owners(kafka, monkeypatch):
     workers = {"a": {}, "b": {}}
     monkeypatch.setattr(cache, "_stores", workers["a"])
     run(ctx, arrow(values(4), partition=3, first_offset=100), 100, 104)  # A: counts of 1
-    a_stores = _open_stores(ctx, [PartitionRange("in", 3, 104, 108)])  # A's next task starts, and pauses
+    a_stores = TaskStores.open(ctx, [PartitionRange("in", 3, 104, 108)])  # A's next task starts, and pauses
     monkeypatch.setattr(cache, "_stores", workers["b"])
     chunks = [arrow(values(4), partition=3, first_offset=o) for o in (104, 108)]
-    list(_process(ctx, iter(chunks), {3: 112}, _open_stores(ctx, [PartitionRange("in", 3, 104, 112)])))  # B: counts of 3
+    list(_process(ctx, iter(chunks), {3: 112}, TaskStores.open(ctx, [PartitionRange("in", 3, 104, 112)])))  # B: counts of 3
     monkeypatch.setattr(cache, "_stores", workers["a"])
     list(_process(ctx, iter([arrow(values(4), partition=3, first_offset=104)]), {3: 108}, a_stores))  # A wakes: counts of 2, written last
     kafka["sink"] = Sink(log=kafka["log"])

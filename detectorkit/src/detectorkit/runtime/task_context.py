@@ -1,9 +1,7 @@
-"""What a Spark task is handed and what it hands on: its context, its partitions' state stores and
-each partition's summary.
+"""What a Spark task is handed and what it gathers: its context, and each partition's summary.
 
-They are a module of their own because both halves of a task take them: the processing
-(runtime.processing) and the commit sequence it ends with (runtime.checkpoint), which
-runtime.processing calls and so cannot import.
+Every part of a task takes them: the processing (runtime.processing), its stores
+(runtime.task_stores), its writer (runtime.writers) and its checkpoint (runtime.checkpoint).
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from typing import Any
 
 from detectorkit.runtime.stage import Stage
 from detectorkit.state.changelog import StateContext
-from detectorkit.state.store import PartitionStore
 
 
 @dataclass(frozen=True)
@@ -52,19 +49,3 @@ class PartitionSummary:
     state: dict[str, float] = field(default_factory=dict)
     # With a state flush interval: the input offset the changelog reflects, once this task wrote it.
     durable: int | None = None
-
-
-@dataclass
-class Stores:
-    """The state stores of a task's partitions, opened at its start, and each partition's tag: the
-    end of its range, the input offset its changes reflect."""
-
-    stores: dict[int, PartitionStore]
-    tags: dict[int, int]
-    restored: dict[int, tuple[int, float]]  # changelog records read to open it, and the seconds it took
-    idle: set[int]  # partitions planned with nothing to read: a tick, for their timers
-    replayed: dict[int, int] = field(default_factory=dict)  # input records replayed into the store to open it
-    caught_up: set[int] = field(default_factory=set)  # partitions read to their end: nothing waits behind them
-    # The changelog record each partition's changes ended with, (key, value, tag): where the store
-    # expects it is checked by its next catch-up (runtime.checkpoint._keep, state.cache).
-    last_written: dict[int, tuple[str, bytes | None, int | None]] = field(default_factory=dict)
