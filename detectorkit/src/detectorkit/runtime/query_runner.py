@@ -83,14 +83,16 @@ class QueryRunner:
         self._drop_checkpoint()
 
     @contextmanager
-    def idle(self, timeout: float) -> Iterator[bool]:
+    def idle(self, timeout: float, serving: bool = True) -> Iterator[bool]:
         """No batch runs inside (True), or none finished within `timeout` (False). The group is
-        served meanwhile: the batch in flight may wait for its commit to run on this thread."""
+        served meanwhile (unless it is being closed): the batch in flight may wait for its commit
+        to run on this thread."""
         deadline = time.monotonic() + timeout
         acquired = False
-        while not (acquired := self._lock.acquire(timeout=0.05)):
-            self._serve()
-            if time.monotonic() > deadline:
+        while not (acquired := self._lock.acquire(timeout=0.05 if serving else timeout)):
+            if serving:
+                self._serve()
+            if not serving or time.monotonic() > deadline:
                 break
         try:
             yield acquired
@@ -111,7 +113,7 @@ class QueryRunner:
     def after_batch(self, close: Callable[[], None], timeout: float) -> None:
         """Run `close` once no batch runs: the batch callback runs in this process and may outlive
         query.stop(). If one still runs after `timeout`, `close` runs when it returns."""
-        with self.idle_quietly(timeout) as free:
+        with self.idle(timeout, serving=False) as free:
             if free:
                 close()
                 self._drop_checkpoint()
@@ -126,16 +128,6 @@ class QueryRunner:
                 self._drop_checkpoint()
 
         threading.Thread(target=later, name="close-after-batch", daemon=True).start()
-
-    @contextmanager
-    def idle_quietly(self, timeout: float) -> Iterator[bool]:
-        """As `idle`, without serving the group (it is being closed)."""
-        acquired = self._lock.acquire(timeout=timeout)
-        try:
-            yield acquired
-        finally:
-            if acquired:
-                self._lock.release()
 
     def _drop_checkpoint(self) -> None:
         if self._checkpoint:
