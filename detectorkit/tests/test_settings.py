@@ -113,6 +113,28 @@ def test_detector_config_from_environment():
         THRESHOLD.load_config({"DETECTOR_THRESHOLD": "high"})
 
 
+def test_a_config_field_of_dicts_or_lists_is_set_from_json():
+    """A data scientist's config may hold a threshold per currency or a list of countries: set from
+    the environment as JSON, refused in one line that names the variable when it is not."""
+    import dataclasses
+
+    from detectorkit.settings import config_from_env
+
+    @dataclasses.dataclass(frozen=True)
+    class PerCurrency:
+        thresholds: dict[str, float] = dataclasses.field(default_factory=lambda: {"EUR": 1000.0})
+        countries: tuple[str, ...] = ("FR",)
+        limit: float = 1.0
+
+    env = {"DETECTOR_THRESHOLDS": '{"EUR": 500, "USD": 700.5}', "DETECTOR_COUNTRIES": '["DE", "NL"]', "DETECTOR_LIMIT": "2"}
+    assert config_from_env(PerCurrency, "DETECTOR_", env) == PerCurrency({"EUR": 500.0, "USD": 700.5}, ("DE", "NL"), 2.0)
+    with pytest.raises(SettingsError) as refused:
+        config_from_env(PerCurrency, "DETECTOR_", {"DETECTOR_THRESHOLDS": "EUR=500"})
+    assert "DETECTOR_THRESHOLDS='EUR=500'" in str(refused.value) and "JSON" in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(SettingsError, match="DETECTOR_THRESHOLDS"):
+        config_from_env(PerCurrency, "DETECTOR_", {"DETECTOR_THRESHOLDS": '{"EUR": "lots"}'})
+
+
 def test_detector_without_config():
     assert Detector(name="x", detect=lambda r, c: r).load_config({}) is not None
 

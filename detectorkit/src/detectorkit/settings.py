@@ -10,8 +10,12 @@ librdkafka settings for real clusters pass through from ``KAFKA_SECURITY_PROTOCO
 from __future__ import annotations
 
 import argparse
+import collections.abc
+import dataclasses
+import json
 import os
 import socket
+import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -288,16 +292,42 @@ def parse(argv: Sequence[str] | None = None) -> Settings:
     return load(parser.parse_args(argv))
 
 
+def _is_container(hint: Any) -> bool:
+    """A dict, list, tuple, set or dataclass field, possibly optional (`X | None`)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_container(a) for a in typing.get_args(hint) if a is not type(None))
+    return (
+        (origin or hint) in (dict, list, tuple, set, frozenset)
+        or dataclasses.is_dataclass(hint)
+        or (
+            isinstance(origin, type)
+            and issubclass(origin, (collections.abc.Mapping, collections.abc.Sequence, collections.abc.Set))
+            and origin is not str
+        )
+    )
+
+
 def config_from_env(config: type, prefix: str, environ: Mapping[str, str] | None = None) -> Any:
     """A role's or a detector's config dataclass filled from <PREFIX><FIELD> variables (e.g.
     DETECTOR_THRESHOLD), converted to the fields' types; SettingsError naming the variable on a
     bad value."""
-    import dataclasses
-
     from pydantic import TypeAdapter
 
     environ = os.environ if environ is None else environ
     values = {f.name: environ[f"{prefix}{f.name.upper()}"] for f in dataclasses.fields(config) if f"{prefix}{f.name.upper()}" in environ}
+    hints = typing.get_type_hints(config)
+    for name, text in values.items():
+        # Pydantic takes a dict or a list as Python values, not as text: those are written as JSON.
+        if _is_container(hints.get(name)):
+            try:
+                values[name] = json.loads(text)
+            except json.JSONDecodeError:
+                variable = f"{prefix}{name.upper()}"
+                raise SettingsError(
+                    f"invalid {prefix.rstrip('_').lower()} setting {variable}={text!r}: not JSON; "
+                    f"""write a dict or a list as JSON, e.g. {variable}='{{"EUR": 500}}' or '["FR", "DE"]'"""
+                ) from None
     try:
         return TypeAdapter(config).validate_python(values, strict=False)
     except ValidationError as exc:
