@@ -21,6 +21,19 @@ DETECTOR_ERROR = "detector_error"
 REASONS = (MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, DETECTOR_ERROR)
 
 
+def dead_letter_headers(service: str, reason: str, message: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
+    """The headers of every dead letter, whoever writes it: why, and where its record was read
+    (offset -1: a timer's, which names no input record)."""
+    return [
+        ("error_type", reason.encode()),
+        ("error_message", message.encode(errors="replace")),
+        ("source_topic", topic.encode()),
+        ("source_partition", str(partition).encode()),
+        ("source_offset", str(offset).encode()),
+        ("service", service.encode()),
+    ]
+
+
 @dataclass(frozen=True)
 class Rejected:
     position: int  # the record's row in its Arrow batch

@@ -2,7 +2,6 @@
 window, duplicates dropped, bounded state restored from its changelog, deliveries retried."""
 
 import contextlib
-import dataclasses
 import email.utils
 import http.server
 import json
@@ -16,12 +15,12 @@ import pyarrow as pa
 import pytest
 
 from detectorkit import records as rec
-from detectorkit.kafka import range_reader
+from detectorkit.kafka import offset_store, range_reader
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.range_reader import arrow_schema
 from detectorkit.roles import notifier as nt
-from detectorkit.runtime import processing
-from detectorkit.runtime.stage import Source
+from detectorkit.runtime import processing, task_result
+from detectorkit.runtime.stage import KeyedBatch, Source
 from detectorkit.runtime.task_context import TaskContext
 from detectorkit.settings import SettingsError
 from detectorkit.state import cache, changelog, codec
@@ -52,7 +51,8 @@ def run(notifier, store, items):
     def where(position):
         return Source("detections", store.partition, start + position, 0, items[position][0])
 
-    found = notifier.run_keyed(values, keys, np.zeros(len(items), "int64"), CONFIG, where, "notifier", store, tag, "detections")
+    batch = KeyedBatch(values, keys, np.zeros(len(items), "int64"), where, store, tag, "detections")
+    found = notifier.run_keyed(batch, CONFIG, "notifier")
     store.expire(tag)
     return found
 
@@ -81,10 +81,12 @@ def test_one_notification_per_customer_and_window_across_batches_and_duplicates(
     assert len(c1["detections"]) == 2  # the replayed copy of offset 5 counted once
     assert c1["window_start"].endswith(":00:00.000Z") and c1["window_end"] > c1["window_start"]
     # A later batch: the same detection again (a replay), and a new one, in the same window.
+    window = f"c-1|{T0 // HOUR_MS}"
+    ids = store.values_of(window)["ids"]
     out, _ = run(n, store, [("c-1", detection("threshold", 5, T0 + 10))])
-    assert out == [] and n.counts["duplicate"] == 1
+    assert out == [] and store.values_of(window)["ids"] == ids  # a duplicate: nothing changes
     out, _ = run(n, store, [("c-1", detection("threshold", 9, T0 + 50))])
-    assert out == [] and n.counts["merged"] == 1
+    assert out == [] and store.values_of(window)["ids"] == sorted([*ids, "threshold|records|0|9"])  # merged, not notified
     # The next hour is another window.
     out, _ = run(n, store, [("c-1", detection("threshold", 11, T0 + HOUR_MS + 1))])
     assert [o.key for o in out] == ["c-1"]
@@ -103,7 +105,7 @@ def test_state_is_bounded_by_the_horizon_and_restored_from_its_changelog():
     restored.restore([(key, value, tag, offset) for offset, (key, value, tag) in enumerate(changelog)], store.position)
     assert restored.snapshot() == store.snapshot()
     out, _ = run(again, restored, [("c-9", detection("threshold", 9, T0 + 9 * HOUR_MS))])
-    assert out == [] and again.counts["duplicate"] == 1  # notified before the restart: not again
+    assert out == [] and restored.snapshot() == store.snapshot()  # notified before the restart: not again
 
 
 def test_a_detection_within_the_horizon_is_never_notified_twice_and_one_past_it_may_be():
@@ -336,22 +338,6 @@ def test_a_wrong_notifier_setting_is_one_line(env, says):
 # ---- the notifier in the driver: its windows in the runtime's state stores --------------------
 
 
-class Crash(BaseException):
-    """The process dies: not an Exception, so no delivery turns it into a dead letter."""
-
-
-class Recorder:
-    """A delivery that keeps what it was given, or dies (`crash`) when asked to deliver."""
-
-    def __init__(self, crash=False):
-        self.delivered, self.crash = [], crash
-
-    def deliver(self, notification):
-        if self.crash:
-            raise Crash
-        self.delivered.append(notification)
-
-
 class DriverKafka:
     """The driver's Kafka: what is sent and flushed, and the changelog topics, which outlive a
     process (a "process" is the stores' cache, replaced by `restart`)."""
@@ -412,6 +398,8 @@ class DriverKafka:
             return {p: len(topics.get(ctx.topic, {}).get(p, [])) for p in partitions}
 
         monkeypatch.setattr(processing.sinks, "for_worker", for_worker)
+        # The group's commits carry no changelog position: the changelog reflects the committed offset.
+        monkeypatch.setattr(offset_store, "committed_durable", lambda conf, group, topic, partitions, timeout: dict.fromkeys(partitions))
         monkeypatch.setattr(changelog, "read", Reader)
         monkeypatch.setattr(changelog, "ends", ends)
         self.restart()
@@ -431,9 +419,10 @@ def driver_kafka(monkeypatch):
 GROUP = "notifier-group"
 
 
-def driver_batch(notifier, kafka, monkeypatch, items, start, partition=0):
-    """One batch of the notifier as the job runs it in the driver (process_in_driver): `items`
-    ((customer, detection)) at offsets start.. of `partition`, its range planned from `start`."""
+def task_batch(notifier, kafka, monkeypatch, items, start, partition=0):
+    """One batch of the notifier as a task of the job runs it (processing.process_planned,
+    at-least-once): `items` ((customer, detection)) at offsets start.. of `partition`, its range
+    planned from `start`; the task's results."""
     n = len(items)
     batch = pa.RecordBatch.from_arrays(
         [
@@ -447,25 +436,28 @@ def driver_batch(notifier, kafka, monkeypatch, items, start, partition=0):
         schema=arrow_schema(),
     )
     monkeypatch.setattr(range_reader, "read_planned", lambda source, ranges: iter([batch]))
-    ranges = [dataclasses.astuple(PartitionRange("detections", partition, start, start + n))]
     state = StateContext(f"{GROUP}.notifications", {}, 5.0, 600.0, 60.0, "detections")
     ctx = TaskContext("notifier", notifier, CONFIG, {}, "notifications", "notifier.dlq", state=state)
-    frame = SimpleNamespace(collect=lambda: [SimpleNamespace(ranges=json.dumps(ranges))])
-    return processing.process_in_driver(ctx, None, frame)
+    source = SimpleNamespace(client_conf={}, group=GROUP, topic="detections")
+    return task_result.rows_of(processing.process_planned(ctx, source, [PartitionRange("detections", partition, start, start + n)]))
 
 
-def prepared(delivery):
-    n = nt.Notifier(delivery=delivery)
+def prepared():
+    n = nt.Notifier()
     n.prepare(CONFIG)
     return n
 
 
+def notified(kafka):
+    return [json.loads(e[3])["customer"] for e in kafka.sent("notifications")]
+
+
 def test_the_notifiers_windows_are_state_in_its_own_changelog_and_show_in_the_state_summary(driver_kafka, monkeypatch):
-    n = prepared(Recorder())
+    n = prepared()
     assert n.state.changelog_topic(GROUP) == f"{GROUP}.notifications"  # not `.state`: earlier versions wrote another format there
     items = [("c-1", detection("threshold", 5, T0 + 10)), ("c-1", detection("burst", 6, T0 + 20)), ("c-2", detection("threshold", 7, T0 + 30))]
-    rows = driver_batch(n, driver_kafka, monkeypatch, items, start=100)
-    assert len(n.delivery.delivered) == 2
+    rows = task_batch(n, driver_kafka, monkeypatch, items, start=100)
+    assert sorted(notified(driver_kafka)) == ["c-1", "c-2"]  # the outbox: delivered by the relay once committed
     state = rows[0].state
     assert state["keys"] == 2 and state["bytes"] > 0 and state["written"] >= 2
     written = {k: v for k, v, _ in driver_kafka.topics[f"{GROUP}.notifications"][0]}
@@ -473,50 +465,44 @@ def test_the_notifiers_windows_are_state_in_its_own_changelog_and_show_in_the_st
     assert json.loads(written[f"c-1|{window}"])["state"]["ids"] == sorted(nt.detection_id(d) for _, d in items[:2])
     # Every change carries the batch's end: a restore knows whether the group committed it.
     assert {codec.tag_of(list(h.items()), v) for _, v, h in driver_kafka.topics[f"{GROUP}.notifications"][0]} == {103}
+    # The notifications are flushed before the state's changes that stand for them are sent.
+    kinds = [e[1] if e[0] == "send" else "flush" for e in driver_kafka.events]
+    assert kinds.index("flush") > max(i for i, k in enumerate(kinds) if k == "notifications")
+    assert kinds.index("flush") < min(i for i, k in enumerate(kinds) if k == f"{GROUP}.notifications")
 
 
 def test_a_restarted_notifier_reads_its_windows_back_from_the_changelog(driver_kafka, monkeypatch):
-    first = prepared(Recorder())
-    driver_batch(first, driver_kafka, monkeypatch, [("c-1", detection("threshold", 5, T0 + 10))], start=100)
+    task_batch(prepared(), driver_kafka, monkeypatch, [("c-1", detection("threshold", 5, T0 + 10))], start=100)
     driver_kafka.restart()  # a new process (or the instance the partition was handed to): no store in memory
-    again = prepared(Recorder())
-    rows = driver_batch(again, driver_kafka, monkeypatch, [("c-1", detection("threshold", 5, T0 + 10))], start=101)  # a replay
-    assert again.delivery.delivered == [] and again.counts == {"duplicate": 1}
-    assert rows[0].state["restored"] > 0
-    driver_batch(again, driver_kafka, monkeypatch, [("c-1", detection("threshold", 8, T0 + HOUR_MS))], start=102)
-    assert [d["customer"] for d in again.delivery.delivered] == ["c-1"]  # its next window
+    before = len(notified(driver_kafka))
+    rows = task_batch(prepared(), driver_kafka, monkeypatch, [("c-1", detection("threshold", 5, T0 + 10))], start=101)  # a replay
+    assert len(notified(driver_kafka)) == before and rows[0].state["restored"] > 0
+    task_batch(prepared(), driver_kafka, monkeypatch, [("c-1", detection("threshold", 8, T0 + HOUR_MS))], start=102)
+    assert notified(driver_kafka)[before:] == ["c-1"]  # its next window
 
 
 @pytest.mark.parametrize("restart", [False, True], ids=["the-batch-retried-in-the-same-process", "a-new-process"])
-def test_a_crash_after_the_state_is_written_and_before_delivery_loses_no_notification(driver_kafka, monkeypatch, restart):
-    """The state's changes reach the changelog before the notifications are delivered (both after
-    the notifications are flushed, before the offsets are committed). A crash in between leaves
-    the changelog saying "notified" for a notification never delivered: the changes carry the
-    batch's end, past the group's committed offset, so the replay reads the state without them
-    and notifies again."""
-    n = prepared(Recorder(crash=True))
+def test_a_crash_after_the_state_is_written_and_before_the_commit_loses_no_notification(driver_kafka, monkeypatch, restart):
+    """A batch writes its notifications, then its windows' changes, and dies before its offsets are
+    committed: the changelog says "notified", and the notification may never reach the relay's
+    reader (at-least-once: the batch is read again). The changes carry the batch's end, past the
+    group's committed offset, so the replay reads the state without them and notifies again."""
     items = [("c-1", detection("threshold", 5, T0 + 10))]
-    with pytest.raises(Crash):
-        driver_batch(n, driver_kafka, monkeypatch, items, start=100)
-    log = driver_kafka.topics[f"{GROUP}.notifications"][0]
-    assert f"c-1|{T0 // HOUR_MS}" in {k for k, _, _ in log}  # written before the delivery that died
+    task_batch(prepared(), driver_kafka, monkeypatch, items, start=100)  # nothing committed after it
+    assert f"c-1|{T0 // HOUR_MS}" in {k for k, _, _ in driver_kafka.topics[f"{GROUP}.notifications"][0]}
     if restart:
         driver_kafka.restart()
-        n = prepared(Recorder())
-    else:
-        n.delivery = Recorder()
-    # Nothing was committed: the batch runs again from the same offset.
-    driver_batch(n, driver_kafka, monkeypatch, items, start=100)
-    assert [d["customer"] for d in n.delivery.delivered] == ["c-1"]
+    task_batch(prepared(), driver_kafka, monkeypatch, items, start=100)  # the batch again, from the committed offset
+    assert notified(driver_kafka) == ["c-1", "c-1"]
 
 
-def test_a_batch_that_failed_before_its_deliveries_leaves_none_behind_for_the_next_one(driver_kafka, monkeypatch):
-    """Its notifications are written again by the batch's replay: delivered once, with the replay's."""
-    n = prepared(Recorder())
+def test_a_batch_whose_notifications_were_not_written_leaves_no_state_behind(driver_kafka, monkeypatch):
+    """The notifications' flush fails: the batch fails before any state change is sent, so its
+    replay notifies."""
     items = [("c-1", detection("threshold", 5, T0 + 10))]
-    driver_kafka.failing_flushes = 1  # the notifications' flush: the batch fails, nothing is delivered
+    driver_kafka.failing_flushes = 1
     with pytest.raises(RuntimeError, match="broker gone"):
-        driver_batch(n, driver_kafka, monkeypatch, items, start=100)
-    assert n.delivery.delivered == []
-    driver_batch(n, driver_kafka, monkeypatch, items, start=100)  # the query restarted from the committed offset
-    assert [d["customer"] for d in n.delivery.delivered] == ["c-1"]
+        task_batch(prepared(), driver_kafka, monkeypatch, items, start=100)
+    assert f"{GROUP}.notifications" not in driver_kafka.topics
+    task_batch(prepared(), driver_kafka, monkeypatch, items, start=100)  # the query restarted from the committed offset
+    assert notified(driver_kafka) == ["c-1", "c-1"]  # the failed batch's unflushed copy, and the replay's

@@ -18,12 +18,13 @@ be: a duplicate is better than a lost notification.
 The state lives where every stage's does: a compacted changelog topic, `<consumer group>.notifications`
 (a name of its own: the `<consumer group>.state` of earlier versions holds another format and is
 never read; it can be deleted), read back before a partition's first batch on whichever instance
-gets it, and counted in the `detector_state_*` metrics. The commit sequence is the runtime's
-(`runtime.checkpoint`): the notifications are flushed, the state's changes written, the
-notifications delivered (`after_flush`), the offsets committed; `processing.process_in_driver`
-says why a crash between the state and the delivery loses nothing.
+gets it, and counted in the `detector_state_*` metrics.
 
-It runs in the driver: detections are few, and a delivery's retries hold the batch.
+Its batches run in the source's tasks, as a detector's, and its notifications are outputs: written
+and committed by the runtime's commit sequence (`runtime.checkpoint`), with the window's state
+change that stands for them. The output topic is an outbox: the notifier's relay
+(`roles.notification_relay`) delivers what is committed there, so a delivery's retries hold no
+batch, and with exactly-once an aborted batch's notifications are never delivered.
 """
 
 from __future__ import annotations
@@ -45,14 +46,14 @@ import pyarrow as pa
 import structlog
 
 from detectorkit.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Refused, Rejected, parse_object
-from detectorkit.runtime.stage import Output, Source, StageBase
+from detectorkit.roles.notification_relay import DELIVERY_FAILED, NotificationRelay
+from detectorkit.runtime.stage import KeyedBatch, Output, Source, StageBase
 from detectorkit.settings import SettingsError, config_from_env
 from detectorkit.state.declaration import State
-from detectorkit.state.store import PartitionStore
 
 log = structlog.get_logger("detectorkit.notifier")
 
-DELIVERY_FAILED = "delivery_failed"
+__all__ = ["DELIVERY_FAILED", "Notifier", "NotifierConfig"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +67,7 @@ class NotifierConfig:
     webhook_attempts: int = 3
     webhook_timeout_seconds: float = 5.0
     # Full-jitter backoff between attempts: a wait drawn from [0, min(cap, base * 2^n)]. The cap
-    # also bounds a receiver's Retry-After: the notifier waits in the driver, holding its batch.
+    # also bounds a receiver's Retry-After: the relay waits, holding the deliveries after it.
     webhook_backoff_base_seconds: float = 0.5
     webhook_backoff_cap_seconds: float = 30.0
 
@@ -129,7 +130,7 @@ class WebhookDelivery:
     Retried: connection errors and timeouts, 408, 429 and 5xx, waiting the receiver's
     `Retry-After` when it sends one, else an exponential backoff with full jitter (a wait drawn
     from [0, min(cap, base * 2^n)]) so that notifiers failing together do not retry in lockstep.
-    Every wait is capped: the notifier delivers in the driver, and a wait holds its batch. Any
+    Every wait is capped: the relay delivers one notification at a time, and a wait holds the next. Any
     other answer is final. Each notification carries an `Idempotency-Key` derived from its
     customer and window, the same across retries, replays and restarts, so a receiver can drop
     a repeat."""
@@ -247,22 +248,22 @@ def delivery_for(config: NotifierConfig) -> Delivery:
 
 @dataclasses.dataclass
 class Notifier(StageBase):
-    """The downstream role as a stage the runtime runs in the driver (`runs_in_driver`), its
-    windows kept as keyed state (`state`) that the runtime restores and writes as a detector's."""
+    """The downstream role as a stage: its windows kept as keyed state (`state`) that the runtime
+    restores and writes as a detector's, its notifications an outbox that its relay delivers."""
 
     name: str = "notifier"
     reasons: tuple[str, ...] = (MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, DELIVERY_FAILED)
     counts_as_detection: bool = False
-    runs_in_driver: bool = True
     # Its TTL is the configured horizon once `prepare` has run: at the job's start, before any batch.
     state: State = notification_state(NotifierConfig.horizon_seconds)
     delivery: Delivery | None = None
-    counts: dict[str, int] = dataclasses.field(default_factory=dict)
-    # Notifications written in this batch, delivered once they are flushed.
-    pending: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def load_config(self) -> NotifierConfig:
         return NotifierConfig.from_env()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled to the tasks, which never deliver: the delivery (an HTTP client) stays in the relay's process.
+        return {**self.__dict__, "delivery": None}
 
     def prepare(self, config: NotifierConfig) -> None:
         self.state = notification_state(config.horizon_seconds)
@@ -272,25 +273,33 @@ class Notifier(StageBase):
         """The state's TTL and the delivery, from the configuration (the runtime creates the changelog)."""
         self.prepare(config)
 
+    def relay(
+        self, config: NotifierConfig, settings: Any, base_conf: Mapping[str, Any], broker_kind: str, on_dead_letter, on_failure
+    ) -> NotificationRelay:
+        """Deliveries of what the batches committed to the output topic."""
+        self.prepare(config)
+        s = settings
+        return NotificationRelay(
+            self.delivery.deliver,
+            base_conf,
+            s.output_topic,
+            s.consumer_group,
+            s.dlq_topic,
+            self.name,
+            broker_kind,
+            on_dead_letter,
+            on_failure,
+            s.connect_timeout_seconds,
+        )
+
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[Rejected]]:
         raise TypeError("the notifier keeps state per input partition: it runs through run_keyed, with the partition's store")
 
-    def run_keyed(
-        self,
-        values: pa.Array,
-        keys: pa.Array,
-        stamps_ms: Any,
-        config: NotifierConfig,
-        source: Callable[[int], Source] | None,
-        service: str,
-        store: PartitionStore,
-        tag: int,
-        topic: str,
-        idle_ms: int | None = None,
-    ) -> tuple[list[Output], list[Rejected]]:
+    def run_keyed(self, batch: KeyedBatch, config: NotifierConfig, service: str) -> tuple[list[Output], list[Rejected]]:
         """One input partition's detections, with the partition's store; `tag` is the batch's end.
         Its time is its detections' (`source.timestamp_ms`), never the Kafka timestamps nor the
         wall clock (`idle_ms`): it has no timers, and a quiet partition's windows wait for detections."""
+        values, source, store, tag = batch.values, batch.source, batch.store, batch.tag
         window_ms = int(config.window_seconds * 1000)
         groups: dict[tuple[str, int], list[tuple[int, dict]]] = {}
         rejected = []
@@ -324,7 +333,6 @@ class Notifier(StageBase):
             newest = max(newest, event_ms)
             seen = notified.get(name)
             outcome = "notify" if seen is None else ("duplicate" if ids <= set(seen) else "merged")
-            self.counts[outcome] = self.counts.get(outcome, 0) + 1
             if outcome == "duplicate":
                 continue
             changed[name] = (sorted(ids.union(seen or ())), event_ms)
@@ -338,7 +346,6 @@ class Notifier(StageBase):
                 "detections": list(unique.values()),
             }
             outputs.append(Output(found[0][0], notification, key=customer))
-            self.pending.append(notification)
         if changed:
             names_changed = list(changed)
             new_state = pd.DataFrame({"ids": [ids for ids, _ in changed.values()]}, index=pd.Index(names_changed, dtype=object))
@@ -346,32 +353,3 @@ class Notifier(StageBase):
         # The TTL's clock: the runtime sweeps the windows it leaves behind once the batch is done.
         store.advance(newest)
         return outputs, rejected
-
-    def after_flush(self, ctx: Any) -> dict[str, int]:
-        """The notifications are flushed and the state's changes written (`runtime.checkpoint`,
-        steps 3 and 4): deliver them, those that keep failing to the dead-letter topic."""
-        from detectorkit.kafka import sink as sinks
-
-        # Once per window: a batch that failed before its deliveries left its notifications here,
-        # and its replay has just written them again (the replay's copy is the one delivered).
-        pending = list({idempotency_key(n): n for n in self.pending}.values())
-        self.pending = []
-        if not pending:
-            return {}
-        if self.delivery is None:
-            self.delivery = delivery_for(ctx.config)
-        failed: dict[str, int] = {}
-        with sinks.for_worker(ctx.producer_conf, ctx.client_idle_seconds) as sink:
-            for notification in pending:
-                try:
-                    self.delivery.deliver(notification)
-                except Exception as exc:  # noqa: BLE001 - any failure of a delivery is a dead letter
-                    headers = [
-                        ("error_type", DELIVERY_FAILED.encode()),
-                        ("error_message", str(exc).encode(errors="replace")),
-                        ("service", ctx.service.encode()),
-                    ]
-                    sink.send(ctx.dlq_topic, notification["customer"].encode(), json.dumps(notification).encode(), headers)
-                    failed[DELIVERY_FAILED] = failed.get(DELIVERY_FAILED, 0) + 1
-            sink.flush(ctx.flush_timeout)
-        return failed

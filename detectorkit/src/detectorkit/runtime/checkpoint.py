@@ -1,19 +1,17 @@
 """A batch's commit sequence, in the order it runs: nothing is committed that is not written, and
 no state change stands for an output that was not written (Quix Streams' `Checkpoint.commit`).
 
-In each task (a Python worker; `runtime.processing.run_task`; for a stage that runs in the driver,
-the driver, `processing.process_in_driver`), steps 3 to 7 being `TaskCheckpoint.commit`:
+In each task (a Python worker, `runtime.processing.run_task`), steps 3 to 7 being `TaskCheckpoint.commit`:
   1. the records are processed: detections and dead letters sent as they are found;
   2. the timers of partitions with nothing to read fire (a tick of the source);
   3. the outputs are flushed;
   4. the state's changes are sent, one record per key tagged with the batch's end, and flushed;
   5. the stores go back into the worker's cache, at the range's end and tick, each with where its
      changes should have landed in the changelog (checked by its next catch-up, state.cache): last
-     in the task, after 6 and 7 where they run there, so a task that failed leaves none behind and
-     its stores are read back instead;
-  6. a stage that runs in the driver delivers what it wrote (`Stage.after_flush`: the notifier's
-     notifications): after 4, but a restore counts 4's changes only once 7 has committed them, so
-     a crash during the deliveries delivers them again;
+     in the task, after 7 where the task commits, so a task that failed leaves none behind and its
+     stores are read back instead;
+  6. (gone: a stage's deliveries ran here, in the driver; the notifier's outputs are now an outbox
+     that its relay delivers once they are committed, roles.notification_relay);
   7. the partitions' next offsets are committed. With exactly-once (PROCESSING_GUARANTEE) by the
      task: 3 to 7 are one Kafka transaction per input partition (runtime.writers), so outputs, dead
      letters, the state's changes and the partition's next offset become visible together or not
@@ -27,7 +25,6 @@ A crash before 7 replays the batch from the committed offsets, with state read b
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from detectorkit.runtime import crash_points
@@ -47,7 +44,6 @@ class TaskCheckpoint:
     stores: TaskStores | None
     summaries: dict[int, PartitionSummary]
     ends: dict[int, int]  # each partition's next offset: its range's end, read in full
-    before_commit: Callable[[], None] | None = None  # 6. a stage in the driver: its deliveries
 
     def commit(self) -> CommitsFailed | None:
         """Steps 3 to 7 of the task, in order; what failed to commit, if some transactions did."""
@@ -71,9 +67,6 @@ class TaskCheckpoint:
                 summaries[p].durable = stores.tags[p]
         if self.ends:  # (a task that claimed nothing has nothing to commit)
             crash_points.reach("before-commit")
-        # 6. a stage in the driver: the deliveries.
-        if self.before_commit is not None:
-            self.before_commit()
         # 7. where the task commits (exactly-once); else the driver does, after every task.
         failed = writer.commit(self.ends)
         # 5. only now: a task that failed before here leaves no store behind.

@@ -42,9 +42,9 @@ from detectorkit.runtime.assignment import Assignment
 from detectorkit.runtime.batch_committer import BatchCommitter, BatchResult, JobStats
 from detectorkit.runtime.health import Progress
 from detectorkit.runtime.job_plan import JobPlan
-from detectorkit.runtime.processing import process_in_driver, process_planned, warm_worker
+from detectorkit.runtime.processing import process_planned, warm_worker
 from detectorkit.runtime.query_runner import QueryRunner
-from detectorkit.runtime.stage import Stage, as_stage
+from detectorkit.runtime.stage import Relay, Stage, as_stage
 from detectorkit.runtime.supervisor import Supervisor
 from detectorkit.runtime.task_context import TaskContext
 from detectorkit.runtime.task_result import SPARK_SCHEMA, TaskResult
@@ -84,6 +84,7 @@ class StreamJob:
         self._assignment: Assignment | None = None
         self._member: GroupMember | None = None
         self._reporter: MetricsReporter | None = None
+        self._relay: Relay | None = None
         self._serving: threading.Thread | None = None
         # How long a worker keeps an unused Kafka client (tests shorten it).
         self.client_idle_seconds = 60.0
@@ -163,11 +164,9 @@ class StreamJob:
             transaction_timeout_ms=int(s.transaction_timeout_seconds * 1000),
             flush_timeout=max(60.0, s.transaction_timeout_seconds),
         )
-        self._format = SOURCE_NAME  # a stage that runs in the driver gets the planned ranges and reads them itself
-        if not self.stage.runs_in_driver:
-            # The source's tasks read, detect and write themselves: one Python worker per task.
-            self._format = f"{SOURCE_NAME}-{self.stage.name}-{uuid.uuid4().hex[:12]}"
-            self.spark.dataSource.register(task_source(self._format, SPARK_SCHEMA, partial(process_planned, self._task)))
+        # The source's tasks read, detect and write themselves: one Python worker per task.
+        self._format = f"{SOURCE_NAME}-{self.stage.name}-{uuid.uuid4().hex[:12]}"
+        self.spark.dataSource.register(task_source(self._format, SPARK_SCHEMA, partial(process_planned, self._task)))
         # The first Python job of a session pays for starting the workers and their imports
         # (6.5 s measured on 2 cores); done now, it overlaps the group join instead of delaying
         # the first batch.
@@ -175,6 +174,8 @@ class StreamJob:
         if self._task.state is not None:
             changelog.create(self._base, self._task.state.topic, s.input_topic, self.broker_kind, timeout)
         self.stage.prepare_job(self.config, s, self._base, self.broker_kind)
+        relay = self.stage.relay(self.config, s, self._base, self.broker_kind, self._count_dead_letter, self.supervisor.fail)
+        self._relay = None if relay is None else relay.start()
         self._committer = committer = BatchCommitter(plan, self.metrics, self.stats)
         self._runner = runner = QueryRunner(self.spark, plan, self._on_batch, serve=self._serve_member)
         self._assignment = assignment = Assignment(
@@ -258,13 +259,14 @@ class StreamJob:
             structlog.contextvars.unbind_contextvars("batch")
 
     def _process(self, frame, batch_id: int, started: float) -> BatchResult:
-        """One batch: steps 1-5 ran in the tasks (or, for a stage that runs in the driver, run here,
-        with 6: its after_flush); 7-8 in the committer (runtime.checkpoint)."""
-        if self.stage.runs_in_driver:
-            results = process_in_driver(self._task, self._source, frame)
-        else:
-            results = [TaskResult.from_row(row.asDict()) for row in frame.collect()]
+        """One batch: steps 1-7 ran in the tasks; 7-8 (at-least-once) in the committer (runtime.checkpoint)."""
+        results = [TaskResult.from_row(row.asDict()) for row in frame.collect()]
         return self._committer.finish(batch_id, results, started)
+
+    def _count_dead_letter(self, reason: str) -> None:
+        """A dead letter of the stage's relay (a notification that could not be delivered)."""
+        self.metrics.dead_letters.labels(reason=reason).inc()
+        self.stats.dead_letters[reason] += 1
 
     def maintain_offsets(self) -> None:
         """Before each metrics report: lag, and now and then the positions committed again (BatchCommitter.maintain)."""
@@ -329,6 +331,7 @@ class StreamJob:
         if self._assignment is not None:
             self._assignment.stop_query(timeout)
             self._assignment.running = None
+        self._stop_relay(timeout)
         if self._member is not None:
             # Waiting for the batch in flight made this thread the group's server; it is about to
             # wait for the metrics reporter, which may need the group for its last report.
@@ -336,7 +339,14 @@ class StreamJob:
         self.close()
         self.supervisor.ended.set()
 
+    def _stop_relay(self, timeout: float) -> None:
+        """After the last batch: the relay delivers what it committed, then leaves its group."""
+        relay, self._relay = self._relay, None
+        if relay is not None:
+            relay.stop(timeout)
+
     def close(self, timeout: float = 120.0) -> None:
+        self._stop_relay(min(timeout, 10.0))  # a job that failed: what is delivered now is the next one's to skip
         if self._reporter is not None:
             try:
                 self._reporter.stop()  # the last snapshot, with the last batch in it

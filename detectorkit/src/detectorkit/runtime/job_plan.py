@@ -71,9 +71,8 @@ class JobPlan:
             )
         stateful = stage.state is not None
         # Exactly-once commits a partition's changes with its offset in each batch's transaction; a
-        # broker that keeps no metadata with a commit has nowhere to say where the changelog is; a
-        # stage in the driver delivers what its changes say was sent (after_flush): every batch.
-        every_batch = guarantee is Guarantee.EXACTLY_ONCE or not broker.keeps_commit_metadata or stage.runs_in_driver
+        # broker that keeps no metadata with a commit has nowhere to say where the changelog is.
+        every_batch = guarantee is Guarantee.EXACTLY_ONCE or not broker.keeps_commit_metadata
         claims = (stateful or guarantee is Guarantee.EXACTLY_ONCE) and spark_master.startswith("local")
         return cls(
             service=stage.name,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -22,13 +22,13 @@ from detectorkit.kafka import claims, range_reader, transactions
 from detectorkit.kafka import sink as sinks
 from detectorkit.kafka.claims import Claim
 from detectorkit.kafka.planning import PartitionRange
-from detectorkit.kafka.source import ranges_from_row
 from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.metrics import executors
 from detectorkit.metrics.registry import bucket_counts
+from detectorkit.records import dead_letter_headers
 from detectorkit.runtime import checkpoint, crash_points, gc_tuning, task_result
 from detectorkit.runtime.batches import by_partition, stamps_ms
-from detectorkit.runtime.stage import Source
+from detectorkit.runtime.stage import KeyedBatch, Source
 from detectorkit.runtime.task_context import PartitionSummary, TaskContext
 from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
 from detectorkit.runtime.task_stores import TaskStores
@@ -36,17 +36,6 @@ from detectorkit.runtime.writers import AtLeastOnceWriter, TransactionalWriter, 
 from detectorkit.state import cache
 
 _log = structlog.get_logger("detectorkit.state")
-
-
-def _headers(ctx: TaskContext, reason: str, message: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
-    return [
-        ("error_type", reason.encode()),
-        ("error_message", message.encode(errors="replace")),
-        ("source_topic", topic.encode()),
-        ("source_partition", str(partition).encode()),
-        ("source_offset", str(offset).encode()),
-        ("service", ctx.service.encode()),
-    ]
 
 
 def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, summaries: dict[int, PartitionSummary]) -> None:
@@ -80,13 +69,13 @@ def _process_records(
     if stores is None:
         found, rejected = ctx.stage.run(values, ctx.config, source, ctx.service)
     else:
-        store, tag = stores.stores[partition], stores.tags[partition]
-        found, rejected = ctx.stage.run_keyed(values, keys, stamps.to_numpy(), ctx.config, source, ctx.service, store, tag, topic)
+        keyed = KeyedBatch(values, keys, stamps.to_numpy(), source, stores.stores[partition], stores.tags[partition], topic)
+        found, rejected = ctx.stage.run_keyed(keyed, ctx.config, ctx.service)
     _send_outputs(ctx, found, sink, summaries, keys, partitions, stamps, topic)
     for r in rejected:
         i = r.position
         p = int(partitions[i])
-        headers = _headers(ctx, r.reason, r.message, topic, p, int(offsets[i]))
+        headers = dead_letter_headers(ctx.service, r.reason, r.message, topic, p, int(offsets[i]))
         sink.send(ctx.dlq_topic, keys[i].as_py(), values[i].as_py() or b"", headers)
         summaries.setdefault(p, PartitionSummary()).dead_letters[r.reason] += 1
 
@@ -104,7 +93,7 @@ def _send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int
         if out.position < 0:  # a timer's: it names no input record
             if out.dead_letter is not None:
                 reason, message, value = out.dead_letter
-                sink.send(ctx.dlq_topic, out.key.encode(), value, _headers(ctx, reason, message, topic, out.partition, -1))
+                sink.send(ctx.dlq_topic, out.key.encode(), value, dead_letter_headers(ctx.service, reason, message, topic, out.partition, -1))
                 summaries.setdefault(out.partition, PartitionSummary()).dead_letters[reason] += 1
                 continue
             sink.send(ctx.output_topic, out.key.encode(), json.dumps(out.value, default=str).encode(), timestamp_ms=out.timestamp_ms)
@@ -156,7 +145,6 @@ def run_task(
     ends: dict[int, int],
     stores: TaskStores | None,
     writer: Writer,
-    before_commit: Callable[[], None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """A task's records through the stage, its timers, then its checkpoint (runtime.checkpoint);
     yields its result, a row per partition, once the checkpoint is done."""
@@ -183,7 +171,7 @@ def run_task(
         for p in stores.stores:
             summaries.setdefault(p, PartitionSummary())
     # 3-7.
-    failed = checkpoint.TaskCheckpoint(ctx, writer, stores, summaries, ends, before_commit).commit()
+    failed = checkpoint.TaskCheckpoint(ctx, writer, stores, summaries, ends).commit()
     lost = failed.partitions if failed is not None else frozenset()
     for p in lost:
         summaries.pop(p, None)
@@ -233,34 +221,3 @@ def _setup_worker(ctx: TaskContext) -> None:
     set for batches (runtime.gc_tuning) once the imports are done."""
     logs.setup_once(ctx.log_level, **dict(ctx.log_context))
     gc_tuning.tune_once()
-
-
-def process_in_driver(ctx: TaskContext, source: SourceOptions, frame) -> list[TaskResult]:
-    """A batch of a stage that runs in the driver (`runs_in_driver`): the driver reads the planned
-    ranges itself and runs the stage as a task would, its state's stores opened, written and kept
-    as a task's (in the driver's process); then the stage's `after_flush` (deliveries) runs once
-    the outputs are flushed and the state's changes written, before anything is committed. The
-    summary rows are those the tasks would have given.
-
-    The state is written before `after_flush` delivers, so a crash in between leaves the
-    changelog holding changes (a notification marked as sent) for outputs never delivered. Nothing
-    is lost: those changes are tagged with the batch's end, and the group's offsets stay at the
-    batch's start until after `after_flush` (the commit sequence, runtime.checkpoint); whoever
-    runs the batch again (this process, whose stores are then ahead of the start and read back, or
-    the partition's next owner) reads the state as of the start, skipping them, and delivers again."""
-    ranges = [r for row in frame.collect() for r in ranges_from_row(row.ranges)]
-    dead: dict[str, int] = {}
-
-    def deliver() -> None:
-        dead.update(ctx.stage.after_flush(ctx))
-
-    writer = TransactionalWriter(ctx, source, ranges) if ctx.exactly_once else AtLeastOnceWriter(ctx)
-    with writer:
-        todo = writer.todo(ranges)
-        stores = TaskStores.open(ctx, todo, source) if ctx.state is not None else None
-        ends: dict[int, int] = {}
-        summaries = list(run_task(ctx, _read(source, todo, ends), ends, stores, writer, before_commit=deliver))
-    results = task_result.rows_of(summaries)
-    for result in results[:1]:  # dead letters of the delivery count with the batch, on any one row
-        result.dead_letters = dict(Counter(result.dead_letters) + Counter(dead))
-    return results

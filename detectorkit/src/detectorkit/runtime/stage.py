@@ -48,6 +48,29 @@ class Output:
     dead_letter: tuple[str, str, bytes] | None = None
 
 
+@dataclass(frozen=True)
+class KeyedBatch:
+    """One input partition's records of a batch, with the partition's state: what `run_keyed` takes."""
+
+    values: pa.Array  # the records' Kafka values (bytes or null), in offset order
+    keys: pa.Array  # their Kafka keys: the state's keys
+    stamps_ms: np.ndarray  # their Kafka timestamps (ms): the event time
+    source: Callable[[int], Source] | None  # where the record at a position was read (None: no records, a tick)
+    store: PartitionStore  # the partition's state
+    tag: int  # the batch's end: the input offset the store's changes reflect once written
+    topic: str  # the input topic
+    idle_ms: int | None = None  # a tick: the event time a quiet partition is taken to have reached
+
+
+class Relay(Protocol):
+    """What a stage runs beside its batches in the job's process (the notifier's deliveries of the
+    notifications its batches committed): started before the first batch, stopped after the last."""
+
+    def start(self) -> Relay: ...
+
+    def stop(self, timeout: float = 60.0) -> None: ...
+
+
 class Stage(Protocol):
     """What a job applies to each batch, and the points of the job's life it is told of, in the
     order they come (runtime.job calls each; `StageBase` gives the ones a stage has no use for).
@@ -57,7 +80,6 @@ class Stage(Protocol):
     name: str
     reasons: tuple[str, ...]  # dead-letter reasons it may give, shown as zeros from the start
     counts_as_detection: bool  # whether its outputs count in detector_detections_written_total
-    runs_in_driver: bool  # its batches run in the driver, which reads the planned ranges itself
     # Keyed state it keeps per partition (runtime.processing opens the partition's store): such a
     # stage is run through `run_keyed` (as `DetectorStage.run_keyed`), one partition with its store.
     state: State | None
@@ -74,23 +96,29 @@ class Stage(Protocol):
         rejections name a record by its position there, and `source(position)` says where it was read."""
         ...
 
-    def after_flush(self, ctx: Any) -> dict[str, int]:
-        """3. A stage that runs in the driver: once the batch's outputs are flushed and its state's
-        changes written, before its offsets are committed (deliveries); returns dead letters by reason."""
+    def run_keyed(self, batch: KeyedBatch, config: Any, service: str) -> tuple[list[Output], list[rec.Rejected]]:
+        """2. Each batch, for a stage with `state`: one partition's records with its store. Outputs of
+        timers name no record (position -1): their key is the state's, their timestamp the timer's."""
+        ...
+
+    def relay(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str, on_dead_letter, on_failure) -> Relay | None:
+        """1'. At start, after `prepare_job`: what it runs beside its batches, if anything."""
 
 
 class StageBase:
     """What a stage without a lifecycle does at each point: nothing."""
 
-    runs_in_driver: bool = False
     state: State | None = None
     ticks: bool = False
 
     def prepare_job(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str) -> None:
         return None
 
-    def after_flush(self, ctx: Any) -> dict[str, int]:
-        return {}
+    def run_keyed(self, batch: KeyedBatch, config: Any, service: str) -> tuple[list[Output], list[rec.Rejected]]:
+        raise TypeError(f"stage {self.name!r} keeps no state: it runs through run(), not run_keyed()")
+
+    def relay(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str, on_dead_letter, on_failure) -> Relay | None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -122,23 +150,11 @@ class DetectorStage(StageBase):
         found, failed = run_detector(self.detector, config, frame)
         return self._outputs(found, source, service), rejected + failed
 
-    def run_keyed(
-        self,
-        values: pa.Array,
-        keys: pa.Array,
-        stamps_ms: np.ndarray,
-        config: Any,
-        source: Callable[[int], Source],
-        service: str,
-        store: PartitionStore,
-        tag: int,
-        topic: str,
-        idle_ms: int | None = None,
-    ) -> tuple[list[Output], list[rec.Rejected]]:
+    def run_keyed(self, batch: KeyedBatch, config: Any, service: str) -> tuple[list[Output], list[rec.Rejected]]:
         """`run` for a detector with state: one partition's records, in offset order, with their
-        Kafka keys and timestamps; `store` holds the partition's state, `tag` is the batch's end,
-        `idle_ms` the event time a quiet partition is taken to have reached. Detections of timers
-        name no record: their key is the state's, their timestamp the timer's."""
+        Kafka keys and timestamps, and the partition's store. Detections of timers name no record:
+        their key is the state's, their timestamp the timer's."""
+        values, keys, stamps_ms, store = batch.values, batch.keys, batch.stamps_ms, batch.store
         frame, rejected = rec.parse_arrow(values, self.detector.required_fields) if len(values) else (pd.DataFrame(), [])
         if keys.null_count:
             keyless = [int(i) for i in frame.index if not keys[int(i)].is_valid]
@@ -148,11 +164,12 @@ class DetectorStage(StageBase):
         if len(positions):
             frame[KEY] = _texts(keys.take(pa.array(positions)))
             frame[EVENT_TIME] = pd.to_datetime(stamps_ms[positions], unit="ms", utc=True).astype("datetime64[ns, UTC]")
-        result = run_stateful(self.detector, config, frame, pd.Series(stamps_ms[positions], index=frame.index), store, tag, idle_ms)
-        outputs = self._outputs(result.found, source, service)
+        stamps = pd.Series(stamps_ms[positions], index=frame.index)
+        result = run_stateful(self.detector, config, frame, stamps, store, batch.tag, batch.idle_ms)
+        outputs = self._outputs(result.found, batch.source, service)
         for d in result.fired:
             # What the detection is about: the key's timer, in its partition (the notifier's identity of a detection).
-            timer = {"topic": topic, "partition": store.partition, "key": d.key, "timer_ms": d.deadline_ms, "timestamp_ms": d.deadline_ms}
+            timer = {"topic": batch.topic, "partition": store.partition, "key": d.key, "timer_ms": d.deadline_ms, "timestamp_ms": d.deadline_ms}
             value = {"service": service, "detection": d.fields, "source": timer}
             outputs.append(Output(-1, value, key=d.key, timestamp_ms=d.deadline_ms, partition=store.partition))
         for f in result.failed_timers:

@@ -22,7 +22,7 @@ from detectorkit.kafka import sink as sinks
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.runtime.batches import by_partition, stamps_ms
-from detectorkit.runtime.stage import Output, Source
+from detectorkit.runtime.stage import KeyedBatch, Output, Source
 from detectorkit.runtime.task_context import PartitionSummary, TaskContext
 from detectorkit.state import cache
 from detectorkit.state.codec import INPUT_OFFSET_HEADER, tag_of
@@ -103,9 +103,8 @@ class TaskStores:
         idle_ms = int(time.time() * 1000 - ctx.state.idle_grace_seconds * 1000)
         empty = pa.array([], pa.binary())
         for p in self.idle:
-            found, _ = ctx.stage.run_keyed(
-                empty, empty, np.array([], "int64"), ctx.config, None, ctx.service, self.stores[p], self.tags[p], ctx.state.input_topic, idle_ms
-            )
+            tick = KeyedBatch(empty, empty, np.array([], "int64"), None, self.stores[p], self.tags[p], ctx.state.input_topic, idle_ms)
+            found, _ = ctx.stage.run_keyed(tick, ctx.config, ctx.service)
             yield p, found
 
     # ---- step 4: the changes ------------------------------------------------------------------
@@ -183,7 +182,8 @@ def _replay(ctx: TaskContext, source: SourceOptions, stores: dict[int, Partition
     for p, part in by_partition(range_reader.read_planned(source, ranges)):
         stamps = stamps_ms(part).to_numpy()
         nowhere = partial(Source, source.topic, p, -1)  # never written: the outputs are dropped
-        ctx.stage.run_keyed(part.column("value"), part.column("key"), stamps, ctx.config, nowhere, ctx.service, stores[p], ends[p], source.topic)
+        batch = KeyedBatch(part.column("value"), part.column("key"), stamps, nowhere, stores[p], ends[p], source.topic)
+        ctx.stage.run_keyed(batch, ctx.config, ctx.service)
         read[p] += part.num_rows
     seconds = round(time.monotonic() - began, 3)
     for r in ranges:
