@@ -21,11 +21,13 @@ def send(bs, topic, customers, transactional_id=None, abort=False):
     if transactional_id:
         producer.init_transactions(30)
         producer.begin_transaction()
+    failed = []
     for i, customer in enumerate(customers):
-        producer.produce(topic, key=customer.encode(), value=json.dumps(note(customer)).encode(), partition=i % 2)
+        value = json.dumps(note(customer)).encode()
+        producer.produce(topic, key=customer.encode(), value=value, partition=i % 2, on_delivery=lambda err, msg: err and failed.append(err))
+    assert producer.flush(30) == 0 and failed == []  # written (aborted only after: on the log, never visible)
     if transactional_id:
         (producer.abort_transaction if abort else producer.commit_transaction)(30)
-    assert producer.flush(30) == 0
 
 
 class Receiver:
@@ -41,7 +43,7 @@ class Receiver:
         return NotificationRelay(
             self.deliver,
             clients.base(bs),
-            topics.output,
+            topics.input,  # the notifications: two partitions
             topics.group,
             topics.dlq,
             "notifier",
@@ -56,17 +58,17 @@ def test_the_relay_delivers_what_was_committed_from_the_end_it_first_found_and_d
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "relay", partitions=2)
     kind = broker_kind.detect(clients.base(bs), 10)
-    send(bs, topics.output, ["earlier"])  # delivered by whoever wrote it, before this relay's first start
+    send(bs, topics.input, ["earlier"])  # delivered by whoever wrote it, before this relay's first start
     receiver = Receiver()
     relay = receiver.relay(bs, topics, kind).start()
     try:
-        send(bs, topics.output, ["a", "refused", "b"])
+        send(bs, topics.input, ["a", "refused", "b"])
         if broker_kind.profile(kind).hides_aborted:
             # An aborted batch's notifications (exactly-once): never delivered.
-            send(bs, topics.output, ["aborted"], transactional_id=f"{topics.group}-t", abort=True)
-            send(bs, topics.output, ["c"], transactional_id=f"{topics.group}-t")
+            send(bs, topics.input, ["aborted"], transactional_id=f"{topics.group}-t", abort=True)
+            send(bs, topics.input, ["c"], transactional_id=f"{topics.group}-t")
         else:
-            send(bs, topics.output, ["c"])
+            send(bs, topics.input, ["c"])
         wait_for(lambda: len(receiver.delivered) >= 3, timeout=60, what="the committed notifications delivered")
     finally:
         relay.stop()
@@ -74,11 +76,11 @@ def test_the_relay_delivers_what_was_committed_from_the_end_it_first_found_and_d
     assert receiver.dead == {DELIVERY_FAILED: 1} and receiver.failures == []
     (dead,) = read_all(bs, topics.dlq)
     assert dead["key"] == "refused" and dead["headers"]["error_type"] == DELIVERY_FAILED and dead["headers"]["error_message"] == "HTTP 400"
-    assert dead["headers"]["source_topic"] == topics.output and dead["headers"]["service"] == "notifier"
+    assert dead["headers"]["source_topic"] == topics.input and dead["headers"]["service"] == "notifier"
 
     # Started again: its position was committed after each delivery, so only what came since is
     # delivered; stopped at once, it delivers what was committed before the stop first.
-    send(bs, topics.output, ["d"])
+    send(bs, topics.input, ["d"])
     again = Receiver()
     again.relay(bs, topics, kind).start().stop(timeout=60)
     assert again.delivered == ["d"] and again.failures == []
