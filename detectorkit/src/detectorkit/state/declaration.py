@@ -23,11 +23,13 @@ them as arrays: no JSON per key and batch, which is most of what untyped state c
 `state/columns.py`). A value that does not fit its type is refused like a value that is not JSON.
 The changelog holds the same JSON either way, so a State can gain types after a redeploy.
 
-Timers: `detect` may return a third value, a Series of times indexed by key: each key of the batch
-gets that timer (NaT or absent: none). A timer fires once the partition's event time (its newest
-record time) reaches it: `on_timer(fired, config) -> (detections, new_state[, timers])` gets the
-state of the keys whose timers fired, indexed by key, with a `deadline` column, and returns
-detections indexed by key. That is how a detector flags what did not happen ("a customer who paid
+Timers: `detect` may return a third value, a Series of times indexed like the records (one per
+record at most): the record's key's timer after that record (NaT clears it; a record left out
+changes nothing; a key's last record with one wins). A timer fires once the partition's event time
+(its newest record time) reaches it: `on_timer(fired, config) -> (detections, new_state[, timers])`
+gets the state of the keys whose timers fired, indexed by key, with a `deadline` column, and returns
+detections and timers indexed by key. A key with a pending timer is kept past its TTL until the
+timer fires. That is how a detector flags what did not happen ("a customer who paid
 every hour went silent for 3 hours"). A partition that gets no records at all for
 TIMER_IDLE_GRACE_SECONDS has its event time moved to the wall clock minus that grace, so its timers
 fire without records (a processing-time fallback: only there may a replay answer differently).
