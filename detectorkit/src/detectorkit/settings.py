@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from detectorkit.kafka.clients import is_secret
 from detectorkit.kafka.planning import MIN_TASK_RECORDS
+from detectorkit.kafka.secrets import is_secret
 
 # The librdkafka keys a deployment may pass through: what a secured real cluster needs.
 PASS_THROUGH_PREFIXES = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "metadata.")

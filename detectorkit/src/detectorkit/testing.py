@@ -1,28 +1,19 @@
-"""Test helpers and a pytest plugin (loaded automatically where detectorkit is installed).
-
-The `kafka_bootstrap_servers` fixture picks the broker: KAFKA_BOOTSTRAP_SERVERS if set; else
-Apache Kafka started by `kafka_broker.KafkaBroker` where Java and Maven (or its cached jars) are
-there; else a Kafka container where a Docker engine answers; else the embedded broker (Tansu).
-DETECTORKIT_TEST_BROKER=kafka|container|tansu insists on one. `kafka_broker_kind` tells which, so a
-test that needs what Tansu lacks can skip with a reason.
+"""Test helpers: what a service's tests import, and a notebook too.
 
 `DetectorHarness` runs a detector over a sequence of batches, with restarts, without Kafka or Spark
-(see `detectorkit.state.harness`).
+(see `detectorkit.state.harness`); importing this module imports neither pytest nor the Kafka
+client, which only the helpers that talk to a broker load, when called. The fixtures that start a
+broker (`kafka_bootstrap_servers`, `kafka_broker_kind`) are `detectorkit.pytest_plugin`'s, which
+pytest loads by itself where detectorkit is installed.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-import pytest
-
-from detectorkit.kafka import clients
-from detectorkit.kafka.topic_reader import read_topic
 from detectorkit.samples import Sample, samples
 from detectorkit.settings import SettingsError
 from detectorkit.state.harness import DetectorError, DetectorHarness, event_times
@@ -73,12 +64,16 @@ def create_test_topics(bootstrap_servers: str, prefix: str, partitions: int = 4)
     """Fresh input/output/dead-letter topics and group, so tests never see each other's records."""
     suffix = uuid.uuid4().hex[:8]
     topics = Topics(f"{prefix}.in.{suffix}", f"{prefix}.out.{suffix}", f"{prefix}.dlq.{suffix}", f"{prefix}.{suffix}")
+    from detectorkit.kafka import clients
+
     clients.create_topics(clients.base(bootstrap_servers), {topics.input: partitions, topics.output: 1, topics.dlq: 1})
     return topics
 
 
 def produce(bootstrap_servers: str, topic: str, samples: Iterable[Sample]) -> list[Sent]:
     """Write samples; returns where each landed, in the order given."""
+    from detectorkit.kafka import clients
+
     producer = clients.new_producer(clients.producer(clients.base(bootstrap_servers)))
     sent: list[Sent | None] = []
     errors: list[str] = []
@@ -109,70 +104,7 @@ def produce(bootstrap_servers: str, topic: str, samples: Iterable[Sample]) -> li
 
 
 def read_all(bootstrap_servers: str, topic: str, timeout: float = 60.0, committed_only: bool = False) -> list[dict]:
+    from detectorkit.kafka import clients
+    from detectorkit.kafka.topic_reader import read_topic
+
     return list(read_topic(clients.base(bootstrap_servers), topic, timeout=timeout, committed_only=committed_only))
-
-
-def _docker_answers() -> bool:
-    try:
-        import docker
-
-        docker.from_env(timeout=3).ping()
-        return True
-    except Exception:  # noqa: BLE001 - no client, no socket, no engine: all mean "no Docker"
-        return False
-
-
-def _kafka_can_start() -> bool:
-    from detectorkit.devtools.kafka_broker import KAFKA_VERSION, cache_dir
-
-    cached = (cache_dir() / f"kafka-{KAFKA_VERSION}" / ".complete").exists()
-    return shutil.which("java") is not None and (cached or shutil.which("mvn") is not None)
-
-
-def choose_broker() -> str:
-    """The kind of broker the tests will use, in the order the module's docstring gives."""
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        return EXTERNAL
-    wanted = os.environ.get("DETECTORKIT_TEST_BROKER", "").lower()
-    if wanted:
-        if wanted not in (KAFKA, CONTAINER, TANSU):
-            raise pytest.UsageError(f"DETECTORKIT_TEST_BROKER={wanted!r}: use kafka, container or tansu")
-        return wanted
-    if _kafka_can_start():
-        return KAFKA
-    return CONTAINER if _docker_answers() else TANSU
-
-
-@pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[tuple[str, str]]:
-    """(bootstrap servers, kind) of the broker the tests use."""
-    kind = choose_broker()
-    if kind == EXTERNAL:
-        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"], EXTERNAL
-    elif kind == KAFKA:
-        from detectorkit.devtools.kafka_broker import KafkaBroker
-
-        with KafkaBroker() as broker:
-            # As on a deployed cluster: without it every job waits out its last metrics report.
-            clients.create_topics(clients.base(broker.bootstrap_servers), {"metrics": 1})
-            yield broker.bootstrap_servers, KAFKA
-    elif kind == CONTAINER:
-        from testcontainers.kafka import KafkaContainer
-
-        with KafkaContainer() as kafka:
-            yield kafka.get_bootstrap_server(), CONTAINER
-    else:
-        from detectorkit.devtools.embedded_broker import EmbeddedBroker
-
-        with EmbeddedBroker() as broker:
-            yield broker.bootstrap_servers, TANSU
-
-
-@pytest.fixture(scope="session")
-def kafka_bootstrap_servers(kafka_broker) -> str:
-    return kafka_broker[0]
-
-
-@pytest.fixture(scope="session")
-def kafka_broker_kind(kafka_broker) -> str:
-    return kafka_broker[1]

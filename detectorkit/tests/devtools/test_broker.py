@@ -64,8 +64,9 @@ def test_command_prints_the_address_creates_topics_and_stops_on_sigterm():
 
 def test_kafka_engine_keeps_its_log_and_address_across_restarts_on_a_data_dir(tmp_path):
     from detectorkit.devtools.kafka_broker import run_tool
+    from detectorkit.pytest_plugin import _kafka_can_start
     from detectorkit.samples import Sample
-    from detectorkit.testing import _kafka_can_start, produce, read_all
+    from detectorkit.testing import produce, read_all
 
     if not _kafka_can_start():
         pytest.skip("starting Apache Kafka needs Java and Maven (or the cached jars)")

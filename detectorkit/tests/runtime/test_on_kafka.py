@@ -13,8 +13,9 @@ from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, R
 from detectorkit.devtools.kafka_broker import KafkaBroker, run_tool
 from detectorkit.kafka import clients
 from detectorkit.kafka.offset_store import OffsetStore
+from detectorkit.pytest_plugin import _kafka_can_start
 from detectorkit.samples import samples
-from detectorkit.testing import CONTAINER, EXTERNAL, KAFKA, _kafka_can_start, create_test_topics, produce, read_all
+from detectorkit.testing import CONTAINER, EXTERNAL, KAFKA, create_test_topics, produce, read_all
 
 from ..jobs import Job, committed, job_env, run, wait_for
 

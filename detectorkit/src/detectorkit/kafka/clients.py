@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -19,26 +18,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 from pydantic import SecretStr
 
+from detectorkit.kafka.secrets import is_secret
+
 # Fetch long-polls shorter than this livelock on Tansu; longer ones add latency at the end of a topic.
 FETCH_WAIT_MAX_MS = 50
-
-
-# The one list of client settings whose values are secrets; they travel as SecretStr, whose repr and
-# str never show the value, and the settings' log lines mask them. A word anywhere in the dotted name
-# catches the Java client's names and future librdkafka ones too (ssl.keystore.password,
-# sasl.oauthbearer.client.secret, sasl.jaas.config, ...). Not "key": ssl.key.location and
-# ssl.keystore.location are paths, which a log must show; a private key itself is a "key.pem". Not
-# "token": sasl.oauthbearer.token.endpoint.url is a URL. Public material (sasl.username, the CA's and
-# the client's certificate PEM) stays readable, though librdkafka's own sensitive list has some of it.
-SECRET_WORDS = frozenset({"password", "passphrase", "secret", "jaas"})
-# Secrets by name that no word gives away: the OAUTHBEARER unsecured-JWT config holds SASL extensions.
-SECRET_NAMES = frozenset({"sasl.oauthbearer.config"})
-
-
-def is_secret(key: str) -> bool:
-    """Whether a client setting's value is a secret (a password, a private key, a client secret...)."""
-    name = key.lower()
-    return name in SECRET_NAMES or name.endswith("key.pem") or not SECRET_WORDS.isdisjoint(re.split(r"[._]", name))
 
 
 def base(bootstrap_servers: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
