@@ -1,0 +1,334 @@
+"""Windows over event time, per key: a time-based rule without hand-written state.
+
+    from detectorkit import windows
+
+    DETECTOR = windows.detector(
+        name="failed-logins",
+        window=windows.Sliding(seconds=60),
+        aggregate=windows.Count(),
+        emit=windows.AtLeast(5),  # once, on the record that takes a window to 5
+        where=lambda records: records["status"] == "failed",
+        required_fields=("status",),
+    )
+
+A window detector is a stateful `Detector` the runtime runs like any other: its state is the key's
+records still inside a window that can change (and the windows it already emitted), kept in the
+changelog, restored on a move, expired once no window can take a record any more (the window and
+its grace: no TTL to set). Its answers are those of one pass over the records, whatever the
+batches, restarts and rebalances, as every stateful detector's.
+
+Windows, per key (the Kafka key) and over the record's event time (its Kafka timestamp):
+  - `Tumbling(seconds)`: back to back, [k*size, (k+1)*size);
+  - `Hopping(seconds, hop_seconds)`: of `seconds`, one starting every `hop_seconds`;
+  - `Sliding(seconds)`: at each record, the `seconds` up to it, (t - size, t].
+A record older than its key's newest record by more than `grace_seconds` is late and dropped (as
+Kafka Streams drops it), whatever the window. Aggregates: `Count()`, `Sum(field)`, `Min(field)`,
+`Max(field)`, `Mean(field)`, `DistinctCount(field)`. Emit: `Every()`, a detection for each record
+with its window's aggregate, or `AtLeast(threshold)`, one when a window's aggregate first reaches
+the threshold (a sliding window: none again for that key for a window's length).
+
+`where` picks the records that count (the others are ignored, and a key keeps its windows through a
+batch that holds none of its counted records).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from detectorkit.detector import Detector, NoConfig
+from detectorkit.state.columns import lists
+from detectorkit.state.declaration import State
+
+# ---- windows -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Tumbling:
+    seconds: float
+    grace_seconds: float = 0.0
+
+    def spans(self, t: int) -> list[tuple[int, int]]:
+        size = _ms(self.seconds)
+        start = t // size * size
+        return [(start, start + size)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Hopping:
+    seconds: float
+    hop_seconds: float
+    grace_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.hop_seconds <= self.seconds:
+            raise ValueError("Hopping(seconds, hop_seconds) needs 0 < hop_seconds <= seconds")
+
+    def spans(self, t: int) -> list[tuple[int, int]]:
+        size, hop = _ms(self.seconds), _ms(self.hop_seconds)
+        last = t // hop * hop
+        return [(start, start + size) for start in range(last, t - size, -hop)][::-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sliding:
+    seconds: float
+    grace_seconds: float = 0.0
+
+    def spans(self, t: int) -> list[tuple[int, int]]:
+        return [(t - _ms(self.seconds), t)]
+
+
+Window = Tumbling | Hopping | Sliding
+
+
+def _ms(seconds: float) -> int:
+    ms = int(round(seconds * 1000))
+    if ms <= 0:
+        raise ValueError(f"a window's length must be above 0 s, not {seconds}")
+    return ms
+
+
+def _members(window: Window, times: np.ndarray, span: tuple[int, int]) -> np.ndarray:
+    start, end = span
+    # A sliding window ends at its record, included; the others include their start.
+    return (times > start) & (times <= end) if isinstance(window, Sliding) else (times >= start) & (times < end)
+
+
+# ---- aggregates --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Count:
+    field: str | None = None
+    name: str = "count"
+
+    def of(self, values: np.ndarray) -> float:
+        return float(len(values))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sum:
+    field: str
+    name: str = "sum"
+
+    def of(self, values: np.ndarray) -> float:
+        return float(values.sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class Min:
+    field: str
+    name: str = "min"
+
+    def of(self, values: np.ndarray) -> float:
+        return float(values.min())
+
+
+@dataclasses.dataclass(frozen=True)
+class Max:
+    field: str
+    name: str = "max"
+
+    def of(self, values: np.ndarray) -> float:
+        return float(values.max())
+
+
+@dataclasses.dataclass(frozen=True)
+class Mean:
+    field: str
+    name: str = "mean"
+
+    def of(self, values: np.ndarray) -> float:
+        return float(values.mean())
+
+
+@dataclasses.dataclass(frozen=True)
+class DistinctCount:
+    field: str
+    name: str = "distinct"
+
+    def of(self, values: np.ndarray) -> float:
+        return float(len(np.unique(values)))
+
+
+Aggregate = Count | Sum | Min | Max | Mean | DistinctCount
+
+
+def _values(aggregate: Aggregate, records: pd.DataFrame) -> np.ndarray:
+    """The numbers an aggregate takes of each record; a distinct count takes a hash of any value."""
+    if aggregate.field is None:
+        return np.zeros(len(records))
+    column = records[aggregate.field]
+    if isinstance(aggregate, DistinctCount):
+        # 53 bits: a float64 holds it exactly, and two of a window's values collide with odds of 1 in 2^53.
+        return (pd.util.hash_array(column.astype(str).to_numpy()) >> np.uint64(11)).astype(np.float64)
+    return pd.to_numeric(column, errors="raise").to_numpy(dtype=np.float64)
+
+
+# ---- emit --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Every:
+    """A detection for each counted record, with its window's aggregate."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AtLeast:
+    """One detection when a window's aggregate first reaches `threshold`."""
+
+    threshold: float
+
+
+Emit = Every | AtLeast
+
+
+# ---- the detector ------------------------------------------------------------------------------
+
+STATE_COLUMNS = {"t": "list<int64>", "v": "list<float64>", "emitted": "list<int64>"}
+
+
+def detector(
+    name: str,
+    window: Window,
+    aggregate: Aggregate,
+    emit: Emit,
+    where: Callable[[pd.DataFrame], Any] | None = None,
+    required_fields: tuple[str, ...] = (),
+    config: type = NoConfig,
+) -> Detector:
+    """A stateful `Detector` computing `aggregate` over `window` for each key and emitting by `emit`."""
+    if isinstance(window, Hopping) and isinstance(emit, Every):
+        raise TypeError("Hopping windows emit AtLeast(threshold): with Every a record would be a detection once per window it is in")
+    if aggregate.field is not None and aggregate.field not in required_fields:
+        required_fields = (*required_fields, aggregate.field)
+    # A key's state can change only while a record may still land in one of its windows: within the
+    # window and the grace of its newest record. Past that, nothing of it is needed.
+    ttl = window.seconds + window.grace_seconds
+    rule = _Rule(window, aggregate, emit, where)
+    return Detector(
+        name=name,
+        detect=rule.detect,
+        config=config,
+        required_fields=required_fields,
+        state=State(columns=dict(STATE_COLUMNS), ttl_seconds=ttl, name=name),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+    window: Window
+    aggregate: Aggregate
+    emit: Emit
+    where: Callable[[pd.DataFrame], Any] | None
+
+    def detect(self, records: pd.DataFrame, state: pd.DataFrame, config: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+        counted = records if self.where is None else records[np.asarray(self.where(records), dtype=bool)]
+        times = counted["event_time"].astype("int64").to_numpy() // 1_000_000
+        values = _values(self.aggregate, counted)
+        keys = counted["key"].to_numpy()
+        positions = counted.index.to_numpy()
+        found: list[tuple[Any, int, int, float]] = []
+        new: dict[str, tuple[list[int], list[float], list[int]]] = {}
+        held = {k: (list(t), list(v), list(e)) for k, t, v, e in _rows(state)}
+        order = pd.factorize(keys)[0] if len(keys) else np.array([], dtype=np.int64)
+        by_key = pd.Series(np.arange(len(keys))).groupby(order, sort=False).indices if len(keys) else {}
+        for rows in by_key.values():
+            key = keys[rows[0]]
+            t, v, e = held.pop(key, ([], [], []))
+            for i in rows:
+                emitted = self._record(t, v, e, int(times[i]), float(values[i]))
+                if emitted is not None:
+                    found.append((positions[i], *emitted))
+            new[key] = self._pruned(t, v, e)
+        new.update(held)  # keys with state and no counted record here keep it as it was
+        return self._detections(found, records), _frame(new)
+
+    def _record(self, t: list[int], v: list[float], e: list[int], at: int, value: float) -> tuple[int, int, float] | None:
+        """One record, in arrival order: appended to its key's records (unless late), its windows'
+        aggregates taken over the key's records seen so far; the detection it makes, if any."""
+        grace = _ms_or_zero(self.window.grace_seconds)
+        if t and at < max(t) - grace:
+            return None  # late: its windows are closed
+        t.append(at)
+        v.append(value)
+        times, vals = np.asarray(t), np.asarray(v)
+        made = None
+        for span in self.window.spans(at):
+            result = self.aggregate.of(vals[_members(self.window, times, span)])
+            if isinstance(self.emit, Every):
+                return (*span, result)
+            if result < self.emit.threshold:
+                continue
+            if isinstance(self.window, Sliding):
+                if e and at - e[-1] <= _ms(self.window.seconds):
+                    return None  # a window emitted lately: none again for a window's length
+                e[:] = [at]
+                return (*span, result)
+            if span[0] not in e:
+                e.append(span[0])
+                made = made or (*span, result)
+        return made
+
+    def _pruned(self, t: list[int], v: list[float], e: list[int]) -> tuple[list[int], list[float], list[int]]:
+        """What can still count: records and emitted windows a record not late may still land with."""
+        if not t:
+            return t, v, e
+        horizon = max(t) - _ms_or_zero(self.window.grace_seconds) - _ms(self.window.seconds)
+        keep = [i for i, x in enumerate(t) if x > horizon]
+        # A window that starts at or before the horizon can take no record any more.
+        emitted = e if isinstance(self.window, Sliding) else [s for s in e if s > horizon]
+        return [t[i] for i in keep], [v[i] for i in keep], emitted
+
+    def _detections(self, found: list[tuple[Any, int, int, float]], records: pd.DataFrame) -> pd.DataFrame:
+        name = self.aggregate.name
+        if not found:
+            return pd.DataFrame({"window_start_ms": [], "window_end_ms": [], name: []}, index=records.index[:0])
+        index, starts, ends, results = zip(*found, strict=True)
+        return pd.DataFrame({"window_start_ms": list(starts), "window_end_ms": list(ends), name: list(results)}, index=pd.Index(index))
+
+
+def _ms_or_zero(seconds: float) -> int:
+    return int(round(seconds * 1000)) if seconds > 0 else 0
+
+
+def _rows(state: pd.DataFrame) -> Iterator[tuple[str, Any, Any, Any]]:
+    if state.empty:
+        return iter(())
+    return zip(state.index, state["t"].tolist(), state["v"].tolist(), state["emitted"].tolist(), strict=True)
+
+
+def _frame(new: dict[str, tuple[list[int], list[float], list[int]]]) -> pd.DataFrame:
+    keys = list(new)
+    ts = [new[k][0] for k in keys]
+    vs = [new[k][1] for k in keys]
+    es = [new[k][2] for k in keys]
+    return pd.DataFrame(
+        {
+            "t": lists(np.array([x for r in ts for x in r], dtype=np.int64), [len(r) for r in ts]),
+            "v": lists(np.array([x for r in vs for x in r], dtype=np.float64), [len(r) for r in vs]),
+            "emitted": lists(np.array([x for r in es for x in r], dtype=np.int64), [len(r) for r in es]),
+        },
+        index=pd.Index(keys, dtype=object),
+    )
+
+
+__all__ = [
+    "AtLeast",
+    "Count",
+    "DistinctCount",
+    "Every",
+    "Hopping",
+    "Max",
+    "Mean",
+    "Min",
+    "Sliding",
+    "Sum",
+    "Tumbling",
+    "detector",
+]

@@ -1,0 +1,185 @@
+"""Windows as a detector: the answers of one pass over the records, whatever the batches, restarts and
+partitions, against a reference written from the definitions alone; and the rules a data scientist
+writes with them."""
+
+import math
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from detectorkit import windows as w
+from detectorkit.testing import DetectorHarness
+
+T0 = 1_795_000_000_000
+
+
+def frame(rows, start=0):
+    """rows: (key, ms after T0, value[, status]) -> records as the runtime hands them to a stateful detector."""
+    return pd.DataFrame(
+        {
+            "key": [r[0] for r in rows],
+            "event_time": pd.to_datetime([T0 + r[1] for r in rows], unit="ms", utc=True),
+            "amount": [float(r[2]) for r in rows],
+            "status": [r[3] if len(r) > 3 else "failed" for r in rows],
+        },
+        index=pd.RangeIndex(start, start + len(rows)),
+    )
+
+
+def reference(window, aggregate, emit, rows, partition_of, where=lambda row: True):
+    """One pass, record by record, from the definitions: a record older than its key's newest counted
+    one by more than the grace is dropped; a window's aggregate is over the key's counted records so
+    far within it; AtLeast emits when a window first reaches the threshold (a sliding window: not
+    again for the key within a window's length). A key whose newest record (counted or not) is more
+    than window + grace behind its partition's time starts afresh (the runtime's TTL)."""
+    size = round(window.seconds * 1000)
+    grace = round(window.grace_seconds * 1000)
+    ttl = int((window.seconds + window.grace_seconds) * 1000)
+    newest_of_partition, seen, counted, emitted, out = {}, {}, {}, {}, []
+    for n, row in enumerate(rows):
+        key, at, value = row[0], T0 + row[1], float(row[2])
+        p = partition_of(key)
+        mark = max(newest_of_partition.get(p, -math.inf), at)
+        if key in seen and mark - seen[key] > ttl:
+            counted.pop(key, None), emitted.pop(key, None)
+        newest_of_partition[p] = mark
+        seen[key] = max(seen.get(key, at), at)
+        if not where(row):
+            continue
+        mine = counted.setdefault(key, [])
+        if mine and at < max(t for t, _ in mine) - grace:
+            continue
+        mine.append((at, value))
+        if isinstance(window, w.Sliding):
+            spans = [(at - size, at)]
+        elif isinstance(window, w.Tumbling):
+            spans = [(at // size * size, at // size * size + size)]
+        else:
+            hop = round(window.hop_seconds * 1000)
+            spans = sorted((s, s + size) for s in range(at // hop * hop, at - size, -hop))
+        made = None
+        for start, end in spans:
+            inside = [v for t, v in mine if (start < t <= end if isinstance(window, w.Sliding) else start <= t < end)]
+            result = {
+                w.Count: len,
+                w.Sum: sum,
+                w.Min: min,
+                w.Max: max,
+                w.Mean: lambda vs: sum(vs) / len(vs),
+                w.DistinctCount: lambda vs: len(set(vs)),
+            }[type(aggregate)](inside)
+            if isinstance(emit, w.Every):
+                made = (start, end, float(result))
+                break
+            if result < emit.threshold:
+                continue
+            done = emitted.setdefault(key, [])
+            if isinstance(window, w.Sliding):
+                if done and at - done[-1] <= size:
+                    break
+                done[:] = [at]
+                made = (start, end, float(result))
+                break
+            if start not in done:
+                done.append(start)
+                made = made or (start, end, float(result))
+        if made is not None:
+            out.append((n, *made))
+    return out
+
+
+def answers(detections, aggregate):
+    return sorted((int(i), int(r["window_start_ms"]), int(r["window_end_ms"]), float(r[aggregate.name])) for i, r in detections.iterrows())
+
+
+WINDOWS = st.one_of(
+    st.builds(w.Sliding, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
+    st.builds(w.Tumbling, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
+    st.builds(w.Hopping, st.just(10), st.sampled_from([5, 10]), st.sampled_from([0, 3])),
+)
+AGGREGATES = st.sampled_from([w.Count(), w.Sum("amount"), w.Min("amount"), w.Max("amount"), w.Mean("amount"), w.DistinctCount("amount")])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    window=WINDOWS,
+    aggregate=AGGREGATES,
+    every=st.booleans(),
+    threshold=st.sampled_from([2, 3, 5]),
+    rows=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 30_000), st.integers(-2, 5), st.sampled_from(["failed", "ok"])),
+        min_size=20,
+        max_size=60,
+    ),
+    cuts=st.lists(st.integers(0, 60), min_size=2, max_size=8),
+    restarts=st.lists(st.booleans(), min_size=9, max_size=9),
+    partitions=st.integers(1, 2),
+    where=st.booleans(),
+)
+def test_a_window_detector_gives_the_single_pass_answers_whatever_the_batches_restarts_and_partitions(
+    window, aggregate, every, threshold, rows, cuts, restarts, partitions, where
+):
+    emit = w.Every() if every and not isinstance(window, w.Hopping) else w.AtLeast(threshold)
+    rows = sorted(rows, key=lambda r: r[1] // 4_000)  # roughly in time, with disorder within 4 s (some of it past the grace)
+    pick = (lambda records: records["status"] == "failed") if where else None
+    detector = w.detector("rule", window, aggregate, emit, where=pick)
+    harness = DetectorHarness(detector, partitions=partitions)
+    found = []
+    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
+    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        if restarts[n % len(restarts)]:
+            harness.restart()
+        found.append(harness.batch(frame(rows[lo:hi], start=lo)))
+    got = answers(pd.concat(found) if found else pd.DataFrame(), aggregate) if rows else []
+    expected = reference(window, aggregate, emit, rows, harness.partition_of, where=(lambda r: r[3] == "failed") if where else (lambda r: True))
+    assert got == [(n, s, e, pytest.approx(v)) for n, s, e, v in expected]
+
+
+FAILED_LOGINS = w.detector(
+    "failed-logins",
+    window=w.Sliding(seconds=60),
+    aggregate=w.Count(),
+    emit=w.AtLeast(5),
+    where=lambda records: records["status"] == "failed",
+    required_fields=("status",),
+)
+
+
+def test_five_failed_logins_within_a_minute_across_batches_that_hold_only_successful_ones():
+    """The filter-first trap: a customer's batch that holds only successful logins keeps the
+    failures counted before it."""
+    harness = DetectorHarness(FAILED_LOGINS)
+    assert harness.batch(frame([("c-1", 0, 0), ("c-1", 5_000, 0), ("c-2", 6_000, 0)])).empty
+    assert harness.batch(frame([("c-1", 7_000, 0, "ok"), ("c-1", 8_000, 0, "ok")], start=3)).empty  # successes only
+    harness.restart()
+    found = harness.batch(frame([("c-1", 9_000, 0), ("c-1", 30_000, 0), ("c-1", 59_000, 0), ("c-1", 61_000, 0)], start=5))
+    assert found.index.tolist() == [7] and found.loc[7, "count"] == 5  # the fifth failure within 60 s
+    assert harness.batch(frame([("c-1", 62_000, 0)], start=9)).empty  # not again within the window's length
+
+
+def test_more_than_ten_thousand_eur_per_customer_in_an_hour():
+    rule = w.detector("big-spender", window=w.Tumbling(seconds=3600), aggregate=w.Sum("amount"), emit=w.AtLeast(10_000))
+    harness = DetectorHarness(rule)
+    found = harness.batch(frame([("c-1", 1_000, 6_000), ("c-1", 2_000, 3_000), ("c-1", 3_000, 2_000), ("c-1", 4_000, 500)]))
+    assert found.index.tolist() == [2] and found.loc[2, "sum"] == 11_000
+    assert found.loc[2, "window_end_ms"] - found.loc[2, "window_start_ms"] == 3_600_000
+
+
+def test_a_record_later_than_the_grace_is_dropped():
+    rule = w.detector("late", window=w.Tumbling(seconds=10, grace_seconds=2), aggregate=w.Count(), emit=w.AtLeast(3))
+    harness = DetectorHarness(rule)
+    assert harness.batch(frame([("k", 15_000, 0), ("k", 13_500, 0)])).empty  # 1.5 s behind: within the grace, counted
+    found = harness.batch(frame([("k", 11_000, 0), ("k", 14_000, 0)], start=2))  # 11 s is 4 s behind: dropped
+    assert found.index.tolist() == [3] and found.loc[3, "count"] == 3
+
+
+def test_window_state_expires_with_its_window_and_grace():
+    assert FAILED_LOGINS.state.ttl_seconds == 60
+    assert w.detector("x", w.Tumbling(10, grace_seconds=5), w.Count(), w.Every()).state.ttl_seconds == 15
+
+
+def test_a_hopping_window_that_would_emit_each_record_once_per_window_is_refused():
+    with pytest.raises(TypeError, match="AtLeast"):
+        w.detector("x", w.Hopping(10, 5), w.Count(), w.Every())
