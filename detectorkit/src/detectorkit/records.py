@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pa_json
@@ -18,7 +19,8 @@ MALFORMED_JSON = "malformed_json"
 NOT_AN_OBJECT = "not_an_object"
 MISSING_FIELD = "missing_field"
 DETECTOR_ERROR = "detector_error"
-REASONS = (MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, DETECTOR_ERROR)
+BAD_EVENT_TIME = "bad_event_time"
+REASONS = (MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, DETECTOR_ERROR, BAD_EVENT_TIME)
 
 
 def dead_letter_headers(service: str, reason: str, message: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
@@ -134,3 +136,23 @@ def detections_of(out: Any, index: pd.Index, single: bool = False) -> list[tuple
         raise ValueError("detect() returned rows whose index is not the index of an input record")
     positions = [int(index[0])] * len(out) if single else [int(i) for i in out.index]
     return list(zip(positions, out.to_dict(orient="records"), strict=True))
+
+
+def event_times_ms(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A field's values as event times in epoch milliseconds, and which cannot be one: a number is
+    epoch milliseconds, a string ISO 8601 (a time without a zone is UTC); anything else is refused."""
+    ms = np.zeros(len(values), dtype=np.int64)
+    bad = np.ones(len(values), dtype=bool)
+    raw = values.to_numpy(dtype=object)
+    numbers = np.array([isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v) for v in raw], dtype=bool)
+    if numbers.any():
+        ms[numbers] = np.asarray(raw[numbers], dtype=np.float64).astype(np.int64)
+        bad[numbers] = False
+    texts = np.array([isinstance(v, str) for v in raw], dtype=bool)
+    if texts.any():
+        parsed = pd.to_datetime(pd.Series(raw[texts], dtype=object), utc=True, errors="coerce", format="ISO8601")
+        ok = parsed.notna().to_numpy()
+        where = np.flatnonzero(texts)
+        ms[where[ok]] = parsed[ok].astype("int64").to_numpy() // 1_000_000
+        bad[where[ok]] = False
+    return ms, bad

@@ -160,6 +160,18 @@ class DetectorStage(StageBase):
             keyless = [int(i) for i in frame.index if not keys[int(i)].is_valid]
             rejected += [rec.Rejected(i, rec.MISSING_FIELD, "a detector with state needs the record's Kafka key (its state's key)") for i in keyless]
             frame = frame.drop(index=keyless)
+        field = self.detector.event_time_field
+        if field is not None and len(frame):
+            # The detector's own clock: its field, in place of the Kafka timestamp, for the state's time too.
+            ms, bad = rec.event_times_ms(frame[field])
+            refused = frame.index[bad]
+            rejected += [
+                rec.Rejected(int(i), rec.BAD_EVENT_TIME, f"{field}={frame.at[i, field]!r} is not an event time: epoch milliseconds or ISO 8601")
+                for i in refused
+            ]
+            frame = frame[~bad]
+            stamps_ms = np.array(stamps_ms, dtype=np.int64, copy=True)
+            stamps_ms[frame.index.to_numpy()] = ms[~bad]
         positions = frame.index.to_numpy()
         if len(positions):
             frame[KEY] = _texts(keys.take(pa.array(positions)))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from detectorkit.records import detections_of
+from detectorkit.records import detections_of, event_times_ms
 from detectorkit.state.declaration import DEADLINE, EVENT_TIME, KEY
 from detectorkit.state.runner import run_stateful
 from detectorkit.state.store import PartitionStore
@@ -61,6 +61,12 @@ class DetectorHarness:
         if self.detector.state is None:
             found = detections_of(self.detector.detect(records, self.config), records.index, single=len(records) == 1)
             return _frame(found, records.index.dtype)
+        field = self.detector.event_time_field
+        if field is not None:
+            ms, bad = event_times_ms(records[field])
+            if bad.any():
+                raise DetectorError(f"{int(bad.sum())} record(s) with no event time in {field!r}: in the job, dead letters (bad_event_time)")
+            records = records.assign(**{EVENT_TIME: pd.to_datetime(ms, unit="ms", utc=True)})
         missing = [c for c in (KEY, EVENT_TIME) if c not in records.columns]
         if missing:
             raise ValueError(f"records of a stateful detector need the {' and '.join(missing)} column(s) the runtime adds")
