@@ -201,6 +201,7 @@ def detector(
     where: Callable[[pd.DataFrame], Any] | None = None,
     required_fields: tuple[str, ...] = (),
     config: type = NoConfig,
+    event_time_field: str | None = None,
 ) -> Detector:
     """A stateful `Detector` computing `aggregate` over `window` for each key and emitting by `emit`."""
     if isinstance(window, Hopping) and isinstance(emit, Every):
@@ -217,6 +218,7 @@ def detector(
         config=config,
         required_fields=required_fields,
         state=State(columns=dict(STATE_COLUMNS), ttl_seconds=ttl, name=name),
+        event_time_field=event_time_field,
     )
 
 

@@ -45,8 +45,7 @@ def test_the_event_time_comes_from_the_field_and_an_unreadable_one_is_a_dead_let
 
 
 def test_windows_follow_the_field_and_the_harness_too():
-    rule = w.detector("by-ts", w.Tumbling(seconds=60), w.Count(), w.AtLeast(2), required_fields=("ts",))
-    rule = Detector(**{**rule.__dict__, "event_time_field": "ts"})
+    rule = w.detector("by-ts", w.Tumbling(seconds=60), w.Count(), w.AtLeast(2), event_time_field="ts")
     harness = DetectorHarness(rule)
     records = pd.DataFrame({"key": ["k", "k", "k"], "ts": ["2026-11-26T06:00:10Z", "2026-11-26T06:01:10Z", "2026-11-26T06:01:50Z"]})
     found = harness.batch(records)
