@@ -45,13 +45,19 @@ class Detector:
     # The field a record's event time comes from (epoch milliseconds or ISO 8601) instead of its
     # Kafka timestamp; a record where it cannot be read is a dead letter (bad_event_time).
     event_time_field: str | None = None
+    # The field the state is keyed by, which must be the record's Kafka key (see `key_field` in the
+    # README: a record whose field is another value is a dead letter, key_mismatch).
+    key_field: str | None = None
 
     def __post_init__(self) -> None:
-        if self.event_time_field is not None:
+        for name in ("event_time_field", "key_field"):
+            field = getattr(self, name)
+            if field is None:
+                continue
             if self.state is None:
-                raise TypeError("Detector(event_time_field=...) orders a detector's state in time: it needs state=State(...)")
-            if self.event_time_field not in self.required_fields:
-                object.__setattr__(self, "required_fields", (*self.required_fields, self.event_time_field))
+                raise TypeError(f"Detector({name}=...) is about a detector's state: it needs state=State(...)")
+            if field not in self.required_fields:
+                object.__setattr__(self, "required_fields", (*self.required_fields, field))
         if self.state is not None and not isinstance(self.state, State):
             raise TypeError(f"Detector(state=...) takes a detectorkit.State, not {type(self.state).__name__}")
         if self.on_timer is not None and self.state is None:

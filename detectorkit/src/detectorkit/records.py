@@ -20,7 +20,8 @@ NOT_AN_OBJECT = "not_an_object"
 MISSING_FIELD = "missing_field"
 DETECTOR_ERROR = "detector_error"
 BAD_EVENT_TIME = "bad_event_time"
-REASONS = (MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, DETECTOR_ERROR, BAD_EVENT_TIME)
+KEY_MISMATCH = "key_mismatch"
+REASONS = (MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, DETECTOR_ERROR, BAD_EVENT_TIME, KEY_MISMATCH)
 
 
 def dead_letter_headers(service: str, reason: str, message: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:

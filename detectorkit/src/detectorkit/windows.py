@@ -202,6 +202,7 @@ def detector(
     required_fields: tuple[str, ...] = (),
     config: type = NoConfig,
     event_time_field: str | None = None,
+    key_field: str | None = None,
 ) -> Detector:
     """A stateful `Detector` computing `aggregate` over `window` for each key and emitting by `emit`."""
     if isinstance(window, Hopping) and isinstance(emit, Every):
@@ -219,6 +220,7 @@ def detector(
         required_fields=required_fields,
         state=State(columns=dict(STATE_COLUMNS), ttl_seconds=ttl, name=name),
         event_time_field=event_time_field,
+        key_field=key_field,
     )
 
 

@@ -57,3 +57,18 @@ def test_windows_follow_the_field_and_the_harness_too():
 def test_a_stateless_detector_has_no_event_time_to_take():
     with pytest.raises(TypeError, match="needs state"):
         Detector(name="x", detect=lambda records, config: records.iloc[:0], event_time_field="ts")
+
+
+def test_a_record_whose_key_field_is_not_its_kafka_key_is_a_dead_letter():
+    det = Detector(name="by-customer", detect=echo_times, state=State(columns=("n",)), key_field="customer")
+    values = pa.array([json.dumps({"customer": c}).encode() for c in ("c-1", "c-2", 7)], pa.binary())
+    keys = pa.array([b"c-1", b"c-1", b"7"], pa.binary())
+    batch = KeyedBatch(
+        values, keys, np.full(3, KAFKA_MS, dtype=np.int64), lambda i: Source("in", 0, i, KAFKA_MS, None), PartitionStore(det.state, 0), 3, "in"
+    )
+    found, rejected = as_stage(det).run_keyed(batch, None, "by-customer")
+    assert len(found) == 2  # "c-1" and 7 (its key "7"): the field as text
+    assert [(r.position, r.reason) for r in rejected] == [(1, "key_mismatch")]
+    assert "key the topic by customer upstream" in rejected[0].message
+    # The harness keys records by the field when they come without a Kafka key, as if keyed upstream.
+    assert DetectorHarness(det).batch(pd.DataFrame({"customer": ["c-9"], "ts": [0], "event_time": [KAFKA_MS]})).index.tolist() == [0]

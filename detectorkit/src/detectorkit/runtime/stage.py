@@ -160,6 +160,9 @@ class DetectorStage(StageBase):
             keyless = [int(i) for i in frame.index if not keys[int(i)].is_valid]
             rejected += [rec.Rejected(i, rec.MISSING_FIELD, "a detector with state needs the record's Kafka key (its state's key)") for i in keyless]
             frame = frame.drop(index=keyless)
+        if self.detector.key_field is not None and len(frame):
+            frame, refused = _keyed_by_field(frame, keys, self.detector.key_field)
+            rejected += refused
         field = self.detector.event_time_field
         if field is not None and len(frame):
             # The detector's own clock: its field, in place of the Kafka timestamp, for the state's time too.
@@ -191,6 +194,24 @@ class DetectorStage(StageBase):
     @staticmethod
     def _outputs(found: list[tuple[int, dict]], source: Callable[[int], Source], service: str) -> list[Output]:
         return [Output(position, {"service": service, "detection": fields, "source": source(position).__dict__}) for position, fields in found]
+
+
+def _keyed_by_field(frame: pd.DataFrame, keys: pa.Array, field: str) -> tuple[pd.DataFrame, list[rec.Rejected]]:
+    """The records whose `field` is their Kafka key; the others refused. A partition's state lives
+    with the task that reads it, and the Kafka key chose the partition: state keyed by anything else
+    would be split across partitions and instances. Key the topic upstream instead."""
+    given = _texts(keys.take(pa.array(frame.index.to_numpy())))
+    named = frame[field].astype(str).to_numpy()
+    wrong = named != given
+    refused = [
+        rec.Rejected(
+            int(i),
+            rec.KEY_MISMATCH,
+            f"{field}={frame.at[i, field]!r} is not the record's Kafka key {k!r}: state is kept per Kafka key; key the topic by {field} upstream",
+        )
+        for i, k in zip(frame.index[wrong], given[wrong], strict=True)
+    ]
+    return frame[~wrong], refused
 
 
 def _texts(keys: pa.Array) -> np.ndarray:

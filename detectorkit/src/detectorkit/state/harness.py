@@ -67,6 +67,8 @@ class DetectorHarness:
             if bad.any():
                 raise DetectorError(f"{int(bad.sum())} record(s) with no event time in {field!r}: in the job, dead letters (bad_event_time)")
             records = records.assign(**{EVENT_TIME: pd.to_datetime(ms, unit="ms", utc=True)})
+        if self.detector.key_field is not None and KEY not in records.columns:
+            records = records.assign(**{KEY: records[self.detector.key_field].astype(str)})  # keyed upstream by it
         missing = [c for c in (KEY, EVENT_TIME) if c not in records.columns]
         if missing:
             raise ValueError(f"records of a stateful detector need the {' and '.join(missing)} column(s) the runtime adds")
