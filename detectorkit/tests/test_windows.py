@@ -62,14 +62,7 @@ def reference(window, aggregate, emit, rows, partition_of, where=lambda row: Tru
         made = None
         for start, end in spans:
             inside = [v for t, v in mine if (start < t <= end if isinstance(window, w.Sliding) else start <= t < end)]
-            result = {
-                w.Count: len,
-                w.Sum: sum,
-                w.Min: min,
-                w.Max: max,
-                w.Mean: lambda vs: sum(vs) / len(vs),
-                w.DistinctCount: lambda vs: len(set(vs)),
-            }[type(aggregate)](inside)
+            result = AGGREGATE_OF[type(aggregate)](inside)
             if isinstance(emit, w.Every):
                 made = (start, end, float(result))
                 break
@@ -90,6 +83,97 @@ def reference(window, aggregate, emit, rows, partition_of, where=lambda row: Tru
     return out
 
 
+AGGREGATES = st.sampled_from([w.Count(), w.Sum("amount"), w.Min("amount"), w.Max("amount"), w.Mean("amount"), w.DistinctCount("amount")])
+
+
+AGGREGATE_OF = {
+    w.Count: len,
+    w.Sum: sum,
+    w.Min: min,
+    w.Max: max,
+    w.Mean: lambda vs: sum(vs) / len(vs),
+    w.DistinctCount: lambda vs: len(set(vs)),
+}
+
+
+def reference_final(window, aggregate, rows, partition_of, where=lambda row: True):
+    """Final(), from the definitions: a key's window closes once its partition's time reaches the
+    window's end and grace (before the record that brings it there, and after the last record);
+    its aggregate is over the key's counted records that reached it, each window once. A key with a
+    window still open is held past the TTL; a record older than its key's newest by more than the
+    grace is dropped. (key, start, end, aggregate) of each window, in no order."""
+    size, grace = round(window.seconds * 1000), round(window.grace_seconds * 1000)
+    ttl = int((window.seconds + window.grace_seconds) * 1000)
+    hop = round(window.hop_seconds * 1000) if isinstance(window, w.Hopping) else size
+    newest_of_partition, seen, counted, closed, out = {}, {}, {}, {}, []
+
+    def spans(at):
+        return [(s, s + size) for s in range(at // hop * hop, at - size, -hop)]
+
+    def open_spans(key):
+        return sorted({sp for at, _ in counted.get(key, []) for sp in spans(at)} - {sp for sp in closed.get(key, set())})
+
+    def fire(p, upto):
+        for key in [k for k in counted if partition_of(k) == p]:
+            for start, end in open_spans(key):
+                if end + grace <= upto:
+                    inside = [v for at, v in counted[key] if start <= at < end]
+                    out.append((key, start, end, float(AGGREGATE_OF[type(aggregate)](inside))))
+                    closed.setdefault(key, set()).add((start, end))
+
+    for row in rows:
+        key, at, value = row[0], T0 + row[1], float(row[2])
+        p = partition_of(key)
+        mark = max(newest_of_partition.get(p, -math.inf), at)
+        fire(p, mark)
+        if key in seen and mark - seen[key] > ttl and not open_spans(key):
+            counted.pop(key, None), closed.pop(key, None)
+        newest_of_partition[p] = mark
+        seen[key] = max(seen.get(key, at), at)
+        if not where(row):
+            continue
+        mine = counted.setdefault(key, [])
+        if mine and at < max(t for t, _ in mine) - grace:
+            continue
+        mine.append((at, value))
+    for p, upto in newest_of_partition.items():
+        fire(p, upto)
+    return sorted(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    window=st.one_of(
+        st.builds(w.Tumbling, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
+        st.builds(w.Hopping, st.just(10), st.sampled_from([5, 10]), st.sampled_from([0, 3])),
+    ),
+    aggregate=AGGREGATES,
+    rows=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 30_000), st.integers(-2, 5), st.sampled_from(["failed", "ok"])),
+        min_size=20,
+        max_size=60,
+    ),
+    cuts=st.lists(st.integers(0, 60), min_size=2, max_size=8),
+    restarts=st.lists(st.booleans(), min_size=9, max_size=9),
+    partitions=st.integers(1, 2),
+    where=st.booleans(),
+)
+def test_final_windows_close_as_one_pass_closes_them_whatever_the_batches(window, aggregate, rows, cuts, restarts, partitions, where):
+    rows = sorted(rows, key=lambda r: r[1] // 4_000)
+    pick = (lambda records: records["status"] == "failed") if where else None
+    harness = DetectorHarness(w.detector("closing", window, aggregate, w.Final(), where=pick), partitions=partitions)
+    fired = []
+    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
+    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        if restarts[n % len(restarts)]:
+            harness.restart()
+        assert harness.batch(frame(rows[lo:hi], start=lo)).empty  # Final() emits from timers only
+        fired.append(harness.take_fired())
+    got = sorted((str(k), int(r["window_start_ms"]), int(r["window_end_ms"]), float(r[aggregate.name])) for f in fired for k, r in f.iterrows())
+    expected = reference_final(window, aggregate, rows, harness.partition_of, where=(lambda r: r[3] == "failed") if where else (lambda r: True))
+    assert got == [(k, s, e, pytest.approx(v)) for k, s, e, v in expected]
+
+
 def answers(detections, aggregate):
     return sorted((int(i), int(r["window_start_ms"]), int(r["window_end_ms"]), float(r[aggregate.name])) for i, r in detections.iterrows())
 
@@ -99,7 +183,6 @@ WINDOWS = st.one_of(
     st.builds(w.Tumbling, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
     st.builds(w.Hopping, st.just(10), st.sampled_from([5, 10]), st.sampled_from([0, 3])),
 )
-AGGREGATES = st.sampled_from([w.Count(), w.Sum("amount"), w.Min("amount"), w.Max("amount"), w.Mean("amount"), w.DistinctCount("amount")])
 
 
 @settings(max_examples=300, deadline=None)

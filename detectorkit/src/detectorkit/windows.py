@@ -185,7 +185,13 @@ class AtLeast:
     threshold: float
 
 
-Emit = Every | AtLeast
+@dataclasses.dataclass(frozen=True)
+class Final:
+    """One detection per window once it closes: when the partition's event time passes its end and
+    grace (a timer). Its aggregate is over the records that reached it by then."""
+
+
+Emit = Every | AtLeast | Final
 
 
 # ---- the detector ------------------------------------------------------------------------------
@@ -206,7 +212,11 @@ def detector(
 ) -> Detector:
     """A stateful `Detector` computing `aggregate` over `window` for each key and emitting by `emit`."""
     if isinstance(window, Hopping) and isinstance(emit, Every):
-        raise TypeError("Hopping windows emit AtLeast(threshold): with Every a record would be a detection once per window it is in")
+        raise TypeError("Hopping windows emit AtLeast(threshold) or Final(): with Every a record would be a detection once per window it is in")
+    if isinstance(emit, Final) and isinstance(window, Sliding):
+        raise TypeError("Final() closes Tumbling or Hopping windows; a sliding window, one per record, never closes alone")
+    if isinstance(emit, Final) and isinstance(window, Hopping) and window.seconds / window.hop_seconds > 50:
+        raise ValueError("Final() with Hopping windows takes at most 50 windows per record (seconds / hop_seconds <= 50)")
     if aggregate.field is not None and aggregate.field not in required_fields:
         required_fields = (*required_fields, aggregate.field)
     # A key's state can change only while a record may still land in one of its windows: within the
@@ -219,6 +229,7 @@ def detector(
         config=config,
         required_fields=required_fields,
         state=State(columns=dict(STATE_COLUMNS), ttl_seconds=ttl, name=name),
+        on_timer=rule.on_timer if isinstance(emit, Final) else None,
         event_time_field=event_time_field,
         key_field=key_field,
     )
@@ -242,6 +253,7 @@ class _Rule:
         held = {k: (list(t), list(v), list(e)) for k, t, v, e in _rows(state)}
         order = pd.factorize(keys)[0] if len(keys) else np.array([], dtype=np.int64)
         by_key = pd.Series(np.arange(len(keys))).groupby(order, sort=False).indices if len(keys) else {}
+        timers: dict[Any, int | None] = {}
         for rows in by_key.values():
             key = keys[rows[0]]
             t, v, e = held.pop(key, ([], [], []))
@@ -249,9 +261,55 @@ class _Rule:
                 emitted = self._record(t, v, e, int(times[i]), float(values[i]))
                 if emitted is not None:
                     found.append((positions[i], *emitted))
+                if isinstance(self.emit, Final):
+                    # After each record, not only the key's last: the runner fires a timer between
+                    # the records it falls among, before the records that come after it.
+                    timers[positions[i]] = self._next_close(t, v, e)
             new[key] = self._pruned(t, v, e)
         new.update(held)  # keys with state and no counted record here keep it as it was
-        return self._detections(found, records), _frame(new)
+        detections, new_state = self._detections(found, records), _frame(new)
+        if not isinstance(self.emit, Final):
+            return detections, new_state
+        at = pd.Series(
+            [pd.NaT if ms is None else pd.Timestamp(ms, unit="ms", tz="UTC") for ms in timers.values()],
+            index=list(timers),
+            dtype="datetime64[ns, UTC]",
+        )
+        return detections, new_state, at
+
+    def on_timer(self, fired: pd.DataFrame, config: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series]:
+        """Final(): the windows of each fired key that close by its timer, each once."""
+        found, new, timers = [], {}, {}
+        grace = _ms_or_zero(self.window.grace_seconds)
+        deadlines = fired["deadline"].astype("int64").to_numpy() // 1_000_000
+        for (key, t, v, e), deadline in zip(_rows(fired), deadlines.tolist(), strict=True):
+            t, v, e = list(t), list(v), list(e)
+            times, vals = np.asarray(t, dtype=np.int64), np.asarray(v, dtype=np.float64)
+            for span in sorted({s for x in t for s in self.window.spans(x)}):
+                if span[0] in e or span[1] + grace > deadline:
+                    continue
+                found.append((key, *span, self.aggregate.of(vals[_members(self.window, times, span)])))
+                e.append(span[0])
+            new[key] = self._pruned(t, v, e)
+            timers[key] = self._next_close(*new[key])
+        if found:
+            keys, starts, ends, results = zip(*found, strict=True)
+            detections = pd.DataFrame(
+                {"window_start_ms": list(starts), "window_end_ms": list(ends), self.aggregate.name: list(results)}, index=pd.Index(keys, dtype=object)
+            )
+        else:
+            detections = pd.DataFrame({"window_start_ms": [], "window_end_ms": [], self.aggregate.name: []}, index=pd.Index([], dtype=object))
+        at = pd.Series(
+            [pd.NaT if ms is None else pd.Timestamp(ms, unit="ms", tz="UTC") for ms in timers.values()],
+            index=pd.Index(list(timers), dtype=object),
+            dtype="datetime64[ns, UTC]",
+        )
+        return detections, _frame(new), at
+
+    def _next_close(self, t: list[int], v: list[float], e: list[int]) -> int | None:
+        """When the earliest window of the key's records that has not closed closes (Final())."""
+        ends = [span[1] for x in t for span in self.window.spans(x) if span[0] not in e]
+        return min(ends) + _ms_or_zero(self.window.grace_seconds) if ends else None
 
     def _record(self, t: list[int], v: list[float], e: list[int], at: int, value: float) -> tuple[int, int, float] | None:
         """One record, in arrival order: appended to its key's records (unless late), its windows'
@@ -261,6 +319,8 @@ class _Rule:
             return None  # late: its windows are closed
         t.append(at)
         v.append(value)
+        if isinstance(self.emit, Final):
+            return None  # its windows are emitted when they close (on_timer)
         times, vals = np.asarray(t), np.asarray(v)
         made = None
         for span in self.window.spans(at):
@@ -284,9 +344,16 @@ class _Rule:
         if not t:
             return t, v, e
         horizon = max(t) - _ms_or_zero(self.window.grace_seconds) - _ms(self.window.seconds)
-        keep = [i for i, x in enumerate(t) if x > horizon]
-        # A window that starts at or before the horizon can take no record any more.
-        emitted = e if isinstance(self.window, Sliding) else [s for s in e if s > horizon]
+        if isinstance(self.emit, Final):
+            # Until its windows have closed; the newest stays, for the lateness of the next record.
+            newest = max(t)
+            keep = [i for i, x in enumerate(t) if x == newest or any(s not in e for s, _ in self.window.spans(x))]
+        else:
+            keep = [i for i, x in enumerate(t) if x > horizon]
+        # A window that starts at or before the horizon can take no record any more (unless a
+        # record kept is in it: the newest, whose closed windows must stay closed).
+        held = {s for i in keep for s, _ in self.window.spans(t[i])} if isinstance(self.emit, Final) else set()
+        emitted = e if isinstance(self.window, Sliding) else [s for s in e if s > horizon or s in held]
         return [t[i] for i in keep], [v[i] for i in keep], emitted
 
     def _detections(self, found: list[tuple[Any, int, int, float]], records: pd.DataFrame) -> pd.DataFrame:
@@ -327,6 +394,7 @@ __all__ = [
     "Count",
     "DistinctCount",
     "Every",
+    "Final",
     "Hopping",
     "Max",
     "Mean",
