@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -103,57 +103,48 @@ def _members(window: Window, times: np.ndarray, span: tuple[int, int]) -> np.nda
 
 
 @dataclasses.dataclass(frozen=True)
-class Count:
+class _Aggregate:
+    """Of a field of the window's records (`field`), named `name` in the detection."""
+
     field: str | None = None
-    name: str = "count"
+    name: str = ""
+    default_name: ClassVar[str]
+    reduce: ClassVar[Callable[[np.ndarray], Any]]
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.default_name)
 
     def of(self, values: np.ndarray) -> float:
-        return float(len(values))
+        return float(type(self).reduce(values))
 
 
-@dataclasses.dataclass(frozen=True)
-class Sum:
-    field: str
-    name: str = "sum"
-
-    def of(self, values: np.ndarray) -> float:
-        return float(values.sum())
+class Count(_Aggregate):
+    default_name, reduce = "count", len
 
 
-@dataclasses.dataclass(frozen=True)
-class Min:
-    field: str
-    name: str = "min"
-
-    def of(self, values: np.ndarray) -> float:
-        return float(values.min())
+class Sum(_Aggregate):
+    default_name, reduce = "sum", np.sum
 
 
-@dataclasses.dataclass(frozen=True)
-class Max:
-    field: str
-    name: str = "max"
-
-    def of(self, values: np.ndarray) -> float:
-        return float(values.max())
+class Min(_Aggregate):
+    default_name, reduce = "min", np.min
 
 
-@dataclasses.dataclass(frozen=True)
-class Mean:
-    field: str
-    name: str = "mean"
-
-    def of(self, values: np.ndarray) -> float:
-        return float(values.mean())
+class Max(_Aggregate):
+    default_name, reduce = "max", np.max
 
 
-@dataclasses.dataclass(frozen=True)
-class DistinctCount:
-    field: str
-    name: str = "distinct"
+class Mean(_Aggregate):
+    default_name, reduce = "mean", np.mean
 
-    def of(self, values: np.ndarray) -> float:
-        return float(len(np.unique(values)))
+
+class DistinctCount(_Aggregate):
+    default_name = "distinct"
+
+    @staticmethod
+    def reduce(values: np.ndarray) -> int:
+        return len(np.unique(values))
 
 
 Aggregate = Count | Sum | Min | Max | Mean | DistinctCount
