@@ -235,6 +235,9 @@ class _Rule:
 
     def detect(self, records: pd.DataFrame, state: pd.DataFrame, config: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
         counted = records if self.where is None else records[np.asarray(self.where(records), dtype=bool)]
+        fast = self._fast(counted, state, records)
+        if fast is not None:
+            return fast
         times = counted["event_time"].astype("int64").to_numpy() // 1_000_000
         values = _values(self.aggregate, counted)
         keys = counted["key"].to_numpy()
@@ -267,6 +270,105 @@ class _Rule:
             dtype="datetime64[ns, UTC]",
         )
         return detections, new_state, at
+
+    def _fast(self, counted: pd.DataFrame, state: pd.DataFrame, records: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+        """`detect` as array operations over the whole batch, for a count or a sum over sliding or
+        tumbling windows emitted Every() or AtLeast(): the same answers and the same state as the
+        record-by-record rule (the property tests run both). None where it does not apply: another
+        window, aggregate or emit, or a sliding window over a key whose times go back."""
+        window, emit = self.window, self.emit
+        if type(self.aggregate) not in (Count, Sum) or not isinstance(window, Sliding | Tumbling) or isinstance(emit, Final):
+            return None
+        size, grace = _ms(window.seconds), _ms_or_zero(window.grace_seconds)
+        held_keys = state.index.to_numpy()
+        codes, keys = pd.factorize(np.concatenate([held_keys, counted["key"].to_numpy()]))
+        held_code, new_code = codes[: len(held_keys)], codes[len(held_keys) :]
+        t_len = state["t"].list.len().to_numpy() if len(state) else np.zeros(0, dtype=np.int64)
+        e_len = state["emitted"].list.len().to_numpy() if len(state) else np.zeros(0, dtype=np.int64)
+        old_t = state["t"].list.flatten().to_numpy().astype(np.int64) if len(state) else np.zeros(0, dtype=np.int64)
+        old_v = state["v"].list.flatten().to_numpy().astype(np.float64) if len(state) else np.zeros(0)
+        old_e = state["emitted"].list.flatten().to_numpy().astype(np.int64) if len(state) else np.zeros(0, dtype=np.int64)
+        e_code = np.repeat(held_code, e_len)
+        # Each key's records in arrival order, its held ones first: a stable sort by key.
+        code = np.concatenate([np.repeat(held_code, t_len), new_code])
+        t = np.concatenate([old_t, counted["event_time"].astype("int64").to_numpy() // 1_000_000])
+        v = np.concatenate([old_v, _values(self.aggregate, counted)])
+        at = np.concatenate([np.full(len(old_t), -1), np.arange(len(counted))])  # -1: held
+        order = np.argsort(code, kind="stable")
+        code, t, v, at = code[order], t[order], v[order], at[order]
+        # Late: older than the key's newest before it by more than the grace (a late record moves no newest).
+        before = pd.Series(t).groupby(code).cummax().groupby(code).shift(1).to_numpy()
+        kept = ~((at >= 0) & (t < before - grace))
+        code, t, v, at = code[kept], t[kept], v[kept], at[kept]
+        if isinstance(window, Sliding):
+            if ((code[1:] == code[:-1]) & (t[1:] < t[:-1])).any():
+                return None  # a key's times go back: which records a window holds depends on their order
+            span = (t.max() - t.min() + size + 1) if len(t) else 1
+            place = code * span + (t - (t.min() if len(t) else 0))
+            lo = np.searchsorted(place, place - size, side="right")  # a key's first record inside (t - size, t]
+            sums = np.concatenate([[0.0], np.cumsum(v if isinstance(self.aggregate, Sum) else np.ones(len(v)))])
+            result = sums[np.arange(len(t)) + 1] - sums[lo]
+            starts, ends = t - size, t
+        else:
+            starts = t // size * size
+            ends = starts + size
+            per_window = pd.Series(v if isinstance(self.aggregate, Sum) else np.ones(len(v))).groupby([code, starts])
+            result = per_window.cumsum().to_numpy()
+        fresh = at >= 0
+        last_emit = {}
+        if isinstance(emit, Every):
+            emitting = fresh
+        elif isinstance(window, Tumbling):
+            done = set(zip(e_code.tolist(), old_e.tolist(), strict=True))
+            candidate = fresh & (result >= emit.threshold)
+            candidate &= np.array([(c, s) not in done for c, s in zip(code.tolist(), starts.tolist(), strict=True)], dtype=bool)
+            first = pd.Series(np.arange(len(t)))[candidate].groupby([code[candidate], starts[candidate]]).head(1).to_numpy()
+            emitting = np.zeros(len(t), dtype=bool)
+            emitting[first] = True
+        else:
+            last_emit = {c: e for c, e in zip(e_code.tolist(), old_e.tolist(), strict=True)}
+            emitting = np.zeros(len(t), dtype=bool)
+            for i in np.flatnonzero(fresh & (result >= emit.threshold)).tolist():
+                c, now = int(code[i]), int(t[i])
+                if c in last_emit and now - last_emit[c] <= size:
+                    continue
+                last_emit[c] = now
+                emitting[i] = True
+        # What can still count: a key's records within the window and grace of its newest.
+        newest = np.full(len(keys), np.iinfo(np.int64).min)
+        np.maximum.at(newest, code, t)
+        horizon = newest - grace - size
+        keep = t > horizon[code]
+        if isinstance(window, Sliding):
+            e_pairs = sorted(last_emit.items()) if not isinstance(emit, Every) else list(zip(e_code.tolist(), old_e.tolist(), strict=True))
+            new_e_code = np.array([c for c, _ in e_pairs], dtype=np.int64)
+            new_e = np.array([e for _, e in e_pairs], dtype=np.int64)
+        else:
+            new_e_code = np.concatenate([e_code, code[emitting]]) if not isinstance(emit, Every) else e_code
+            new_e = np.concatenate([old_e, starts[emitting]]) if not isinstance(emit, Every) else old_e
+            e_order = np.argsort(new_e_code, kind="stable")
+            new_e_code, new_e = new_e_code[e_order], new_e[e_order]
+            alive = new_e > horizon[new_e_code]
+            new_e_code, new_e = new_e_code[alive], new_e[alive]
+        new_state = pd.DataFrame(
+            {
+                "t": lists(t[keep], np.bincount(code[keep], minlength=len(keys))),
+                "v": lists(v[keep], np.bincount(code[keep], minlength=len(keys))),
+                "emitted": lists(new_e, np.bincount(new_e_code, minlength=len(keys))),
+            },
+            index=pd.Index(keys, dtype=object),
+        )
+        rows = np.flatnonzero(emitting)
+        found = list(
+            zip(
+                counted.index.to_numpy()[at[rows]].tolist(),
+                starts[rows].tolist(),
+                ends[rows].tolist(),
+                result[rows].astype(float).tolist(),
+                strict=True,
+            )
+        )
+        return self._detections(found, records), new_state
 
     def on_timer(self, fired: pd.DataFrame, config: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series]:
         """Final(): the windows of each fired key that close by its timer, each once."""
