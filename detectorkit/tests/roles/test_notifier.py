@@ -22,6 +22,8 @@ from detectorkit.roles import notifier as nt
 from detectorkit.runtime import processing, task_result
 from detectorkit.runtime.stage import KeyedBatch, Source
 from detectorkit.runtime.task_context import TaskContext
+from detectorkit.runtime.task_stores import TaskStores
+from detectorkit.runtime.writers import AtLeastOnceWriter
 from detectorkit.settings import SettingsError
 from detectorkit.state import cache, changelog, codec
 from detectorkit.state.changelog import StateContext
@@ -439,7 +441,12 @@ def task_batch(notifier, kafka, monkeypatch, items, start, partition=0):
     state = StateContext(f"{GROUP}.notifications", {}, 5.0, 600.0, 60.0, "detections")
     ctx = TaskContext("notifier", notifier, CONFIG, {}, "notifications", "notifier.dlq", state=state)
     source = SimpleNamespace(client_conf={}, group=GROUP, topic="detections")
-    return task_result.rows_of(processing.process_planned(ctx, source, [PartitionRange("detections", partition, start, start + n)]))
+    ranges = [PartitionRange("detections", partition, start, start + n)]
+    # What process_planned does, without setting up a worker's logging in the test's process (its
+    # handler would keep this test's captured stderr, and later tests' logs would go there).
+    with AtLeastOnceWriter(ctx) as writer:
+        stores = TaskStores.open(ctx, ranges, source)
+        return task_result.rows_of(processing.run_task(ctx, iter([batch]), {partition: start + n}, stores, writer))
 
 
 def prepared():

@@ -125,8 +125,8 @@ class LocalCluster:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as response:
                 return json.loads(response.read())
-        except OSError:
-            return {}
+        except (OSError, ValueError):
+            return {}  # not up, or starting: its UI answers an empty body before the master is ready (seen on a loaded machine)
 
     def alive_workers(self) -> int:
         return sum(1 for w in self.status().get("workers", []) if w.get("state") == "ALIVE")
