@@ -28,23 +28,23 @@ def frame(rows, start=0):
     )
 
 
-def reference(window, aggregate, emit, rows, partition_of, where=lambda row: True):
-    """One pass, record by record, from the definitions: a record older than its key's newest counted
-    one by more than the grace is dropped; a window's aggregate is over the key's counted records so
-    far within it; AtLeast emits when a window first reaches the threshold (a sliding window: not
-    again for the key within a window's length). A key whose newest record (counted or not) is more
-    than window + grace behind its partition's time starts afresh (the runtime's TTL)."""
-    size = round(window.seconds * 1000)
+def admitted(window, rows, partition_of, where, counted, forget, partition_time, held=lambda key: False, before=lambda p, mark: None):
+    """The records one pass counts, from the definitions, each yielded as (n, key, time) once it is
+    in counted[key]: a record older than its key's newest counted one by more than the grace is
+    dropped; a key whose newest record (counted or not) is more than window + grace behind its
+    partition's time starts afresh (the runtime's TTL), unless `held`; `before(partition, time)`
+    runs before each record, with the partition's time it brings."""
     grace = round(window.grace_seconds * 1000)
     ttl = int((window.seconds + window.grace_seconds) * 1000)
-    newest_of_partition, seen, counted, emitted, out = {}, {}, {}, {}, []
+    seen = {}
     for n, row in enumerate(rows):
         key, at, value = row[0], T0 + row[1], float(row[2])
         p = partition_of(key)
-        mark = max(newest_of_partition.get(p, -math.inf), at)
-        if key in seen and mark - seen[key] > ttl:
-            counted.pop(key, None), emitted.pop(key, None)
-        newest_of_partition[p] = mark
+        mark = max(partition_time.get(p, -math.inf), at)
+        before(p, mark)
+        if key in seen and mark - seen[key] > ttl and not held(key):
+            counted.pop(key, None), forget(key)
+        partition_time[p] = mark
         seen[key] = max(seen.get(key, at), at)
         if not where(row):
             continue
@@ -52,6 +52,18 @@ def reference(window, aggregate, emit, rows, partition_of, where=lambda row: Tru
         if mine and at < max(t for t, _ in mine) - grace:
             continue
         mine.append((at, value))
+        yield n, key, at
+
+
+def reference(window, aggregate, emit, rows, partition_of, where=lambda row: True):
+    """One pass, record by record, from the definitions: a record older than its key's newest counted
+    one by more than the grace is dropped; a window's aggregate is over the key's counted records so
+    far within it; AtLeast emits when a window first reaches the threshold (a sliding window: not
+    again for the key within a window's length). Which records count: `admitted`."""
+    size = round(window.seconds * 1000)
+    counted, emitted, out = {}, {}, []
+    for n, key, at in admitted(window, rows, partition_of, where, counted, lambda key: emitted.pop(key, None), {}):
+        mine = counted[key]
         if isinstance(window, w.Sliding):
             spans = [(at - size, at)]
         elif isinstance(window, w.Tumbling):
@@ -103,9 +115,8 @@ def reference_final(window, aggregate, rows, partition_of, where=lambda row: Tru
     window still open is held past the TTL; a record older than its key's newest by more than the
     grace is dropped. (key, start, end, aggregate) of each window, in no order."""
     size, grace = round(window.seconds * 1000), round(window.grace_seconds * 1000)
-    ttl = int((window.seconds + window.grace_seconds) * 1000)
     hop = round(window.hop_seconds * 1000) if isinstance(window, w.Hopping) else size
-    newest_of_partition, seen, counted, closed, out = {}, {}, {}, {}, []
+    partition_time, counted, closed, out = {}, {}, {}, []
 
     def spans(at):
         return [(s, s + size) for s in range(at // hop * hop, at - size, -hop)]
@@ -121,22 +132,9 @@ def reference_final(window, aggregate, rows, partition_of, where=lambda row: Tru
                     out.append((key, start, end, float(AGGREGATE_OF[type(aggregate)](inside))))
                     closed.setdefault(key, set()).add((start, end))
 
-    for row in rows:
-        key, at, value = row[0], T0 + row[1], float(row[2])
-        p = partition_of(key)
-        mark = max(newest_of_partition.get(p, -math.inf), at)
-        fire(p, mark)
-        if key in seen and mark - seen[key] > ttl and not open_spans(key):
-            counted.pop(key, None), closed.pop(key, None)
-        newest_of_partition[p] = mark
-        seen[key] = max(seen.get(key, at), at)
-        if not where(row):
-            continue
-        mine = counted.setdefault(key, [])
-        if mine and at < max(t for t, _ in mine) - grace:
-            continue
-        mine.append((at, value))
-    for p, upto in newest_of_partition.items():
+    for _ in admitted(window, rows, partition_of, where, counted, lambda key: closed.pop(key, None), partition_time, held=open_spans, before=fire):
+        pass
+    for p, upto in partition_time.items():
         fire(p, upto)
     return sorted(out)
 
