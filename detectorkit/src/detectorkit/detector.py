@@ -48,6 +48,9 @@ class Detector:
     # The field the state is keyed by, which must be the record's Kafka key (see `key_field` in the
     # README: a record whose field is another value is a dead letter, key_mismatch).
     key_field: str | None = None
+    # Builds the detector for the config the job reads at start (a window sized by a setting); None:
+    # this detector serves every config.
+    configure: Callable[[Any], Detector] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("event_time_field", "key_field"):
@@ -62,6 +65,10 @@ class Detector:
             raise TypeError(f"Detector(state=...) takes a detectorkit.State, not {type(self.state).__name__}")
         if self.on_timer is not None and self.state is None:
             raise TypeError("Detector(on_timer=...) needs state=State(...): a timer belongs to a key's state")
+
+    def configured(self, config: Any) -> Detector:
+        """The detector to run with `config`: itself, unless it is built from its config."""
+        return self if self.configure is None else self.configure(config)
 
     def load_config(self, environ: Mapping[str, str] | None = None) -> Any:
         """The config dataclass filled from DETECTOR_<FIELD> variables; SettingsError on a bad value."""

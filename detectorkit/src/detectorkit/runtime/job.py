@@ -68,6 +68,7 @@ class StreamJob:
         self.settings = settings if settings.consumer_group and settings.dlq_topic else settings.for_service(self.stage.name)
         self.spark = spark
         self.config = self.stage.load_config() if config is None else config
+        self.stage = self.stage.configured(self.config)
         s = self.settings
         self._base = clients.base(s.kafka_bootstrap_servers, s.kafka_options)
         self.broker_kind = s.kafka_broker_kind

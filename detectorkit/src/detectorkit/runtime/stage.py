@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -87,6 +87,10 @@ class Stage(Protocol):
 
     def load_config(self) -> Any: ...
 
+    def configured(self, config: Any) -> Stage:
+        """0. Once its config is read: the stage to run with it (a window sized by a setting)."""
+        ...
+
     def prepare_job(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str) -> None:
         """1. At start, before the group is joined and before any batch: create what it needs
         (its topics) and take its configuration (the notifier: its state's TTL, its delivery)."""
@@ -110,6 +114,9 @@ class StageBase:
 
     state: State | None = None
     ticks: bool = False
+
+    def configured(self, config: Any) -> Stage:
+        return self
 
     def prepare_job(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str) -> None:
         return None
@@ -136,6 +143,10 @@ class DetectorStage(StageBase):
 
     def load_config(self) -> Any:
         return self.detector.load_config()
+
+    def configured(self, config: Any) -> DetectorStage:
+        detector = self.detector.configured(config)
+        return self if detector is self.detector else replace(self, detector=detector)
 
     @property
     def state(self) -> State | None:

@@ -50,6 +50,7 @@ class DetectorHarness:
     def __post_init__(self) -> None:
         if self.config is None:
             self.config = self.detector.config()
+        self.detector = self.detector.configured(self.config)
         if self.partitions < 1:
             raise ValueError("partitions must be at least 1")
 
