@@ -2,6 +2,7 @@
 partitions, against a reference written from the definitions alone; and the rules a data scientist
 writes with them."""
 
+import dataclasses
 import math
 
 import pandas as pd
@@ -28,14 +29,27 @@ def frame(rows, start=0):
     )
 
 
-def admitted(window, rows, partition_of, where, counted, forget, partition_time, held=lambda key: False, before=lambda p, mark: None):
+def admitted(
+    window,
+    rows,
+    partition_of,
+    where,
+    counted,
+    forget,
+    partition_time,
+    held=lambda key: False,
+    before=lambda p, mark: None,
+    closed=lambda key, at: False,
+):
     """The records one pass counts, from the definitions, each yielded as (n, key, time) once it is
     in counted[key]: a record older than its key's newest counted one by more than the grace is
-    dropped; a key whose newest record (counted or not) is more than window + grace behind its
-    partition's time starts afresh (the runtime's TTL), unless `held`; `before(partition, time)`
-    runs before each record, with the partition's time it brings."""
+    dropped, and so is one `closed` says would join a window already closed; a key whose newest
+    record (counted or not) is more than window (a session's gap) + grace behind its partition's
+    time starts afresh (the runtime's TTL), unless `held`; `before(partition, time)` runs before
+    each record, with the partition's time it brings."""
     grace = round(window.grace_seconds * 1000)
-    ttl = int((window.seconds + window.grace_seconds) * 1000)
+    reach = window.gap_seconds if isinstance(window, w.Session) else window.seconds
+    ttl = int((reach + window.grace_seconds) * 1000)
     seen = {}
     for n, row in enumerate(rows):
         key, at, value = row[0], T0 + row[1], float(row[2])
@@ -49,7 +63,7 @@ def admitted(window, rows, partition_of, where, counted, forget, partition_time,
         if not where(row):
             continue
         mine = counted.setdefault(key, [])
-        if mine and at < max(t for t, _ in mine) - grace:
+        if mine and at < max(t for t, _ in mine) - grace or closed(key, at):
             continue
         mine.append((at, value))
         yield n, key, at
@@ -168,7 +182,7 @@ def test_final_windows_close_as_one_pass_closes_them_whatever_the_batches(window
         assert harness.batch(frame(rows[lo:hi], start=lo)).empty  # Final() emits from timers only
         fired.append(harness.take_fired())
     got = sorted((str(k), int(r["window_start_ms"]), int(r["window_end_ms"]), float(r[aggregate.name])) for f in fired for k, r in f.iterrows())
-    expected = reference_final(window, aggregate, rows, harness.partition_of, where=(lambda r: r[3] == "failed") if where else (lambda r: True))
+    expected = reference_final(window, aggregate, rows, harness.partition_of, where=failed_only if where else everything)
     assert got == [(k, s, e, pytest.approx(v)) for k, s, e, v in expected]
 
 
@@ -214,7 +228,7 @@ def test_a_window_detector_gives_the_single_pass_answers_whatever_the_batches_re
             harness.restart()
         found.append(harness.batch(frame(rows[lo:hi], start=lo)))
     got = answers(pd.concat(found) if found else pd.DataFrame(), aggregate) if rows else []
-    expected = reference(window, aggregate, emit, rows, harness.partition_of, where=(lambda r: r[3] == "failed") if where else (lambda r: True))
+    expected = reference(window, aggregate, emit, rows, harness.partition_of, where=failed_only if where else everything)
     assert got == [(n, s, e, pytest.approx(v)) for n, s, e, v in expected]
 
 
@@ -264,3 +278,187 @@ def test_window_state_expires_with_its_window_and_grace():
 def test_a_hopping_window_that_would_emit_each_record_once_per_window_is_refused():
     with pytest.raises(TypeError, match="AtLeast"):
         w.detector("x", w.Hopping(10, 5), w.Count(), w.Every())
+
+
+def failed_only(row):
+    return row[3] == "failed"
+
+
+def everything(row):
+    return True
+
+
+def sessions_of(times, gap):
+    """(first, last) of each session: a key's times, sorted, cut wherever two are a gap or more apart."""
+    out = []
+    for t in sorted(times):
+        if out and t - out[-1][1] < gap:
+            out[-1][1] = t
+        else:
+            out.append([t, t])
+    return [tuple(s) for s in out]
+
+
+def reference_sessions(window, aggregate, emit, rows, partition_of, where=lambda row: True):
+    """Every() and AtLeast() over sessions, from the definitions: after each counted record, the
+    session it is in, over the key's counted records so far; AtLeast emits once per session (a
+    session that merged with one that emitted has emitted)."""
+    gap = round(window.gap_seconds * 1000)
+    counted, emitted, out = {}, {}, []
+    for n, key, at in admitted(window, rows, partition_of, where, counted, lambda key: emitted.pop(key, None), {}):
+        start, end = next(s for s in sessions_of([t for t, _ in counted[key]], gap) if s[0] <= at <= s[1])
+        result = float(AGGREGATE_OF[type(aggregate)]([v for t, v in counted[key] if start <= t <= end]))
+        if isinstance(emit, w.Every):
+            out.append((n, start, end, result))
+        elif result >= emit.threshold and not any(start <= x <= end for x in emitted.get(key, [])):
+            emitted.setdefault(key, []).append(at)
+            out.append((n, start, end, result))
+    return out
+
+
+def reference_sessions_final(window, aggregate, rows, partition_of, where=lambda row: True):
+    """Final() over sessions, from the definitions: a session closes once its partition's time
+    reaches its last record + the gap + the grace; a record that would join a closed session is
+    dropped; a key with a session open is held past the TTL."""
+    gap, grace = round(window.gap_seconds * 1000), round(window.grace_seconds * 1000)
+    partition_time, counted, closed, out = {}, {}, {}, []
+
+    def open_sessions(key):
+        return [s for s in sessions_of([t for t, _ in counted.get(key, [])], gap) if key not in closed or s[1] > closed[key]]
+
+    def fire(p, upto):
+        for key in [k for k in counted if partition_of(k) == p]:
+            for start, end in open_sessions(key):
+                if end + gap + grace <= upto:
+                    inside = [v for at, v in counted[key] if start <= at <= end]
+                    out.append((key, start, end, float(AGGREGATE_OF[type(aggregate)](inside))))
+                    closed[key] = end
+
+    def joins_closed(key, at):
+        return key in closed and at < closed[key] + gap
+
+    for _ in admitted(
+        window,
+        rows,
+        partition_of,
+        where,
+        counted,
+        lambda key: closed.pop(key, None),
+        partition_time,
+        held=open_sessions,
+        before=fire,
+        closed=joins_closed,
+    ):
+        pass
+    for p, upto in partition_time.items():
+        fire(p, upto)
+    return sorted(out)
+
+
+SESSION_ROWS = st.lists(
+    st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 40_000), st.integers(-2, 5), st.sampled_from(["failed", "ok"])),
+    min_size=20,
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    window=st.builds(w.Session, st.sampled_from([2, 5]), st.sampled_from([0, 3])),
+    aggregate=AGGREGATES,
+    every=st.booleans(),
+    threshold=st.sampled_from([2, 3, 5]),
+    rows=SESSION_ROWS,
+    cuts=st.lists(st.integers(0, 60), min_size=2, max_size=8),
+    restarts=st.lists(st.booleans(), min_size=9, max_size=9),
+    partitions=st.integers(1, 2),
+    where=st.booleans(),
+)
+def test_session_windows_give_the_single_pass_answers_whatever_the_batches(
+    window, aggregate, every, threshold, rows, cuts, restarts, partitions, where
+):
+    emit = w.Every() if every else w.AtLeast(threshold)
+    rows = sorted(rows, key=lambda r: r[1] // 4_000)
+    pick = (lambda records: records["status"] == "failed") if where else None
+    harness = DetectorHarness(w.detector("sessions", window, aggregate, emit, where=pick), partitions=partitions)
+    found = []
+    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
+    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        if restarts[n % len(restarts)]:
+            harness.restart()
+        found.append(harness.batch(frame(rows[lo:hi], start=lo)))
+    got = answers(pd.concat(found), aggregate)
+    expected = reference_sessions(
+        window, aggregate, emit, rows, harness.partition_of, where=(lambda r: r[3] == "failed") if where else (lambda r: True)
+    )
+    assert got == [(n, s, e, pytest.approx(v)) for n, s, e, v in expected]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    window=st.builds(w.Session, st.sampled_from([2, 5]), st.sampled_from([0, 3])),
+    aggregate=AGGREGATES,
+    rows=SESSION_ROWS,
+    cuts=st.lists(st.integers(0, 60), min_size=2, max_size=8),
+    restarts=st.lists(st.booleans(), min_size=9, max_size=9),
+    partitions=st.integers(1, 2),
+    where=st.booleans(),
+)
+def test_sessions_close_as_one_pass_closes_them_whatever_the_batches(window, aggregate, rows, cuts, restarts, partitions, where):
+    rows = sorted(rows, key=lambda r: r[1] // 4_000)
+    pick = (lambda records: records["status"] == "failed") if where else None
+    harness = DetectorHarness(w.detector("sessions", window, aggregate, w.Final(), where=pick), partitions=partitions)
+    fired = []
+    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
+    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        if restarts[n % len(restarts)]:
+            harness.restart()
+        assert harness.batch(frame(rows[lo:hi], start=lo)).empty
+        fired.append(harness.take_fired())
+    got = sorted((str(k), int(r["window_start_ms"]), int(r["window_end_ms"]), float(r[aggregate.name])) for f in fired for k, r in f.iterrows())
+    expected = reference_sessions_final(
+        window, aggregate, rows, harness.partition_of, where=(lambda r: r[3] == "failed") if where else (lambda r: True)
+    )
+    assert got == [(k, s, e, pytest.approx(v)) for k, s, e, v in expected]
+
+
+def test_a_customer_silent_for_ten_minutes_is_a_session_that_closed():
+    silence = w.detector("silence", window=w.Session(gap_seconds=600), aggregate=w.Count(), emit=w.Final())
+    harness = DetectorHarness(silence)
+    harness.batch(frame([("c-1", 0, 0), ("c-2", 1_000, 0), ("c-1", 599_000, 0)]))
+    harness.batch(frame([("c-2", 1_200_000, 0)], start=3))  # c-2 back after 20 minutes; c-1 quiet since 599 s
+    fired = harness.take_fired()
+    assert sorted(fired.index) == ["c-1", "c-2"]
+    assert (fired.loc["c-1", "window_start_ms"], fired.loc["c-1", "window_end_ms"], fired.loc["c-1", "count"]) == (T0, T0 + 599_000, 2)
+    assert fired.loc["c-2", "count"] == 1
+    harness.advance(pd.Timestamp(T0 + 1_800_000, unit="ms", tz="UTC"))
+    assert harness.take_fired().index.tolist() == ["c-2"]  # its second session closed too
+
+
+@dataclasses.dataclass(frozen=True)
+class BurstConfig:
+    min_records: int = 5
+    window_seconds: float = 60.0
+
+
+def test_a_window_sized_by_a_setting_takes_its_size_and_expiry_from_the_config():
+    rule = w.detector(
+        "burst",
+        window=lambda config: w.Sliding(config.window_seconds),
+        aggregate=w.Count(),
+        emit=lambda config: w.AtLeast(config.min_records),
+        config=BurstConfig,
+    )
+    assert rule.state.ttl_seconds == 60  # the defaults'
+    configured = rule.configured(BurstConfig(min_records=2, window_seconds=10))
+    assert configured.state.ttl_seconds == 10 and configured.name == "burst"
+    harness = DetectorHarness(rule, BurstConfig(min_records=2, window_seconds=10))
+    assert harness.batch(frame([("c-1", 0, 0), ("c-1", 11_000, 0)])).empty  # 11 s apart: not within 10 s
+    assert harness.batch(frame([("c-1", 20_000, 0)], start=2)).index.tolist() == [2]
+    with pytest.raises(TypeError, match="needs a default for every field"):
+        w.detector("x", window=lambda c: w.Sliding(c.s), aggregate=w.Count(), emit=w.Every(), config=NoDefaults)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoDefaults:
+    s: float

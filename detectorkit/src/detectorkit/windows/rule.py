@@ -36,14 +36,24 @@ class Rule:
     def detect(self, records: pd.DataFrame, state: pd.DataFrame, config: Any) -> tuple:
         counted = records if self.where is None else records[np.asarray(self.where(records), dtype=bool)]
         if not vectorised.applies(self.window, self.aggregate, self.emit):
-            return self._one_by_one(counted, state, records)
-        found, new_state, slow = vectorised.detect(self.window, self.aggregate, self.emit, counted, state)
-        if slow is None:
-            return self.detections(found, records), new_state
-        # The keys whose times go back take the rule record by record.
-        slow_found, slow_state = self._one_by_one(counted[counted["key"].isin(slow)], state[state.index.isin(slow)], records, found_only=True)
-        found = sorted(found + slow_found, key=lambda f: records.index.get_loc(f[0]))
-        return self.detections(found, records), pd.concat([new_state, slow_state])
+            out = self._one_by_one(counted, state, records)
+        else:
+            found, new_state, slow = vectorised.detect(self.window, self.aggregate, self.emit, counted, state)
+            if slow is not None:
+                # The keys whose times go back take the rule record by record.
+                slow_found, slow_state = self._one_by_one(counted[counted["key"].isin(slow)], state[state.index.isin(slow)], records, found_only=True)
+                found = sorted(found + slow_found, key=lambda f: records.index.get_loc(f[0]))
+                new_state = pd.concat([new_state, slow_state])
+            out = (self.detections(found, records), new_state)
+        if len(counted) == len(records):
+            return out
+        # A key whose records here all go uncounted is still seen: its state (empty, if it had none)
+        # is written, so the runtime's expiry judges it by all its records, as one pass does, and
+        # not by those of the batch its first counted record happens to share.
+        unseen = pd.Index(records["key"].unique()).difference(out[1].index)
+        if not len(unseen):
+            return out
+        return (out[0], pd.concat([out[1], frame_of(dict.fromkeys(unseen, ([], [], [])))]), *out[2:])
 
     def _one_by_one(self, counted: pd.DataFrame, state: pd.DataFrame, records: pd.DataFrame, found_only: bool = False) -> Any:
         times = counted["event_time"].astype("int64").to_numpy() // 1_000_000
