@@ -87,7 +87,7 @@ def reference(window, aggregate, emit, rows, partition_of, where=lambda row: Tru
             spans = sorted((s, s + size) for s in range(at // hop * hop, at - size, -hop))
         made = None
         for start, end in spans:
-            inside = [v for t, v in mine if (start < t <= end if isinstance(window, w.Sliding) else start <= t < end)]
+            inside = [v for t, v in mine if (start <= t <= end if isinstance(window, w.Sliding) else start <= t < end)]
             result = AGGREGATE_OF[type(aggregate)](inside)
             if isinstance(emit, w.Every):
                 made = (start, end, float(result))

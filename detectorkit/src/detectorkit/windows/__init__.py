@@ -20,7 +20,8 @@ batches, restarts and rebalances, as every stateful detector's.
 Windows, per key (the Kafka key) and over the record's event time (its Kafka timestamp):
   - `Tumbling(seconds)`: back to back, [k*size, (k+1)*size);
   - `Hopping(seconds, hop_seconds)`: of `seconds`, one starting every `hop_seconds`;
-  - `Sliding(seconds)`: at each record, the `seconds` up to it, (t - size, t];
+  - `Sliding(seconds)`: at each record, the `seconds` up to it, [t - size, t] (both ends, as
+    Kafka Streams' sliding windows);
   - `Session(gap_seconds)`: a key's records less than a gap apart, one after another; a gap of
     `gap_seconds` or more ends it (window_start_ms and window_end_ms: its first and last record).
 A record older than its key's newest record by more than `grace_seconds` is late and dropped (as

@@ -48,7 +48,7 @@ class Hopping:
 
 @dataclasses.dataclass(frozen=True)
 class Sliding:
-    """At each record, the `seconds` up to it: (t - size, t]."""
+    """At each record, the `seconds` up to it, both ends in: [t - size, t]."""
 
     seconds: float
     grace_seconds: float = 0.0
@@ -108,9 +108,7 @@ def ms_or_zero(seconds: float) -> int:
 
 def members(window: Window, times: np.ndarray, span: tuple[int, int]) -> np.ndarray:
     start, end = span
-    # A sliding window ends at its record, included; a session holds its first and last; the others include their start only.
-    if isinstance(window, Sliding):
-        return (times > start) & (times <= end)
-    if isinstance(window, Session):
+    # A sliding window and a session hold both ends; the others their start only.
+    if isinstance(window, Sliding | Session):
         return (times >= start) & (times <= end)
     return (times >= start) & (times < end)

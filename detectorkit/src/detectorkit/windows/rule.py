@@ -169,7 +169,7 @@ class Rule:
             # Until its windows have closed; the newest stays, for the lateness of the next record.
             keep = [i for i, x in enumerate(t) if x == newest or any(s not in e for s, _ in self.window.spans(x))]
         else:
-            keep = [i for i, x in enumerate(t) if x > horizon]
+            keep = [i for i, x in enumerate(t) if x >= horizon] if isinstance(self.window, Sliding) else [i for i, x in enumerate(t) if x > horizon]
         # A window that starts at or before the horizon can take no record any more (unless a
         # record kept is in it: the newest, whose closed windows must stay closed).
         held = {s for i in keep for s, _ in self.window.spans(t[i])} if isinstance(self.emit, Final) else set()
@@ -190,14 +190,19 @@ class Rule:
         return [t[i] for i in keep], [v[i] for i in keep], [x for x in e if oldest is not None and x >= oldest]
 
     def detections(self, found: list[tuple[Any, int, int, float]], records: pd.DataFrame | None) -> pd.DataFrame:
-        """Detections indexed by record (by key for timers, `records` None)."""
+        """Detections indexed by record (by key for timers, `records` None), each naming its key."""
         name = self.aggregate.name
-        index = records.index[:0] if records is not None else pd.Index([], dtype=object)
         if not found:
-            return pd.DataFrame({"window_start_ms": [], "window_end_ms": [], name: []}, index=index)
+            index = records.index[:0] if records is not None else pd.Index([], dtype=object)
+            return pd.DataFrame({"key": [], "window_start_ms": [], "window_end_ms": [], name: []}, index=index)
         at, starts, ends, results = zip(*found, strict=True)
-        index = pd.Index(at) if records is not None else pd.Index(at, dtype=object)
-        return pd.DataFrame({"window_start_ms": list(starts), "window_end_ms": list(ends), name: list(results)}, index=index)
+        if records is None:
+            index = pd.Index(at, dtype=object)
+            keys = list(at)
+        else:
+            index = pd.Index(at)
+            keys = records["key"].to_numpy()[records.index.get_indexer(index)].tolist()
+        return pd.DataFrame({"key": keys, "window_start_ms": list(starts), "window_end_ms": list(ends), name: list(results)}, index=index)
 
 
 def _times(timers: dict[Any, int | None], dtype: Any) -> pd.Series:

@@ -61,7 +61,7 @@ def detect(window: Window, aggregate: Aggregate, emit: Emit, counted: pd.DataFra
             slow = keys[slow_codes]
         span = (t.max() - t.min() + size + 1) if len(t) else 1
         place = code * span + (t - (t.min() if len(t) else 0))
-        lo = np.searchsorted(place, place - size, side="right")  # a key's first record inside (t - size, t]
+        lo = np.searchsorted(place, place - size, side="left")  # a key's first record inside [t - size, t]
         sums = np.concatenate([[0.0], np.cumsum(v if isinstance(aggregate, Sum) else np.ones(len(v)))])
         result = sums[1:] - sums[lo]
         starts, ends = t - size, t
@@ -81,7 +81,7 @@ def detect(window: Window, aggregate: Aggregate, emit: Emit, counted: pd.DataFra
     newest = np.full(len(keys), np.iinfo(np.int64).min)
     np.maximum.at(newest, code, t)
     horizon = newest - grace - size
-    keep = t > horizon[code]
+    keep = t >= horizon[code] if isinstance(window, Sliding) else t > horizon[code]
     if isinstance(window, Tumbling) and not isinstance(emit, Every):
         alive = new_e > horizon[new_e_code]
         new_e_code, new_e = new_e_code[alive], new_e[alive]
