@@ -138,7 +138,7 @@ def bursts(sent, config) -> collections.Counter:
 
 def burst_detections(bs, topics):
     values = [json.loads(m["value"]) for m in read_all(bs, topics.output, committed_only=True)]
-    return collections.Counter((d["source"]["partition"], d["source"]["offset"], d["detection"]["customer"]) for d in values)
+    return collections.Counter((d["source"]["partition"], d["source"]["offset"], d["detection"]["key"]) for d in values)
 
 
 def record(customer, t, i):
@@ -348,7 +348,7 @@ def test_a_timer_services_stores_are_read_back_once_through_many_ticks(baked, ka
 
     def silences():
         values = [json.loads(m["value"]) for m in read_all(bs, topics.output, committed_only=True)]
-        return collections.Counter(d["detection"]["customer"] for d in values)
+        return collections.Counter(d["detection"]["key"] for d in values)
 
     try:
         wait_for(lambda: service.owned() == {0, 1}, timeout=120, what="the service to start")

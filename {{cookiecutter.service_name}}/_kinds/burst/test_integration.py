@@ -90,7 +90,7 @@ def test_service_writes_detections_and_dead_letters(kafka_bootstrap_servers):
 
     detections = [json.loads(m["value"]) for m in read_all(kafka_bootstrap_servers, topics.output)]
     found = collections.Counter(
-        (d["source"]["partition"], d["source"]["offset"], d["detection"]["customer"]) for d in detections
+        (d["source"]["partition"], d["source"]["offset"], d["detection"]["key"]) for d in detections
     )
     expected = reference(sent, Config())
     assert len({customer for _, _, customer in expected}) >= 4  # the test means something: bursts of several customers

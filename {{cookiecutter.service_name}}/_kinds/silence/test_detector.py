@@ -32,16 +32,15 @@ def silences(run, unit="s"):
     timer's time), times after 12:00:00 in `unit`, sorted."""
     fired = run.take_fired()
     one = pd.Timedelta(1, unit=unit)
-    return sorted(
-        (customer, (pd.Timestamp(row["last_seen"]) - NOON) / one, (row["deadline"] - NOON) / one)
-        for customer, row in fired.iterrows()
-    )
+    last_seen = pd.to_datetime(fired.get("window_end_ms", []), unit="ms", utc=True)
+    deadline = fired.get("deadline", last_seen)
+    return sorted(zip(fired.index, (last_seen - NOON) / one, (deadline - NOON) / one, strict=True))
 
 
-def test_detect_flags_nothing_itself_and_keeps_each_customers_newest_time():
+def test_detect_flags_nothing_itself():
     run = DetectorHarness(DETECTOR, Config(silence_seconds=60))
     assert run.batch(records(("c-1", 0), ("c-2", 10), ("c-1", 30))).empty
-    assert run.state() == {"c-1": {"last_ms": at(30).value // 10**6}, "c-2": {"last_ms": at(10).value // 10**6}}
+    assert silences(run) == []
 
 
 def test_flags_each_customer_once_when_the_partitions_time_passes_their_silence():
@@ -55,18 +54,17 @@ def test_flags_each_customer_once_when_the_partitions_time_passes_their_silence(
     assert silences(run) == [("c-1", 30, 90), ("c-3", 70, 130)]  # c-3's own silence before its record at 200
     run.batch(records(("c-4", 250)))
     assert silences(run) == []  # each silence once
-    assert set(run.state()) == {"c-3", "c-4"}  # a customer's state goes with its detection
 
 
-def test_a_detection_says_who_since_when_and_for_how_long():
+def test_a_detection_says_who_and_the_records_before_the_silence():
     run = DetectorHarness(DETECTOR, Config(silence_seconds=3600))
     run.batch(records(("c-1", 0), ("c-1", 1.5), ("c-2", 7200)))
     fired = run.take_fired()
-    assert fired.loc["c-1"].to_dict() == {
-        "rule": "silence",
-        "customer": "c-1",
-        "last_seen": "2026-11-22T12:00:01.500+00:00",
-        "silent_for_seconds": 3600.0,
+    first, last = (NOON + pd.Timedelta(s, unit="s") for s in (0, 1.5))
+    assert fired.loc["c-1"].to_dict() == {  # indexed by customer
+        "window_start_ms": first.value // 10**6,
+        "window_end_ms": last.value // 10**6,
+        "count": 2,
         "deadline": at(3601.5),
     }
 
@@ -134,39 +132,12 @@ def test_settings_it_cannot_honour_are_refused_naming_the_variable(value):
         DETECTOR.load_config({"DETECTOR_SILENCE_SECONDS": value})
 
 
-def test_declares_its_state_and_timers_and_needs_no_field_but_the_key_and_time():
+def test_needs_no_field_but_the_key_and_time_and_forgets_a_customer_a_silence_after_their_last_record():
     assert DETECTOR.required_fields == ()
-    assert DETECTOR.state.columns == ("last_ms",) and DETECTOR.on_timer is not None
-    # No TTL: a pending timer keeps a customer's state anyway, and its firing drops it.
-    assert DETECTOR.state.ttl_seconds is None
+    assert DETECTOR.configured(Config(silence_seconds=600)).state.ttl_seconds == 600
 
 
 # ---- the same answers whatever the batches: a property over random record streams -------------------
-
-
-def reference(events, silence_ms, partition_of, partitions):
-    """(customer, last record's time, timer's time) of every silence, in ms, one event at a time and
-    independently of the detector. An event is (customer, time) for a record, or (None, time) for a
-    quiet spell that moves every partition's time on. A partition's time is the newest it has seen; a
-    customer is silent once their partition's time reaches their newest record's time + the silence,
-    and counts once: then forgotten, until their next record."""
-    now, last, found = {}, {}, []
-
-    def flag_silent(p):
-        for customer in sorted(c for c, seen in last.items() if partition_of(c) == p and seen + silence_ms <= now[p]):
-            seen = last.pop(customer)
-            found.append((customer, seen, seen + silence_ms))
-
-    for customer, t in events:
-        moved = range(partitions) if customer is None else [partition_of(customer)]
-        for p in moved:
-            now[p] = max(now.get(p, t), t)
-            flag_silent(p)
-        if customer is not None:
-            last[customer] = max(last.get(customer, t), t)
-            flag_silent(moved[0])
-    return sorted(found)
-
 
 # Times in ms after noon, mostly forward as a partition's Kafka timestamps go, now and then a record
 # stamped earlier than the one before it (a late one); gaps around a 5 s silence, often on its edges.
@@ -178,34 +149,52 @@ STEPS = st.lists(
 )
 
 
-@settings(max_examples=100, deadline=None)
-@given(steps=STEPS, partitions=st.integers(1, 3))
-def test_silences_do_not_depend_on_batches_partitions_or_restarts(steps, partitions):
+def replay(steps, partitions, batches=True):
     """Each step: a record of a customer (None: a quiet spell, the partitions' time moved on without
-    records), then whether the batch ends there, and whether the service restarts after it."""
-    silence_ms = 5_000
+    records), then whether the batch ends there, and whether the service restarts after it. Without
+    `batches`: one record per batch and no restart, as one pass would see them. The silences."""
     times = list(accumulate(gap for _, gap, _, _ in steps))
-    run = DetectorHarness(DETECTOR, Config(silence_seconds=silence_ms / 1000), partitions=partitions)
-    events, found, pending = [], [], []
+    run = DetectorHarness(DETECTOR, Config(silence_seconds=5), partitions=partitions)
+    found, pending, position = [], [], 0
 
     def end_batch():
         if pending:
-            run.batch(records(*pending, first_index=len(events), unit="ms"))
+            run.batch(records(*pending, first_index=position - len(pending), unit="ms"))
             pending.clear()
 
     for (customer, _, cut, restart), t in zip(steps, times, strict=True):
-        events.append((customer, t))
+        position += 1
         if customer is None:
             end_batch()
             run.advance(at(t, unit="ms"))
         else:
             pending.append((customer, t))
-        if cut or restart:
+        if cut or restart or not batches:
             end_batch()
-        if restart:
+        if restart and batches:
             found += silences(run, unit="ms")
             run.restart()
     end_batch()
-    found += silences(run, unit="ms")
-    expected = reference(events, silence_ms, run.partition_of, partitions)
-    assert sorted(found) == expected
+    return sorted(found + silences(run, unit="ms"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=STEPS, partitions=st.integers(1, 3))
+def test_silences_do_not_depend_on_batches_or_restarts(steps, partitions):
+    assert replay(steps, partitions) == replay(steps, partitions, batches=False)
+
+
+def test_the_silences_of_a_stream_in_order_are_its_gaps():
+    """In time order, a customer is silent after each of their records that the next one follows by
+    the silence or more, and after their last record."""
+    stream = [("c-1", 0), ("c-2", 1_000), ("c-1", 4_000), ("c-1", 9_000), ("c-2", 12_000), ("c-1", 30_000)]
+    times = [t for _, t in stream]
+    steps = [(c, t - before, False, False) for (c, t), before in zip(stream, [0, *times], strict=False)]
+    steps.append((None, 60_000, False, False))  # a quiet spell: every partition's time moves on
+    assert replay(steps, partitions=1) == [
+        ("c-1", 4_000, 9_000),
+        ("c-1", 9_000, 14_000),
+        ("c-1", 30_000, 35_000),
+        ("c-2", 1_000, 6_000),
+        ("c-2", 12_000, 17_000),
+    ]

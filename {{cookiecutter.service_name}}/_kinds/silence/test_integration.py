@@ -9,7 +9,6 @@ import random
 import subprocess
 import sys
 import time
-from datetime import datetime
 
 import pytest
 from detectorkit.testing import Sample, create_test_topics, produce, read_all
@@ -66,10 +65,6 @@ def reference(sent, silence_ms: int) -> collections.Counter:
     return found
 
 
-def ms(iso: str) -> int:
-    return round(datetime.fromisoformat(iso).timestamp() * 1000)
-
-
 def test_service_writes_detections_and_dead_letters(kafka_bootstrap_servers):
     topics = create_test_topics(kafka_bootstrap_servers, "{{ cookiecutter.service_name }}", partitions=4)
     # An hour ago: silences within the records are found by their Kafka timestamps; the last one of
@@ -98,12 +93,12 @@ def test_service_writes_detections_and_dead_letters(kafka_bootstrap_servers):
 
     detections = [json.loads(m["value"]) for m in read_all(kafka_bootstrap_servers, topics.output)]
     found = collections.Counter(
-        (d["detection"]["customer"], ms(d["detection"]["last_seen"]), d["source"]["timer_ms"]) for d in detections
+        (d["detection"]["key"], d["detection"]["window_end_ms"], d["source"]["timer_ms"]) for d in detections
     )
     expected = reference(sent, SILENCE_SECONDS * 1000)
     assert len(expected) > len({customer for customer, _, _ in expected}) == 8  # silences within the records too
     assert found == expected  # each exactly once
-    assert {d["detection"]["silent_for_seconds"] for d in detections} == {SILENCE_SECONDS}
+    assert {d["source"]["timer_ms"] - d["detection"]["window_end_ms"] for d in detections} == {SILENCE_SECONDS * 1000}
 
     bad = {(s.partition, s.offset): s.sample.kind for s in sent if s.sample.kind != "valid"}
     dead = {

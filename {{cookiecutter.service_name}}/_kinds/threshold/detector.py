@@ -9,7 +9,7 @@ comes from detectorkit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 from detectorkit import Detector
@@ -20,16 +20,22 @@ class Config:
     """Settings of the detector, each read from DETECTOR_<NAME>, e.g. DETECTOR_THRESHOLD=250."""
 
     threshold: float = 1000.0
+    # Per currency, in place of `threshold` (JSON): DETECTOR_THRESHOLDS='{"EUR": 500, "JPY": 80000}'.
+    thresholds: dict[str, float] = field(default_factory=dict)
 
 
 REQUIRED_FIELDS = ("amount",)
 
 
 def detect(records: pd.DataFrame, config: Config) -> pd.DataFrame:
-    """Flag the records whose amount exceeds the threshold."""
-    hits = records[records["amount"] > config.threshold]
+    """Flag the records whose amount exceeds the threshold (their currency's, if it has one)."""
+    limit = config.threshold
+    if config.thresholds and "currency" in records:
+        limit = records["currency"].map(config.thresholds).fillna(config.threshold)
+    hits = records[records["amount"] > limit]
+    threshold = limit[hits.index] if isinstance(limit, pd.Series) else limit
     return pd.DataFrame(
-        {"rule": "amount_above_threshold", "amount": hits["amount"], "threshold": config.threshold},
+        {"rule": "amount_above_threshold", "amount": hits["amount"], "threshold": threshold},
         index=hits.index,
     )
 

@@ -18,6 +18,13 @@ def test_flags_only_amounts_above_the_threshold():
     assert (out["threshold"] == 1000.0).all()
 
 
+def test_a_currency_with_a_threshold_of_its_own_is_held_to_it():
+    batch = records(600.0, 600.0, 1500.0).assign(currency=["EUR", "USD", "USD"])
+    out = detect(batch, Config(threshold=1000.0, thresholds={"EUR": 500.0}))
+    assert list(out.index) == [10, 12]
+    assert list(out["threshold"]) == [500.0, 1000.0]
+
+
 def test_keeps_the_index_of_the_input_records():
     batch = records(2000.0, 1.0, 3000.0)
     out = detect(batch, Config())
@@ -31,6 +38,7 @@ def test_no_detection_gives_an_empty_frame():
 
 def test_threshold_comes_from_the_environment():
     assert DETECTOR.load_config({"DETECTOR_THRESHOLD": "250"}) == Config(threshold=250.0)
+    assert DETECTOR.load_config({"DETECTOR_THRESHOLDS": '{"EUR": 500}'}) == Config(thresholds={"EUR": 500.0})
     assert DETECTOR.load_config({}) == Config()
 
 

@@ -42,6 +42,7 @@ detector from the config it reads from DETECTOR_* at start (the state's expiry i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -112,12 +113,21 @@ def _detector(
         detect=rule.detect,
         config=config,
         required_fields=required_fields,
-        state=State(columns=dict(STATE_COLUMNS), ttl_seconds=ttl, name=name),
+        state=State(columns=dict(STATE_COLUMNS), ttl_seconds=ttl, name=_state_name(window, aggregate, emit)),
         on_timer=rule.on_timer if isinstance(emit, Final) else None,
         event_time_field=event_time_field,
         key_field=key_field,
         configure=configure,
     )
+
+
+def _state_name(window: Window, aggregate: Aggregate, emit: Emit) -> str:
+    """Named for what the state means: another kind of window, aggregate (or field) or emit reads
+    it otherwise, so changing one starts from empty state in a changelog of its own; a new size
+    keeps it."""
+    field = re.sub(r"[^A-Za-z0-9_-]", "_", aggregate.field) if aggregate.field else ""
+    parts = (type(window).__name__, type(aggregate).__name__ + (f"-{field}" if field else ""), type(emit).__name__)
+    return "windows." + ".".join(parts).lower()
 
 
 __all__ = [

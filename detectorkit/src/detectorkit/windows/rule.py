@@ -19,7 +19,7 @@ import pandas as pd
 
 from detectorkit.state.columns import lists
 from detectorkit.windows import vectorised
-from detectorkit.windows.aggregates import Aggregate, Emit, Every, Final, values_of
+from detectorkit.windows.aggregates import Aggregate, Count, DistinctCount, Emit, Every, Final, values_of
 from detectorkit.windows.kinds import Session, Sliding, Window, members, ms, ms_or_zero
 
 STATE_COLUMNS = {"t": "list<int64>", "v": "list<float64>", "emitted": "list<int64>"}
@@ -196,6 +196,8 @@ class Rule:
             index = records.index[:0] if records is not None else pd.Index([], dtype=object)
             return pd.DataFrame({"key": [], "window_start_ms": [], "window_end_ms": [], name: []}, index=index)
         at, starts, ends, results = zip(*found, strict=True)
+        if isinstance(self.aggregate, Count | DistinctCount):
+            results = [int(r) for r in results]  # a count reads as one
         if records is None:
             index = pd.Index(at, dtype=object)
             keys = list(at)
