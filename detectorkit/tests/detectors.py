@@ -108,6 +108,9 @@ class SilenceConfig:
     silence_seconds: float = 10.0
 
 
+SILENCE_STATE = State(columns=("last_ms",))
+
+
 def quiet_keys(records: pd.DataFrame, state: pd.DataFrame, config: SilenceConfig):
     """Each record moves its key's timer to its time + the silence."""
     last = records.groupby("key")["event_time"].max()
@@ -117,9 +120,9 @@ def quiet_keys(records: pd.DataFrame, state: pd.DataFrame, config: SilenceConfig
 
 def went_quiet(fired: pd.DataFrame, config: SilenceConfig):
     detections = pd.DataFrame({"last_ms": fired["last_ms"], "deadline_ms": fired["deadline"].astype("int64") // 1_000_000}, index=fired.index)
-    return detections, fired.iloc[:0][["last_ms"]]  # fired once: the key's state goes with it
+    return detections, SILENCE_STATE.deleted(fired.index)  # fired once: the key's state goes with it (left out, it would keep it)
 
 
-SILENCE = Detector(name="test-silence", detect=quiet_keys, config=SilenceConfig, state=State(columns=("last_ms",)), on_timer=went_quiet)
+SILENCE = Detector(name="test-silence", detect=quiet_keys, config=SilenceConfig, state=SILENCE_STATE, on_timer=went_quiet)
 # The same with its column typed: the store keeps it as an array (state.columns).
 SILENCE_TYPED = dataclasses.replace(SILENCE, state=State(columns={"last_ms": "int64"}))

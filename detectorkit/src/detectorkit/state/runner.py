@@ -1,5 +1,8 @@
 """A stateful detector over one partition's records: its state read from the store, its function
 called on the records, the new state written back, and its timers fired as event time passes them.
+A key the function leaves out of its new state (`detect`'s or `on_timer`'s) keeps the state it was
+given, read again from the store (which the call did not change); a row all missing deletes its key
+(`State.completed`).
 
 Event time is the partition's: the newest time of the records kept so far. Before each record,
 every timer at or before that time (the record's own included) fires (`on_timer`), as a single pass
@@ -188,6 +191,7 @@ class _Run:
             out = detector.detect(frame, store.read(keys, first), self.config)
             found, new_state, timers = _unpack(out, frame.index, len(frame) == 1, "detect")
             new_state = detector.state.check_returned(new_state, batch_keys)
+            new_state = detector.state.completed(new_state, _left_out(new_state, batch_keys, first, store.read))
             final, cut = _record_timers(timers, frame, marks if detector.on_timer is not None else None)
             prepared = store.prepare(new_state, keys, last, final, batch_keys, tag=self.tag, first_ms=first)
         except Exception as exc:  # noqa: BLE001 - user code: isolated by splitting
@@ -246,6 +250,7 @@ def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int
         if not detections.index.isin(index).all():
             raise ValueError("on_timer() returned detections whose index is not a key whose timer fired")
         new_state = detector.state.check_returned(new_state, index)
+        new_state = detector.state.completed(new_state, _left_out(new_state, index, None, lambda keys, _: store.frame_of(keys)))
         # A fired timer is spent: the key has a timer again only if on_timer sets one.
         timers = {k: None for k in keys} | _key_timers(timers, index)
         prepared = store.prepare(new_state, keys, [store.seen_of(k) for k in keys], timers, tag=tag)
@@ -265,6 +270,17 @@ def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int
     at_of = dict(due)
     for key, fields in zip(detections.index, detections.to_dict(orient="records"), strict=True):
         result.fired.append(TimerDetection(str(key), fields, at_of[key]))
+
+
+def _left_out(new_state: pd.DataFrame, keys: pd.Index, first: np.ndarray | None, read) -> pd.DataFrame | None:
+    """The state of the `keys` that `new_state` (checked: distinct keys of `keys`) leaves out, read
+    again (`read(keys, first)`: the store has not changed since the call began, and the frame the
+    detector was given may have been changed in place); None when it leaves none out, what a
+    detector usually returns (as many rows as keys tell it without a look at them)."""
+    if len(new_state) == len(keys):
+        return None
+    out = ~keys.isin(new_state.index)
+    return read(keys[out].tolist(), None if first is None else first[out])
 
 
 def _unpack(out: Any, index: pd.Index | None, single: bool, name: str):

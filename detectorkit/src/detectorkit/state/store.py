@@ -146,8 +146,9 @@ class PartitionStore(Slots):
         first_ms: Sequence[int] | np.ndarray | None = None,
     ) -> Prepared:
         """Every key of `keys` (distinct) with the row `new_state` has for it, encoded, or None: it
-        loses its state; `last_ms` is each key's newest record time. `timers` sets the timer of each
-        key in it (None clears it); the others keep theirs. Raises (and changes nothing) when a value
+        loses its state (the runner has given `new_state` the state of the keys a detector left out,
+        and dropped the rows it deleted: `State.completed`); `last_ms` is each key's newest record
+        time. `timers` sets the timer of each key in it (None clears it); the others keep theirs. Raises (and changes nothing) when a value
         cannot be written. `index`: `keys` as an Index, if the caller has one; `tag`: the input
         offset the values reflect (what `write` will be given), written into each; `first_ms`: as
         `read` was given, so a key that had expired starts afresh (its old time and timer gone)."""
