@@ -50,8 +50,8 @@ BURST_PACKAGE = BURST_SERVICE.replace("-", "_")
 MIN_RECORDS = 5
 WINDOW_SECONDS = 60.0
 POPULATION = 100_000
-# Event time advances 5 ms a record (200 records/s): 1M records span 83 minutes, past the burst
-# template's one-hour TTL, so expiry is part of the run.
+# Event time advances 5 ms a record (200 records/s): 1M records span 83 minutes, far past the burst
+# window rule's expiry (the window and its grace, 65 s), so expiry is part of the run.
 STEP_MS = 5
 
 
