@@ -2,6 +2,7 @@
 
 import pandas as pd
 import pytest
+from detectorkit.testing import DetectorHarness
 
 from {{ cookiecutter.package_name }}.detector import DETECTOR, Config, detect
 
@@ -20,7 +21,7 @@ def test_flags_only_amounts_above_the_threshold():
 
 def test_a_currency_with_a_threshold_of_its_own_is_held_to_it():
     batch = records(600.0, 600.0, 1500.0).assign(currency=["EUR", "USD", "USD"])
-    out = detect(batch, Config(threshold=1000.0, thresholds={"EUR": 500.0}))
+    out = DetectorHarness(DETECTOR, Config(threshold=1000.0, thresholds={"EUR": 500.0})).batch(batch)
     assert list(out.index) == [10, 12]
     assert list(out["threshold"]) == [500.0, 1000.0]
 
