@@ -27,6 +27,7 @@ stateless (target at most 1.5), and both restores with their ratio.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -186,11 +187,19 @@ def streams_burst(java: list[str], bootstrap: str, in_topic: str, prefix: str, s
     return common.Contender("Kafka Streams burst (processor, RocksDB store, changelog)", out, [*java, *args])
 
 
+@functools.cache
+def burst_state_name() -> str:
+    """The baked burst detector's State name (a window rule's is named for its shape), asked of a
+    fresh interpreter: the service was installed after this one started."""
+    code = f"from {BURST_PACKAGE}.detector import DETECTOR; print(DETECTOR.state.name)"
+    return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
+
+
 def changelog_of(c: common.Contender) -> str | None:
     """The contender's changelog topic: the service's `<group>.<State name>`, Kafka Streams'
     `<application id>-<store>-changelog`; None for the stateless one."""
     if c.name.startswith("burst"):
-        return f"{group_of(c)}.state"
+        return f"{group_of(c)}.{burst_state_name()}"
     if c.name.startswith("Kafka"):
         return f"{group_of(c)}-burst-changelog"
     return None

@@ -29,6 +29,23 @@ def frame(rows, start=0):
     )
 
 
+def in_batches(detector, rows, cuts, restarts, partitions, fired=False):
+    """`rows` through the harness in batches cut at `cuts`, restarting before the n-th batch where
+    `restarts[n]` says: the harness and each batch's detections, or with `fired` what timers
+    detected after each (Final() emits from timers only: the batches detect nothing themselves)."""
+    harness = DetectorHarness(detector, partitions=partitions)
+    out = []
+    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
+    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        if restarts[n % len(restarts)]:
+            harness.restart()
+        found = harness.batch(frame(rows[lo:hi], start=lo))
+        if fired:
+            assert found.empty
+        out.append(harness.take_fired() if fired else found)
+    return harness, out
+
+
 def admitted(
     window,
     rows,
@@ -173,14 +190,7 @@ def reference_final(window, aggregate, rows, partition_of, where=lambda row: Tru
 def test_final_windows_close_as_one_pass_closes_them_whatever_the_batches(window, aggregate, rows, cuts, restarts, partitions, where):
     rows = sorted(rows, key=lambda r: r[1] // 4_000)
     pick = (lambda records: records["status"] == "failed") if where else None
-    harness = DetectorHarness(w.detector("closing", window, aggregate, w.Final(), where=pick), partitions=partitions)
-    fired = []
-    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
-    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        if restarts[n % len(restarts)]:
-            harness.restart()
-        assert harness.batch(frame(rows[lo:hi], start=lo)).empty  # Final() emits from timers only
-        fired.append(harness.take_fired())
+    harness, fired = in_batches(w.detector("closing", window, aggregate, w.Final(), where=pick), rows, cuts, restarts, partitions, fired=True)
     got = sorted((str(k), int(r["window_start_ms"]), int(r["window_end_ms"]), float(r[aggregate.name])) for f in fired for k, r in f.iterrows())
     expected = reference_final(window, aggregate, rows, harness.partition_of, where=failed_only if where else everything)
     assert got == [(k, s, e, pytest.approx(v)) for k, s, e, v in expected]
@@ -220,13 +230,7 @@ def test_a_window_detector_gives_the_single_pass_answers_whatever_the_batches_re
     rows = sorted(rows, key=lambda r: r[1] // 4_000)  # roughly in time, with disorder within 4 s (some of it past the grace)
     pick = (lambda records: records["status"] == "failed") if where else None
     detector = w.detector("rule", window, aggregate, emit, where=pick)
-    harness = DetectorHarness(detector, partitions=partitions)
-    found = []
-    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
-    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        if restarts[n % len(restarts)]:
-            harness.restart()
-        found.append(harness.batch(frame(rows[lo:hi], start=lo)))
+    harness, found = in_batches(detector, rows, cuts, restarts, partitions)
     got = answers(pd.concat(found) if found else pd.DataFrame(), aggregate) if rows else []
     expected = reference(window, aggregate, emit, rows, harness.partition_of, where=failed_only if where else everything)
     assert got == [(n, s, e, pytest.approx(v)) for n, s, e, v in expected]
@@ -380,17 +384,9 @@ def test_session_windows_give_the_single_pass_answers_whatever_the_batches(
     emit = w.Every() if every else w.AtLeast(threshold)
     rows = sorted(rows, key=lambda r: r[1] // 4_000)
     pick = (lambda records: records["status"] == "failed") if where else None
-    harness = DetectorHarness(w.detector("sessions", window, aggregate, emit, where=pick), partitions=partitions)
-    found = []
-    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
-    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        if restarts[n % len(restarts)]:
-            harness.restart()
-        found.append(harness.batch(frame(rows[lo:hi], start=lo)))
+    harness, found = in_batches(w.detector("sessions", window, aggregate, emit, where=pick), rows, cuts, restarts, partitions)
     got = answers(pd.concat(found), aggregate)
-    expected = reference_sessions(
-        window, aggregate, emit, rows, harness.partition_of, where=(lambda r: r[3] == "failed") if where else (lambda r: True)
-    )
+    expected = reference_sessions(window, aggregate, emit, rows, harness.partition_of, where=failed_only if where else everything)
     assert got == [(n, s, e, pytest.approx(v)) for n, s, e, v in expected]
 
 
@@ -407,18 +403,9 @@ def test_session_windows_give_the_single_pass_answers_whatever_the_batches(
 def test_sessions_close_as_one_pass_closes_them_whatever_the_batches(window, aggregate, rows, cuts, restarts, partitions, where):
     rows = sorted(rows, key=lambda r: r[1] // 4_000)
     pick = (lambda records: records["status"] == "failed") if where else None
-    harness = DetectorHarness(w.detector("sessions", window, aggregate, w.Final(), where=pick), partitions=partitions)
-    fired = []
-    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
-    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        if restarts[n % len(restarts)]:
-            harness.restart()
-        assert harness.batch(frame(rows[lo:hi], start=lo)).empty
-        fired.append(harness.take_fired())
+    harness, fired = in_batches(w.detector("sessions", window, aggregate, w.Final(), where=pick), rows, cuts, restarts, partitions, fired=True)
     got = sorted((str(k), int(r["window_start_ms"]), int(r["window_end_ms"]), float(r[aggregate.name])) for f in fired for k, r in f.iterrows())
-    expected = reference_sessions_final(
-        window, aggregate, rows, harness.partition_of, where=(lambda r: r[3] == "failed") if where else (lambda r: True)
-    )
+    expected = reference_sessions_final(window, aggregate, rows, harness.partition_of, where=failed_only if where else everything)
     assert got == [(k, s, e, pytest.approx(v)) for k, s, e, v in expected]
 
 
