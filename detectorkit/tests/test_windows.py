@@ -29,6 +29,13 @@ def frame(rows, start=0):
     )
 
 
+def shortest_kept(name, window, aggregate, emit, **options):
+    """A window detector that forgets a quiet key as soon as no window can take its records, so the
+    properties see keys expire (the references' `admitted` TTL) within the seconds they span."""
+    reach = window.gap_seconds if isinstance(window, w.Session) else window.seconds
+    return w.detector(name, window, aggregate, emit, retention_seconds=reach + window.grace_seconds, **options)
+
+
 def in_batches(detector, rows, cuts, restarts, partitions, fired=False):
     """`rows` through the harness in batches cut at `cuts`, restarting before the n-th batch where
     `restarts[n]` says: the harness and each batch's detections, or with `fired` what timers
@@ -190,7 +197,7 @@ def reference_final(window, aggregate, rows, partition_of, where=lambda row: Tru
 def test_final_windows_close_as_one_pass_closes_them_whatever_the_batches(window, aggregate, rows, cuts, restarts, partitions, where):
     rows = sorted(rows, key=lambda r: r[1] // 4_000)
     pick = (lambda records: records["status"] == "failed") if where else None
-    harness, fired = in_batches(w.detector("closing", window, aggregate, w.Final(), where=pick), rows, cuts, restarts, partitions, fired=True)
+    harness, fired = in_batches(shortest_kept("closing", window, aggregate, w.Final(), where=pick), rows, cuts, restarts, partitions, fired=True)
     got = sorted((str(k), int(r["window_start_ms"]), int(r["window_end_ms"]), float(r[aggregate.name])) for f in fired for k, r in f.iterrows())
     expected = reference_final(window, aggregate, rows, harness.partition_of, where=failed_only if where else everything)
     assert got == [(k, s, e, pytest.approx(v)) for k, s, e, v in expected]
@@ -229,7 +236,7 @@ def test_a_window_detector_gives_the_single_pass_answers_whatever_the_batches_re
     emit = w.Every() if every and not isinstance(window, w.Hopping) else w.AtLeast(threshold)
     rows = sorted(rows, key=lambda r: r[1] // 4_000)  # roughly in time, with disorder within 4 s (some of it past the grace)
     pick = (lambda records: records["status"] == "failed") if where else None
-    detector = w.detector("rule", window, aggregate, emit, where=pick)
+    detector = shortest_kept("rule", window, aggregate, emit, where=pick)
     harness, found = in_batches(detector, rows, cuts, restarts, partitions)
     got = answers(pd.concat(found) if found else pd.DataFrame(), aggregate) if rows else []
     expected = reference(window, aggregate, emit, rows, harness.partition_of, where=failed_only if where else everything)
@@ -274,9 +281,13 @@ def test_a_record_later_than_the_grace_is_dropped():
     assert found.index.tolist() == [3] and found.loc[3, "count"] == 3
 
 
-def test_window_state_expires_with_its_window_and_grace():
-    assert FAILED_LOGINS.state.ttl_seconds == 60
-    assert w.detector("x", w.Tumbling(10, grace_seconds=5), w.Count(), w.Every()).state.ttl_seconds == 15
+def test_a_quiet_keys_windows_are_kept_an_hour_or_the_window_and_grace_if_longer():
+    assert FAILED_LOGINS.state.ttl_seconds == 3600
+    assert w.detector("x", w.Tumbling(10, grace_seconds=5), w.Count(), w.Every()).state.ttl_seconds == 3600  # an hour by default
+    assert w.detector("x", w.Tumbling(7200, grace_seconds=5), w.Count(), w.Every()).state.ttl_seconds == 7205  # at least the window and grace
+    assert w.detector("x", w.Tumbling(10, grace_seconds=5), w.Count(), w.Every(), retention_seconds=15).state.ttl_seconds == 15
+    with pytest.raises(ValueError, match="at least the window and its grace, 15 s"):
+        w.detector("x", w.Tumbling(10, grace_seconds=5), w.Count(), w.Every(), retention_seconds=14)
 
 
 def test_a_hopping_window_that_would_emit_each_record_once_per_window_is_refused():
@@ -384,7 +395,7 @@ def test_session_windows_give_the_single_pass_answers_whatever_the_batches(
     emit = w.Every() if every else w.AtLeast(threshold)
     rows = sorted(rows, key=lambda r: r[1] // 4_000)
     pick = (lambda records: records["status"] == "failed") if where else None
-    harness, found = in_batches(w.detector("sessions", window, aggregate, emit, where=pick), rows, cuts, restarts, partitions)
+    harness, found = in_batches(shortest_kept("sessions", window, aggregate, emit, where=pick), rows, cuts, restarts, partitions)
     got = answers(pd.concat(found), aggregate)
     expected = reference_sessions(window, aggregate, emit, rows, harness.partition_of, where=failed_only if where else everything)
     assert got == [(n, s, e, pytest.approx(v)) for n, s, e, v in expected]
@@ -403,7 +414,7 @@ def test_session_windows_give_the_single_pass_answers_whatever_the_batches(
 def test_sessions_close_as_one_pass_closes_them_whatever_the_batches(window, aggregate, rows, cuts, restarts, partitions, where):
     rows = sorted(rows, key=lambda r: r[1] // 4_000)
     pick = (lambda records: records["status"] == "failed") if where else None
-    harness, fired = in_batches(w.detector("sessions", window, aggregate, w.Final(), where=pick), rows, cuts, restarts, partitions, fired=True)
+    harness, fired = in_batches(shortest_kept("sessions", window, aggregate, w.Final(), where=pick), rows, cuts, restarts, partitions, fired=True)
     got = sorted((str(k), int(r["window_start_ms"]), int(r["window_end_ms"]), float(r[aggregate.name])) for f in fired for k, r in f.iterrows())
     expected = reference_sessions_final(window, aggregate, rows, harness.partition_of, where=failed_only if where else everything)
     assert got == [(k, s, e, pytest.approx(v)) for k, s, e, v in expected]
@@ -436,9 +447,10 @@ def test_a_window_sized_by_a_setting_takes_its_size_and_expiry_from_the_config()
         emit=lambda config: w.AtLeast(config.min_records),
         config=BurstConfig,
     )
-    assert rule.state.ttl_seconds == 60  # the defaults'
+    assert rule.state.ttl_seconds == 3600  # the defaults': a 60 s window, kept an hour
+    assert rule.configured(BurstConfig(window_seconds=5400)).state.ttl_seconds == 5400  # a window past the hour
     configured = rule.configured(BurstConfig(min_records=2, window_seconds=10))
-    assert configured.state.ttl_seconds == 10 and configured.name == "burst"
+    assert configured.name == "burst" and configured.state.name == rule.state.name
     harness = DetectorHarness(rule, BurstConfig(min_records=2, window_seconds=10))
     assert harness.batch(frame([("c-1", 0, 0), ("c-1", 11_000, 0)])).empty  # 11 s apart: not within 10 s
     assert harness.batch(frame([("c-1", 20_000, 0)], start=2)).index.tolist() == [2]

@@ -2,7 +2,7 @@
 
 A window rule: per customer (the Kafka key) and over event time (the Kafka timestamp, both set by the
 normaliser), detectorkit keeps each customer's records still inside a window, across batches,
-restarts and rebalances, and forgets them once no window can take them. Records that are not JSON
+restarts and rebalances, and drops them once no window can take them. Records that are not JSON
 objects go to the dead-letter topic. Everything else (Kafka, Spark, offsets, metrics, state) comes
 from detectorkit; `detectorkit.windows` lists the windows, aggregates and ways to emit.
 """

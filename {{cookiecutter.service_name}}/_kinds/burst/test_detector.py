@@ -83,14 +83,14 @@ def test_state_survives_a_restart():
     assert found == [14]
 
 
-def test_a_quiet_customers_state_is_dropped_once_no_window_can_take_it():
+def test_a_quiet_customer_is_forgotten_after_an_hour():
     config = Config(min_records=5, window_seconds=60, grace_seconds=5)
-    assert DETECTOR.configured(config).state.ttl_seconds == 65  # the window and the grace: nothing to set
+    assert DETECTOR.configured(config).state.ttl_seconds == 3600  # nothing to set: an hour, or the window if longer
     run = DetectorHarness(DETECTOR, config)
     run.batch(records(("c-1", 0), ("c-2", 0)))
-    run.batch(records(("c-2", 30)))
+    run.batch(records(("c-2", 1800)))
     assert set(run.state()) == {"c-1", "c-2"}
-    run.batch(records(("c-2", 66)))  # event time moves on: c-1 has been quiet for longer than 65 s
+    run.batch(records(("c-2", 3601)))  # event time moves on: c-1 has been quiet for more than an hour
     assert set(run.state()) == {"c-2"}
 
 

@@ -132,9 +132,10 @@ def test_settings_it_cannot_honour_are_refused_naming_the_variable(value):
         DETECTOR.load_config({"DETECTOR_SILENCE_SECONDS": value})
 
 
-def test_needs_no_field_but_the_key_and_time_and_forgets_a_customer_a_silence_after_their_last_record():
+def test_needs_no_field_but_the_key_and_time_and_forgets_a_quiet_customer_after_an_hour_or_the_silence():
     assert DETECTOR.required_fields == ()
-    assert DETECTOR.configured(Config(silence_seconds=600)).state.ttl_seconds == 600
+    assert DETECTOR.configured(Config(silence_seconds=600)).state.ttl_seconds == 3600
+    assert DETECTOR.configured(Config(silence_seconds=7200)).state.ttl_seconds == 7200
 
 
 # ---- the same answers whatever the batches: a property over random record streams -------------------

@@ -13,8 +13,9 @@
 
 A window detector is a stateful `Detector` the runtime runs like any other: its state is the key's
 records still inside a window that can change (and the windows it already emitted), kept in the
-changelog, restored on a move, expired once no window can take a record any more (the window and
-its grace: no TTL to set). Its answers are those of one pass over the records, whatever the
+changelog, restored on a move, and pruned of what no window can take any more (the window and its
+grace: no TTL to set); a key quiet for `retention_seconds` (an hour, or the window and grace if
+longer) is forgotten, and a record of it after that starts afresh. Its answers are those of one pass over the records, whatever the
 batches, restarts and rebalances, as every stateful detector's.
 
 Windows, per key (the Kafka key) and over the record's event time (its Kafka timestamp):
@@ -54,6 +55,8 @@ from detectorkit.windows.aggregates import Aggregate, AtLeast, Count, DistinctCo
 from detectorkit.windows.kinds import Hopping, Session, Sliding, Tumbling, Window
 from detectorkit.windows.rule import STATE_COLUMNS, Rule
 
+DEFAULT_RETENTION_SECONDS = 3600.0
+
 
 def detector(
     name: str,
@@ -65,12 +68,15 @@ def detector(
     config: type = NoConfig,
     event_time_field: str | None = None,
     key_field: str | None = None,
+    retention_seconds: float | None = None,
 ) -> Detector:
-    """A stateful `Detector` computing `aggregate` over `window` for each key and emitting by `emit`."""
+    """A stateful `Detector` computing `aggregate` over `window` for each key and emitting by `emit`.
+    `retention_seconds`: how long a quiet key's windows are kept after its newest record (default
+    an hour, or the window and its grace if longer)."""
 
     def build(settings: Any) -> Detector:
         chosen = [part(settings) if callable(part) else part for part in (window, aggregate, emit)]
-        return _detector(name, *chosen, where, required_fields, config, event_time_field, key_field, configure)
+        return _detector(name, *chosen, where, required_fields, config, event_time_field, key_field, retention_seconds, configure)
 
     configure = build if any(callable(part) for part in (window, aggregate, emit)) else None
     try:
@@ -94,6 +100,7 @@ def _detector(
     config: type,
     event_time_field: str | None,
     key_field: str | None,
+    retention_seconds: float | None,
     configure: Callable[[Any], Detector] | None,
 ) -> Detector:
     if isinstance(window, Hopping) and isinstance(emit, Every):
@@ -105,8 +112,14 @@ def _detector(
     if aggregate.field is not None and aggregate.field not in required_fields:
         required_fields = (*required_fields, aggregate.field)
     # A key's state can change only while a record may still land in one of its windows: within the
-    # window (a session's gap) and the grace of its newest record. Past that, nothing of it is needed.
-    ttl = window.reach_seconds + window.grace_seconds
+    # window (a session's gap) and the grace of its newest record. Kept that short, a key seen less
+    # often than that would have its state made and dropped at each record, and a batch of a backlog
+    # cut wherever one of its keys expired: an hour (Kafka Streams keeps a windowed store a day)
+    # costs a few kept records per quiet key instead.
+    reach = window.reach_seconds + window.grace_seconds
+    if retention_seconds is not None and not retention_seconds >= reach:
+        raise ValueError(f"retention_seconds must be at least the window and its grace, {reach:g} s, not {retention_seconds!r}")
+    ttl = max(reach, DEFAULT_RETENTION_SECONDS) if retention_seconds is None else retention_seconds
     rule = Rule(window, aggregate, emit, where)
     return Detector(
         name=name,
