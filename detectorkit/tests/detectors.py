@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from detectorkit import Detector, State
+from detectorkit import Detector, State, windows
 
 
 @dataclass(frozen=True)
@@ -126,3 +126,7 @@ def went_quiet(fired: pd.DataFrame, config: SilenceConfig):
 SILENCE = Detector(name="test-silence", detect=quiet_keys, config=SilenceConfig, state=SILENCE_STATE, on_timer=went_quiet)
 # The same with its column typed: the store keeps it as an array (state.columns).
 SILENCE_TYPED = dataclasses.replace(SILENCE, state=State(columns={"last_ms": "int64"}))
+
+
+# A window rule the backtest tests run live and over history: a customer's 3 records within 60 s.
+BURST = windows.detector("test-burst", window=windows.Sliding(seconds=60), aggregate=windows.Count(), emit=windows.AtLeast(3))

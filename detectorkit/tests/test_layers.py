@@ -31,6 +31,8 @@ LAYERS = (
     ("runtime", ("detectorkit.runtime",)),
     # The services built on the runtime: normaliser, notifier.
     ("roles", ("detectorkit.roles",)),
+    # Backtests: a detector over history through the runtime's stage, without the streaming job.
+    ("backtest", ("detectorkit.backtest",)),
     # Development and test helpers: sample records, the harness for tests, local brokers and clusters.
     ("tools", ("detectorkit.samples", "detectorkit.testing", "detectorkit.pytest_plugin", "detectorkit.devtools")),
     # The command line: sees everything.

@@ -1,4 +1,4 @@
-"""The `detectorkit` command: broker, run, aggregate, produce-sample, tail, kafka-tool, spark-archive."""
+"""The `detectorkit` command: broker, run, backtest, aggregate, produce-sample, tail, kafka-tool, spark-archive."""
 
 from __future__ import annotations
 
@@ -163,6 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p = sub.add_parser("run", help="run a detector: detectorkit run --detector my_pkg.detector:DETECTOR [job flags]")
     p.add_argument("--detector", required=True, help="module.path:ATTRIBUTE of a detectorkit.Detector")
+    p = sub.add_parser(
+        "backtest", help="a detector over history: detectorkit backtest --detector my_pkg.detector:DETECTOR --out found.jsonl [backtest flags]"
+    )
+    p.add_argument("--detector", required=True, help="module.path:ATTRIBUTE of a detectorkit.Detector")
 
     for name, helptext in (
         ("produce-sample", "write sample records (some bad) to a topic"),
@@ -212,8 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from detectorkit.metrics.aggregator_service import main as aggregate
 
         return aggregate(rest)
-    if args.command == "run":
-        return _cmd_run(args, rest)
+    if args.command in ("run", "backtest"):
+        return _cmd_run(args, ["backtest", *rest] if args.command == "backtest" else rest)
     if args.command == "diamond":
         if not _have_rich():
             return _fail(f"detectorkit diamond is a dev tool: {NEEDS_DEV}")

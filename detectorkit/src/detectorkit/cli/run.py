@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from detectorkit import logs
 from detectorkit import settings as settings_mod
+from detectorkit.cli.exits import EXIT_FAILED, fail
 from detectorkit.detector import Detector
 from detectorkit.devtools.embedded_broker import BrokerError, EmbeddedBroker, EmbeddedBrokerMissing
 from detectorkit.kafka import clients
@@ -22,13 +23,7 @@ from detectorkit.settings import Settings, SettingsError
 if TYPE_CHECKING:
     from detectorkit.runtime.stage import Stage
 
-EXIT_FAILED = 1
-EXIT_CONFIG = 2
-
-
-def _fail(message: str, code: int = EXIT_CONFIG) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return code
+_fail = fail  # the name main.py and the tests know
 
 
 def check_kafka(settings: Settings) -> str | None:
@@ -76,6 +71,11 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
     failed, 2 when it could not start."""
     from detectorkit.runtime.stage import as_stage  # pandas and pyarrow: not for every command
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["backtest"] and isinstance(detector, Detector):
+        from detectorkit.cli.backtest import backtest_main
+
+        return backtest_main(detector, argv[1:], defaults)
     stage = as_stage(detector)
     parser = argparse.ArgumentParser(prog=stage.name, description=f"Run the {stage.name} job.")
     settings_mod.add_arguments(parser)

@@ -108,6 +108,10 @@ class ListOffsetsEnds:
     def earliest(self, partitions: Iterable[int]) -> dict[int, int]:
         return self._list(partitions, OffsetSpec.earliest())
 
+    def for_time(self, partitions: Iterable[int], ms: int) -> dict[int, int]:
+        """Kafka's offsets-for-times: each partition's first offset stamped at or after `ms` (-1: none)."""
+        return self._list(partitions, OffsetSpec.for_timestamp(ms))
+
     def forget(self, partitions: Iterable[int]) -> None:
         """Nothing is held per partition."""
 

@@ -216,6 +216,10 @@ class PartitionStore(Slots):
         """The partition's event time moves on (never back)."""
         self.event_ms = max(self.event_ms, int(event_ms))
 
+    def pending_timers(self) -> int:
+        """How many keys have a timer that has not fired."""
+        return int(np.count_nonzero(self._live[: self._used] & (self._timer[: self._used] != NO_TIMER)))
+
     def next_timer(self) -> int | None:
         """The earliest pending timer's time."""
         if self._timer_floor == NO_TIMER:

@@ -1,0 +1,110 @@
+"""What a backtest found, in a few lines: records read, dead letters by reason, detections by rule,
+per hour and by key, and with labels (records or keys known to be anomalous) its precision and recall."""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from detectorkit.backtest.history import HistoryError
+from detectorkit.backtest.replay import Backtest
+
+TOP_KEYS = 10
+
+
+@dataclass
+class Score:
+    by: str  # "id" (a record's id field) or "key"
+    labelled: int
+    flagged: int
+    both: int
+
+    @property
+    def precision(self) -> float | None:
+        return self.both / self.flagged if self.flagged else None
+
+    @property
+    def recall(self) -> float | None:
+        return self.both / self.labelled if self.labelled else None
+
+
+@dataclass
+class Summary:
+    service: str
+    records: int
+    detections: int
+    dead_letters: dict[str, int]
+    by_rule: dict[str, int]
+    per_hour: dict[str, int]  # "2026-11-26T10:00Z" -> detections
+    top_keys: list[tuple[str, int]]
+    pending_timers: int
+    score: Score | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [
+            f"{self.service}: {self.records:,} records read, {self.detections:,} detections, {sum(self.dead_letters.values()):,} dead letters",
+        ]
+        if self.dead_letters:
+            out.append("dead letters: " + ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.dead_letters.items())))
+        if self.by_rule:
+            out.append("by rule: " + ", ".join(f"{rule} {n:,}" for rule, n in sorted(self.by_rule.items())))
+        if self.per_hour:
+            out.append("per hour: " + ", ".join(f"{hour} {n:,}" for hour, n in self.per_hour.items()))
+        if self.top_keys:
+            out.append("top keys: " + ", ".join(f"{key} {n:,}" for key, n in self.top_keys))
+        if self.score is not None:
+            s = self.score
+            p = "n/a" if s.precision is None else f"{s.precision:.3f}"
+            r = "n/a" if s.recall is None else f"{s.recall:.3f}"
+            out.append(f"labels by {s.by}: {s.labelled:,} labelled, {s.flagged:,} flagged, {s.both:,} both: precision {p}, recall {r}")
+        return out + self.notes
+
+
+def summarise(result: Backtest, labels: tuple[str, set[str]] | None = None) -> Summary:
+    """The summary of a backtest; `labels`: ("id" or "key", the labelled values)."""
+    rules = collections.Counter(str(d["detection"].get("rule", result.service)) for d in result.detections)
+    stamps = pd.to_datetime([d["source"]["timestamp_ms"] for d in result.detections], unit="ms", utc=True)
+    hours = collections.Counter(t.strftime("%Y-%m-%dT%H:00Z") for t in stamps.floor("h")) if len(stamps) else collections.Counter()
+    keys = collections.Counter(str(d["source"].get("key")) for d in result.detections if d["source"].get("key") is not None)
+    summary = Summary(
+        result.service,
+        result.records,
+        len(result.detections),
+        dict(result.dead_letters),
+        dict(rules),
+        dict(sorted(hours.items())),
+        keys.most_common(TOP_KEYS),
+        result.pending_timers,
+    )
+    if labels is not None:
+        by, labelled = labels
+        flagged = {
+            value
+            for value in (rid if by == "id" else d["source"].get("key") for d, rid in zip(result.detections, result.record_ids, strict=True))
+            if value is not None
+        }
+        summary.score = Score(by, len(labelled), len(flagged), len(flagged & labelled))
+    if result.pending_timers:
+        summary.notes.append(
+            f"{result.pending_timers:,} timer(s) were pending when the history ended: live, a quiet partition's event time moves on with "
+            "the wall clock (TIMER_IDLE_GRACE_SECONDS) and they would fire; a backtest moves time only with records"
+        )
+    return summary
+
+
+def read_labels(path: str) -> tuple[str, set[str]]:
+    """A labels file: a header line `id` (records' id fields) or `key` (Kafka keys), then one value a line."""
+    try:
+        lines = [line.strip() for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HistoryError(f"cannot read labels {path}: {exc}") from None
+    if not lines or lines[0] not in ("id", "key"):
+        raise HistoryError(f"labels {path} must begin with a header line 'id' or 'key', then one value a line")
+    wrong = [line for line in lines[1:] if "," in line or "\t" in line]
+    if wrong:
+        raise HistoryError(f"labels {path} hold one value a line, not {wrong[0]!r}")
+    return lines[0], set(lines[1:])

@@ -1,0 +1,142 @@
+"""`<service> backtest` and `detectorkit backtest`: the detector over history, its detections to a file
+and a summary to stdout. Settings and DETECTOR_* config are read exactly as the live service reads
+them; the history is a range of the input topic or files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from detectorkit import settings as settings_mod
+from detectorkit.cli.exits import EXIT_FAILED, fail
+from detectorkit.detector import Detector
+from detectorkit.kafka import clients
+from detectorkit.settings import SettingsError
+
+EXAMPLES = """
+examples:
+  backtest --from 2026-11-19T00:00Z --to 2026-11-26T00:00Z --out week.parquet
+  backtest --from 0=1000,1=1000 --to 0=5000,1=5000 --out range.jsonl --labels known.txt
+  backtest --files records.jsonl --key-field customer --time-field timestamp --out found.jsonl
+"""
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Run the detector over history as the live service would: a range of the input topic (never committing, in no "
+        "group of the service's) or files. Writes the detections, prints a summary.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--from", dest="start", default=None, help="ISO 8601 time, epoch ms, or offsets P=OFFSET,... (default: the earliest record)")
+    p.add_argument("--to", dest="end", default=None, help="as --from, exclusive (default: the topic's end now)")
+    p.add_argument("--files", nargs="+", default=None, help="JSON lines (a record's value a line) or Parquet files, instead of the topic")
+    p.add_argument("--key-field", default=None, help="files: the field that is the record's Kafka key")
+    p.add_argument("--time-field", default=None, help="files: the field that is the record's Kafka timestamp (epoch ms or ISO 8601)")
+    p.add_argument("--partitions", type=int, default=1, help="files: spread the keys over this many partitions (default 1)")
+    p.add_argument("--out", required=True, help="where the detections go: .parquet or .jsonl (the output topic's values)")
+    p.add_argument("--labels", default=None, help="a file: a header line 'id' or 'key', then the anomalous ones, one a line")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="a progress bar on stderr (default: on a terminal)")
+    return p
+
+
+def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str, Any] | None = None) -> int:
+    from detectorkit import backtest
+
+    args, rest = parser(f"{detector.name} backtest").parse_known_args(argv)
+    job = argparse.ArgumentParser(prog=f"{detector.name} backtest")
+    settings_mod.add_arguments(job)
+    try:
+        settings = settings_mod.load(job.parse_args(rest), defaults=defaults).for_service(detector.name)
+        config = detector.load_config()
+        out = pathlib.Path(args.out)
+        if out.suffix not in (".parquet", ".jsonl"):
+            raise SettingsError(f"--out must end in .parquet or .jsonl, not {out.name!r}")
+        labels = backtest.read_labels(args.labels) if args.labels else None
+        if args.files:
+            history = backtest.from_files(args.files, args.key_field, args.time_field, args.partitions)
+        else:
+            if not settings.kafka_bootstrap_servers:
+                raise SettingsError("a backtest over the input topic needs KAFKA_BOOTSTRAP_SERVERS (or --files)")
+            conf = clients.base(settings.kafka_bootstrap_servers, settings.kafka_options)
+            history = backtest.from_kafka(
+                conf,
+                settings.input_topic,
+                _bound(args.start, "--from"),
+                _bound(args.end, "--to"),
+                settings.kafka_broker_kind,
+                settings.connect_timeout_seconds,
+            )
+    except (SettingsError, backtest.HistoryError) as exc:
+        return fail(str(exc))
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    with _progress(history.records, show) as advance:
+        try:
+            result = backtest.run(detector, history, config, detector.name, progress=advance)
+        except backtest.HistoryError as exc:
+            return fail(str(exc), EXIT_FAILED)
+    _write(result, out)
+    summary = backtest.summarise(result, labels)
+    print("\n".join([*summary.lines(), f"detections written to {out}"]), flush=True)
+    return 0
+
+
+def _bound(text: str | None, flag: str) -> dict[int, int] | int | None:
+    """--from/--to: None, per-partition offsets `P=OFFSET,...`, epoch ms, or an ISO 8601 time."""
+    if text is None:
+        return None
+    if "=" in text:
+        try:
+            return {int(p): int(o) for p, o in (pair.split("=", 1) for pair in text.split(","))}
+        except ValueError:
+            raise SettingsError(f"{flag} {text!r}: offsets are P=OFFSET,P=OFFSET (e.g. 0=100,1=250)") from None
+    if text.isdigit():
+        return int(text)
+    import pandas as pd
+
+    try:
+        stamp = pd.Timestamp(text)
+    except ValueError:
+        raise SettingsError(f"{flag} {text!r} is neither a time (ISO 8601, epoch ms) nor offsets P=OFFSET,...") from None
+    stamp = stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp
+    return int(stamp.value // 1_000_000)
+
+
+def _write(result, out: pathlib.Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".jsonl":
+        with out.open("w") as f:
+            for d in result.detections:
+                f.write(json.dumps(d, default=str) + "\n")
+    else:
+        result.frame().to_parquet(out, index=False)
+
+
+class _progress:
+    """A progress bar on stderr (rich, if installed), or nothing."""
+
+    def __init__(self, total: int, show: bool):
+        self.total, self.show, self.bar = total, show, None
+
+    def __enter__(self):
+        if not self.show:
+            return lambda done: None
+        try:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        except ImportError:
+            return lambda done: None
+        from rich.console import Console
+
+        self.bar = Progress(TextColumn("backtest"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=Console(stderr=True))
+        self.bar.start()
+        task = self.bar.add_task("records", total=self.total)
+        return lambda done: self.bar.update(task, completed=done)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()

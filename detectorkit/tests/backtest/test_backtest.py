@@ -1,0 +1,167 @@
+"""Backtests: a detector over history gives what the live service wrote for the same records."""
+
+import collections
+import json
+import pathlib
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from detectorkit import backtest
+from detectorkit.kafka import clients
+from detectorkit.testing import DetectorHarness, Sample, create_test_topics, produce, read_all
+
+from ..detectors import BURST, THRESHOLD, Config
+from ..jobs import committed, job_env, run
+
+T0 = 1_795_000_000_000
+# Where `python -m detectorkit` finds tests.detectors.
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def lines(tmp_path, rows, name="records.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def test_files_give_detections_dead_letters_and_the_labels_precision_and_recall(tmp_path):
+    rows = [
+        {"id": "r-0", "customer": "c-1", "amount": 5000.0},  # flagged, labelled
+        {"id": "r-1", "customer": "c-2", "amount": 10.0},  # labelled, missed
+        '{"id": "r-2", "amount": ',  # not JSON: a dead letter
+        {"id": "r-3", "customer": "c-3"},  # no amount: a dead letter
+        {"id": "r-4", "customer": "c-4", "amount": 2000.0},  # flagged, not labelled
+        {"id": "r-5", "customer": "c-5", "amount": 3000.0},  # flagged, labelled
+    ]
+    history = backtest.from_files([lines(tmp_path, rows)], key_field="customer")
+    result = backtest.run(THRESHOLD, history, Config())
+    assert [(d["source"]["offset"], d["detection"]["amount"]) for d in result.detections] == [(0, 5000.0), (4, 2000.0), (5, 3000.0)]
+    assert result.dead_letters == {"malformed_json": 1, "missing_field": 1}
+    labels = tmp_path / "labels.txt"
+    labels.write_text("id\nr-0\nr-1\nr-5\n")
+    summary = backtest.summarise(result, backtest.read_labels(str(labels)))
+    score = summary.score
+    assert (score.labelled, score.flagged, score.both) == (3, 3, 2)
+    assert score.precision == pytest.approx(2 / 3) and score.recall == pytest.approx(2 / 3)
+    assert summary.records == 6 and summary.top_keys[0][1] == 1
+    assert any("precision 0.667, recall 0.667" in line for line in summary.lines())
+
+
+def test_a_window_rule_over_files_answers_as_the_harness_does_in_one_pass(tmp_path):
+    rows = [{"id": f"r-{i}", "customer": f"c-{i % 3}", "ts": T0 + 7_000 * i} for i in range(60)]
+    history = backtest.from_files([lines(tmp_path, rows)], key_field="customer", time_field="ts", partitions=2)
+    result = backtest.run(BURST, history)
+    found = sorted((d["source"]["key"], d["source"]["timestamp_ms"]) for d in result.detections)
+    harness = DetectorHarness(BURST, partitions=2)
+    frame = pd.DataFrame({"key": [r["customer"] for r in rows], "event_time": pd.to_datetime([r["ts"] for r in rows], unit="ms", utc=True)})
+    one_pass = harness.run([frame.iloc[[i]] for i in range(len(frame))])
+    assert found == sorted((row["key"], int(row["window_end_ms"])) for _, row in one_pass.iterrows())
+    assert len(found) > 3  # the test means something: bursts of every customer
+
+
+def test_a_dataframe_is_a_history_for_a_notebook():
+    records = pd.DataFrame({"key": ["c-1"] * 4, "event_time": pd.to_datetime([T0, T0 + 1_000, T0 + 2_000, T0 + 3_000], unit="ms", utc=True)})
+    result = backtest.run(BURST, backtest.from_frame(records))
+    assert [d["source"]["offset"] for d in result.detections] == [2]  # the third record within 60 s
+    assert backtest.summarise(result).detections == 1
+
+
+def test_bad_input_is_one_line_each(tmp_path):
+    with pytest.raises(backtest.HistoryError, match="cannot read .*missing.jsonl"):
+        backtest.from_files([str(tmp_path / "missing.jsonl")])
+    wrong = tmp_path / "labels.csv"
+    wrong.write_text("record,label\nr-1,1\n")
+    with pytest.raises(backtest.HistoryError, match="must begin with a header line 'id' or 'key'"):
+        backtest.read_labels(str(wrong))
+    wrong.write_text("id\nr-1,1\n")
+    with pytest.raises(backtest.HistoryError, match="one value a line"):
+        backtest.read_labels(str(wrong))
+
+
+def cli(*args, env=None):
+    done = subprocess.run(
+        [sys.executable, "-m", "detectorkit", "backtest", *args], capture_output=True, text=True, timeout=300, env=env, cwd=str(ROOT)
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_the_command_writes_detections_and_prints_a_summary(tmp_path):
+    rows = [{"id": f"r-{i}", "customer": "c-1", "amount": 500.0 * i} for i in range(5)]
+    out = tmp_path / "found.parquet"
+    code, stdout, stderr = cli(
+        "--detector", "tests.detectors:THRESHOLD", "--files", lines(tmp_path, rows), "--key-field", "customer", "--out", str(out)
+    )
+    assert code == 0, stderr
+    assert "5 records read, 2 detections, 0 dead letters" in stdout
+    assert pd.read_parquet(out)["offset"].tolist() == [3, 4]
+    code, _, stderr = cli("--detector", "tests.detectors:THRESHOLD", "--files", "nowhere.jsonl", "--out", str(out))
+    assert code == 2 and stderr.count("\n") == 1 and "cannot read nowhere.jsonl" in stderr
+    code, _, stderr = cli("--detector", "tests.detectors:THRESHOLD", "--files", "x.jsonl", "--out", str(tmp_path / "found.csv"))
+    assert code == 2 and "--out must end in .parquet or .jsonl" in stderr
+
+
+def records(count):
+    """Twenty customers' records (every 25th not JSON), some above the threshold: bursts and amounts."""
+    made = []
+    for i in range(count):
+        customer = f"c-{i % 20}"
+        value = json.dumps({"id": f"r-{i}", "customer": customer, "amount": 400.0 * (i % 5)}).encode()
+        made.append(Sample(customer.encode(), b'{"id": ' if i % 25 == 24 else value, "malformed_json" if i % 25 == 24 else "valid"))
+    return made
+
+
+def live_detections(bs, topics):
+    values = [json.loads(m["value"]) for m in read_all(bs, topics.output)]
+    return collections.Counter((d["source"]["partition"], d["source"]["offset"], json.dumps(d["detection"], sort_keys=True)) for d in values)
+
+
+@pytest.mark.parametrize("detector", ["THRESHOLD", "BURST"])
+def test_a_backtest_over_a_kafka_range_equals_what_the_live_service_wrote_and_moves_no_offset(kafka_bootstrap_servers, tmp_path, detector):
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, f"backtest-{detector.lower()}", partitions=2)
+    sent = produce(bs, topics.input, records(600))
+    env = job_env(bs, topics, starting_offsets="earliest", stop_after_idle_seconds=3, max_records_per_batch=50)
+    code, output = run(env, command=[sys.executable, "-m", "detectorkit", "run", "--detector", f"tests.detectors:{detector}"])
+    assert code == 0, output
+    live = live_detections(bs, topics)
+    assert sum(live.values()) > 10  # the test means something
+    before = committed(bs, topics, [0, 1])
+
+    history = backtest.from_kafka(clients.base(bs), topics.input)
+    assert history.records == len(sent)
+    from .. import detectors
+
+    result = backtest.run(getattr(detectors, detector), history)
+    found = collections.Counter(
+        (d["source"]["partition"], d["source"]["offset"], json.dumps(d["detection"], sort_keys=True)) for d in result.detections
+    )
+    assert found == live
+    assert sum(result.dead_letters.values()) == len([s for s in sent if s.sample.kind != "valid"])
+    assert committed(bs, topics, [0, 1]) == before
+
+    # The command, over the first half of each partition, and past the end: one line.
+    half = {p: (e - s) // 2 for p, (s, e) in history.ranges.items()}
+    out = tmp_path / "half.jsonl"
+    to = ",".join(f"{p}={o}" for p, o in half.items())
+    code, stdout, stderr = cli("--detector", f"tests.detectors:{detector}", "--to", to, "--out", str(out), env=env)
+    assert code == 0, stderr
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {(d["source"]["partition"], d["source"]["offset"]) for d in written} == {(p, o) for p, o, _ in live if o < half[p]}
+    past = ",".join(f"{p}={e + 5}" for p, (_, e) in history.ranges.items())
+    code, _, stderr = cli("--detector", f"tests.detectors:{detector}", "--to", past, "--out", str(out), env=env)
+    assert code == 2 and stderr.count("\n") == 1 and "is past the end of" in stderr, stderr
+    assert committed(bs, topics, [0, 1]) == before
+
+
+def test_a_services_own_command_takes_backtest_as_its_first_word(tmp_path, capsys):
+    """`<service> backtest ...`: a baked service's script calls run_detector with its argv."""
+    from detectorkit.cli.run import run_detector
+
+    rows = [{"id": f"r-{i}", "customer": "c-1", "amount": 700.0 * i} for i in range(3)]
+    out = tmp_path / "found.jsonl"
+    assert run_detector(THRESHOLD, ["backtest", "--files", lines(tmp_path, rows), "--out", str(out)], defaults={"input_topic": "orders"}) == 0
+    assert "3 records read, 1 detections" in capsys.readouterr().out
+    assert [json.loads(line)["detection"]["amount"] for line in out.read_text().splitlines()] == [1400.0]
