@@ -165,3 +165,37 @@ def test_a_services_own_command_takes_backtest_as_its_first_word(tmp_path, capsy
     assert run_detector(THRESHOLD, ["backtest", "--files", lines(tmp_path, rows), "--out", str(out)], defaults={"input_topic": "orders"}) == 0
     assert "3 records read, 1 detections" in capsys.readouterr().out
     assert [json.loads(line)["detection"]["amount"] for line in out.read_text().splitlines()] == [1400.0]
+
+
+def detection(partition, offset, ms, timer_key=None):
+    source = {"topic": "in", "partition": partition, "timestamp_ms": ms}
+    source |= {"key": timer_key, "timer_ms": ms} if timer_key else {"offset": offset}
+    return {"service": "s", "detection": {"rule": "r"}, "source": source}
+
+
+def test_diff_of_two_known_detection_sets_counts_only_a_only_b_and_both_per_hour(tmp_path):
+    hour = 3_600_000
+    a = [detection(0, 1, T0), detection(0, 2, T0), detection(1, 7, T0 + hour), detection(0, -1, T0 + 2 * hour, timer_key="c-1")]
+    b = [detection(0, 2, T0 + 5), detection(1, 7, T0 + hour), detection(1, 9, T0 + hour), detection(0, -1, T0 + 2 * hour, timer_key="c-2")]
+    path_a = lines(tmp_path, a, "a.jsonl")
+    # B as a backtest's Parquet table, A as its JSON lines: either reads back the same.
+    table = backtest.Backtest("s", detections=b, record_ids=[None] * len(b)).frame()
+    table.to_parquet(tmp_path / "b.parquet", index=False)
+    found = backtest.compare(backtest.diff.load(path_a), backtest.diff.load(str(tmp_path / "b.parquet")))
+    assert found.totals() == {"only_a": 2, "only_b": 2, "both": 2}
+    hours = list(found.hours.values())
+    assert hours == [{"only_a": 1, "only_b": 0, "both": 1}, {"only_a": 0, "only_b": 1, "both": 1}, {"only_a": 1, "only_b": 1, "both": 0}]
+    png = tmp_path / "diff.png"
+    done = subprocess.run(
+        [sys.executable, "-m", "detectorkit", "diff", path_a, str(tmp_path / "b.parquet"), "--png", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("total")] == [["2", "2", "2"]]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    done = subprocess.run(
+        [sys.executable, "-m", "detectorkit", "diff", path_a, str(tmp_path / "nothing.jsonl")], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and "cannot read detections from" in done.stderr

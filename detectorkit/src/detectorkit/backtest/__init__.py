@@ -15,12 +15,15 @@ Nothing is written to Kafka and no offset is committed: the service's consumer g
 
 from __future__ import annotations
 
+from detectorkit.backtest.diff import Diff, compare
 from detectorkit.backtest.history import History, HistoryError, Slice, from_files, from_frame, from_kafka
 from detectorkit.backtest.replay import Backtest, run
 from detectorkit.backtest.summary import Score, Summary, read_labels, summarise
 
 __all__ = [
     "Backtest",
+    "Diff",
+    "compare",
     "History",
     "HistoryError",
     "Score",

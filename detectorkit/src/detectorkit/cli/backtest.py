@@ -140,3 +140,37 @@ class _progress:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def diff_main(argv: Sequence[str]) -> int:
+    """`detectorkit diff A B`: two detection sets (backtest files, or `topic:NAME` over a time range)."""
+    import os
+
+    from detectorkit import backtest
+    from detectorkit.backtest import diff
+
+    p = argparse.ArgumentParser(
+        prog="detectorkit diff",
+        description="Compare two detection sets: backtest outputs (.jsonl, .parquet) or topics (topic:NAME, e.g. live against shadow).",
+    )
+    p.add_argument("a", help="a backtest's output file, or topic:NAME")
+    p.add_argument("b", help="as A")
+    p.add_argument("--from", dest="start", default=None, help="topics: from this time (ISO 8601 or epoch ms)")
+    p.add_argument("--to", dest="end", default=None, help="topics: to this time, exclusive (default: their end now)")
+    p.add_argument("--png", default=None, help="also draw the detections per hour to this PNG file")
+    p.add_argument(
+        "--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"), help="topics: the brokers (default: KAFKA_BOOTSTRAP_SERVERS)"
+    )
+    args = p.parse_args(argv)
+    try:
+        start, end = _bound(args.start, "--from"), _bound(args.end, "--to")
+        if isinstance(start, dict) or isinstance(end, dict):
+            raise SettingsError("diff takes times for --from and --to: two topics' offsets do not line up")
+        conf = clients.base(args.bootstrap_servers) if args.bootstrap_servers else None
+        found = diff.compare(diff.load(args.a, conf, start, end), diff.load(args.b, conf, start, end), args.a, args.b)
+        if args.png:
+            found.chart(args.png)
+    except (SettingsError, backtest.HistoryError) as exc:
+        return fail(str(exc))
+    print("\n".join(found.lines() + ([f"chart: {args.png}"] if args.png else [])), flush=True)
+    return 0

@@ -211,7 +211,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("tool", help="consumer-groups, topics, delete-records, get-offsets, transactions, console-consumer, ...")
 
+    sub.add_parser("diff", help="compare two detection sets: backtest outputs or topics (detectorkit diff --help)", add_help=False)
+
     args, rest = parser.parse_known_args(argv)
+    if args.command == "diff":
+        from detectorkit.cli.backtest import diff_main
+
+        return diff_main(rest)
     if args.command == "aggregate":
         from detectorkit.metrics.aggregator_service import main as aggregate
 
