@@ -159,3 +159,11 @@ def test_only_a_chosen_instance_id_makes_a_static_member():
     assert load(environ={"GROUP_SESSION_TIMEOUT_SECONDS": "10"}).group_session_timeout_seconds == 10
     with pytest.raises(SettingsError, match="GROUP_SESSION_TIMEOUT_SECONDS"):
         load(environ={"GROUP_SESSION_TIMEOUT_SECONDS": "0"})
+
+
+def test_a_shadow_reads_and_writes_beside_the_live_service():
+    live = s.Settings(consumer_group="bursts", output_topic="detections", dlq_topic="bursts.dlq").for_service("bursts")
+    shadow = s.Settings(consumer_group="bursts", output_topic="detections", dlq_topic="bursts.dlq", shadow=True).for_service("bursts")
+    assert (live.consumer_group, live.output_topic, live.dlq_topic) == ("bursts", "detections", "bursts.dlq")
+    assert (shadow.consumer_group, shadow.output_topic, shadow.dlq_topic) == ("bursts.shadow", "detections.shadow", "bursts.dlq.shadow")
+    assert s.Settings(shadow=True).for_service("x").dlq_topic == "x.dlq.shadow"

@@ -67,6 +67,12 @@ class Settings(BaseModel):
     output_topic: str = Field("detections", description="Topic the detections are written to.")
     dlq_topic: str | None = Field(None, description="Dead-letter topic. Default: <service>.dlq.")
     consumer_group: str | None = Field(None, description="Consumer group holding the job's offsets. Default: the service name.")
+    shadow: bool = Field(
+        False,
+        description="Run as a shadow of the live service: a new version beside the old one on the same input, in consumer group "
+        "<group>.shadow, writing to <output>.shadow and <dlq>.shadow (which nothing downstream reads), as service <service>-shadow "
+        "(its own metrics and state). Compare with: detectorkit diff topic:<output> topic:<output>.shadow --service <service>.",
+    )
     instance_id: str = Field(
         default_factory=default_instance_id,
         description="This instance's id, unique among the service's instances. Set: also its "
@@ -195,13 +201,11 @@ class Settings(BaseModel):
         return value
 
     def for_service(self, service: str) -> Settings:
-        """Fill the defaults that depend on the service's name."""
-        return self.model_copy(
-            update={
-                "dlq_topic": self.dlq_topic or check_topic_name(f"{service}.dlq"),
-                "consumer_group": self.consumer_group or service,
-            }
-        )
+        """Fill the defaults that depend on the service's name (a shadow's: beside the live ones)."""
+        dlq, group, output = self.dlq_topic or check_topic_name(f"{service}.dlq"), self.consumer_group or service, self.output_topic
+        if self.shadow:
+            dlq, group, output = check_topic_name(f"{dlq}.shadow"), f"{group}.shadow", check_topic_name(f"{output}.shadow")
+        return self.model_copy(update={"dlq_topic": dlq, "consumer_group": group, "output_topic": output})
 
     def __repr_args__(self):
         for name, value in super().__repr_args__():

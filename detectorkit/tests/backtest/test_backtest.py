@@ -199,3 +199,47 @@ def test_diff_of_two_known_detection_sets_counts_only_a_only_b_and_both_per_hour
         [sys.executable, "-m", "detectorkit", "diff", path_a, str(tmp_path / "nothing.jsonl")], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 2 and "cannot read detections from" in done.stderr
+
+
+def test_a_shadow_runs_beside_the_live_service_and_diff_tells_them_apart(kafka_bootstrap_servers, tmp_path):
+    """Version 2 (a lower threshold) as a shadow: its own group and topics, the live ones untouched."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "shadow", partitions=2)
+    sent = produce(bs, topics.input, records(200))
+    command = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:THRESHOLD"]
+    env = job_env(bs, topics, starting_offsets="earliest", stop_after_idle_seconds=3)
+    code, output = run(env, command=command)
+    assert code == 0, output
+    before = committed(bs, topics, [0, 1])
+    code, output = run({**env, "SHADOW": "true", "CREATE_TOPICS": "true", "DETECTOR_THRESHOLD": "500"}, command=command)
+    assert code == 0, output
+    assert committed(bs, topics, [0, 1]) == before  # the live group's offsets: the shadow reads in <group>.shadow
+
+    shadow = [json.loads(m["value"]) for m in read_all(bs, f"{topics.output}.shadow")]
+    assert {d["service"] for d in shadow} == {"test-threshold-shadow"}
+    valid = [(s.partition, s.offset, json.loads(s.sample.value)["amount"]) for s in sent if s.sample.kind == "valid"]
+    png = tmp_path / "diff.png"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "detectorkit",
+            "diff",
+            f"topic:{topics.output}",
+            f"topic:{topics.output}.shadow",
+            "--service",
+            "test-threshold",
+            "--png",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=str(ROOT),
+    )
+    assert done.returncode == 0, done.stderr
+    total = next(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("total"))
+    only_shadow = sum(1 for _, _, amount in valid if 500 < amount <= 1000)
+    both = sum(1 for _, _, amount in valid if amount > 1000)
+    assert total == ["0", str(only_shadow), str(both)] and only_shadow > 0 and both > 0

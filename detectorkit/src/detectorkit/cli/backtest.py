@@ -158,6 +158,7 @@ def diff_main(argv: Sequence[str]) -> int:
     p.add_argument("--from", dest="start", default=None, help="topics: from this time (ISO 8601 or epoch ms)")
     p.add_argument("--to", dest="end", default=None, help="topics: to this time, exclusive (default: their end now)")
     p.add_argument("--png", default=None, help="also draw the detections per hour to this PNG file")
+    p.add_argument("--service", default=None, help="only this service's detections (and its shadow's, <service>-shadow): a shared topic holds many")
     p.add_argument(
         "--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"), help="topics: the brokers (default: KAFKA_BOOTSTRAP_SERVERS)"
     )
@@ -167,7 +168,11 @@ def diff_main(argv: Sequence[str]) -> int:
         if isinstance(start, dict) or isinstance(end, dict):
             raise SettingsError("diff takes times for --from and --to: two topics' offsets do not line up")
         conf = clients.base(args.bootstrap_servers) if args.bootstrap_servers else None
-        found = diff.compare(diff.load(args.a, conf, start, end), diff.load(args.b, conf, start, end), args.a, args.b)
+        sets = [diff.load(where, conf, start, end) for where in (args.a, args.b)]
+        if args.service:
+            wanted = {args.service, f"{args.service}-shadow"}
+            sets = [[d for d in found if d.get("service") in wanted] for found in sets]
+        found = diff.compare(*sets, args.a, args.b)
         if args.png:
             found.chart(args.png)
     except (SettingsError, backtest.HistoryError) as exc:

@@ -83,6 +83,8 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
     try:
         settings = settings_mod.load(args, defaults=defaults).for_service(stage.name)
         config = stage.load_config()
+        if settings.shadow:
+            stage = _shadow_of(detector, config)
     except SettingsError as exc:
         return _fail(str(exc))
     log = logs.setup(settings.log_level, service=stage.name, instance=settings.instance_id)
@@ -110,6 +112,18 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _shadow_of(detector: Detector | Stage, config: Any) -> Stage:
+    """The detector as its own shadow: service `<name>-shadow`, so its metrics, logs and detections
+    are told apart from the live version's (built for its config first: the name is kept after)."""
+    import dataclasses
+
+    from detectorkit.runtime.stage import as_stage
+
+    if not isinstance(detector, Detector):
+        raise SettingsError("SHADOW runs a detector beside its live version; the diamond's other roles have no shadow")
+    return as_stage(dataclasses.replace(detector.configured(config), name=f"{detector.name}-shadow", configure=None))
 
 
 def _run(stage: Stage, settings: Settings, config, log) -> int:
