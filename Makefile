@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup tools demo diamond scale-demo test test-fast test-runtime test-template test-tansu lint bench bench-stateful bench-exactly-once bench-stores clean
+.PHONY: setup tools demo diamond scale-demo test test-fast test-runtime test-template test-tansu lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -88,6 +88,10 @@ bench: setup
 # Detectors with state beside Kafka Streams on 3M records, and a restore of 1M keys (~6 min; bench/results/stateful.md).
 bench-stateful: setup
 	$(PY) bench/run.py --stateful
+
+# A backtest's speed in one process, against the stage alone on the same records (~1 min).
+bench-backtest: setup
+	$(PY) bench/backtest.py
 
 # Exactly-once against at-least-once, the pair alone on 5,000,000 records each: issue 20's throughput
 # target on runs long enough to judge it (~2 min; bench/results/exactly-once-5m/latest.md).
