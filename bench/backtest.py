@@ -2,6 +2,7 @@
 
     python bench/backtest.py                 # 1,000,000 records from a JSON lines file
     python bench/backtest.py --records 200000
+    python bench/backtest.py --kafka --records 10000000   # from Apache Kafka: one process against Spark's tasks
 
 Writes the stateful benchmark's kind of records (100,000 customers, a rotating few hundred busy,
 event time 5 ms a record) to a JSON lines file, then backtests the threshold detector and the burst
@@ -61,7 +62,10 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--records", type=int, default=1_000_000)
     p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--kafka", action="store_true", help="from a topic on Apache Kafka: in this process, then as a Spark job (local[2])")
     args = p.parse_args(argv)
+    if args.kafka:
+        return from_kafka(args.records, args.partitions)
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp) / "records.jsonl"
         write_records(path, args.records)
@@ -85,6 +89,50 @@ def main(argv: list[str]) -> int:
                 f"({stage_cpu / args.records * 1e6:.1f} s CPU per 1M): the backtest at {stage_wall / wall:.2f}x the stage's speed",
                 flush=True,
             )
+    return 0
+
+
+def from_kafka(count: int, partitions: int) -> int:
+    """The burst window rule over `count` records of a topic: one process, then a Spark batch job
+    with a task per partition on local[2] (both cores), in the same run."""
+    from detectorkit.devtools.brokers import start_broker
+    from detectorkit.kafka import clients
+    from detectorkit.runtime.spark import session
+
+    broker = start_broker("kafka")
+    try:
+        conf = clients.base(broker.bootstrap_servers)
+        clients.create_topics(conf, {"history": partitions})
+        producer = clients.new_producer(clients.producer(conf, **{"linger.ms": 50, "batch.size": 1_000_000}))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = pathlib.Path(tmp) / "records.jsonl"
+            write_records(path, count)
+            with path.open("rb") as f:
+                for line in f:
+                    record = json.loads(line)
+                    producer.produce("history", key=record["customer"].encode(), value=line.rstrip(b"\n"), timestamp=record["ts"])
+                    producer.poll(0)
+        producer.flush(120)
+        detector = DETECTORS["burst window rule (stateful)"]
+        print(f"{count:,} records on Apache Kafka, {partitions} partitions", flush=True)
+        here = {}
+        wall, cpu = timed(lambda: here.setdefault("result", run(detector, backtest.from_kafka(conf, "history"))))
+        print(
+            f"one process: {count / wall:,.0f} records/s ({cpu / count * 1e6:.1f} s CPU per 1M), {len(here['result'].detections):,} detections",
+            flush=True,
+        )
+        spark = session("local[2]", "backtest-bench")
+        history = backtest.from_kafka(conf, "history")
+        there = {}
+        spark_wall, _ = timed(lambda: there.setdefault("result", backtest.run_on_spark(spark, detector, history, kafka=(conf, "kafka", 60.0))))
+        print(
+            f"Spark, local[2]: {count / spark_wall:,.0f} records/s, {len(there['result'].detections):,} detections: "
+            f"{wall / spark_wall:.2f}x one process",
+            flush=True,
+        )
+        spark.stop()
+    finally:
+        broker.stop()
     return 0
 
 

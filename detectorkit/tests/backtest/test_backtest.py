@@ -243,3 +243,20 @@ def test_a_shadow_runs_beside_the_live_service_and_diff_tells_them_apart(kafka_b
     only_shadow = sum(1 for _, _, amount in valid if 500 < amount <= 1000)
     both = sum(1 for _, _, amount in valid if amount > 1000)
     assert total == ["0", str(only_shadow), str(both)] and only_shadow > 0 and both > 0
+
+
+def test_a_backtest_on_spark_answers_as_one_in_this_process(kafka_bootstrap_servers, spark):
+    """A task per partition, in Spark's Python workers: the same detections and dead letters."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "backtest-spark", partitions=3)
+    produce(bs, topics.input, records(900))
+    conf = clients.base(bs)
+    here = backtest.run(BURST, backtest.from_kafka(conf, topics.input))
+    history = backtest.from_kafka(conf, topics.input)
+    there = backtest.run_on_spark(spark, BURST, history, kafka=(conf, "auto", 30.0))
+
+    def found(result):
+        return sorted((d["source"]["partition"], d["source"]["offset"], json.dumps(d["detection"], sort_keys=True)) for d in result.detections)
+
+    assert found(there) == found(here) and len(found(here)) > 10
+    assert (there.records, there.dead_letters) == (here.records, here.dead_letters) == (900, {"malformed_json": 36})

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from detectorkit.backtest.diff import Diff, compare
 from detectorkit.backtest.history import History, HistoryError, Slice, from_files, from_frame, from_kafka
-from detectorkit.backtest.replay import Backtest, run
+from detectorkit.backtest.replay import Backtest, run, run_on_spark
 from detectorkit.backtest.summary import Score, Summary, read_labels, summarise
 
 __all__ = [
@@ -34,5 +34,6 @@ __all__ = [
     "from_kafka",
     "read_labels",
     "run",
+    "run_on_spark",
     "summarise",
 ]

@@ -52,6 +52,7 @@ class History:
     records: int
     slices: Iterator[Slice]
     ranges: dict[int, tuple[int, int]]  # partition -> [start, end) offsets read
+    broker_kind: str | None = None  # a Kafka history's broker, resolved
 
 
 def from_kafka(
@@ -85,7 +86,7 @@ def from_kafka(
             raise HistoryError(f"--from offset {first[p]} of {topic}-{p} is gone (retention); it begins at {earliest[p]}")
     ranges = {p: (first[p], max(first[p], last[p])) for p in partitions}
     total = sum(e - s for s, e in ranges.values())
-    return History(topic, total, _kafka_slices(base_conf, topic, kind, ranges, timeout), ranges)
+    return History(topic, total, _kafka_slices(base_conf, topic, kind, ranges, timeout), ranges, kind)
 
 
 def _offsets(ends, which: str, given, partitions: list[int], earliest: dict[int, int], latest: dict[int, int]) -> dict[int, int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,3 +112,42 @@ def _record_id(value: bytes | None) -> str | None:
     except ValueError:
         return None
     return None if not isinstance(found, dict) or found.get("id") is None else str(found["id"])
+
+
+def run_on_spark(
+    spark: Any,
+    detector: Detector,
+    history: History,
+    config: Any = None,
+    service: str | None = None,
+    kafka: tuple[Mapping[str, Any], str, float] | None = None,
+) -> Backtest:
+    """`run`, as a Spark batch job: one task per partition of a Kafka history (`kafka`: the client
+    settings, the broker kind and the timeout), which reads its range and runs the stage in a
+    Python worker, as `run` does in this process; the tasks' results are merged here. Partitions
+    are independent (state and event time are per partition), so the answers are `run`'s."""
+    if kafka is None:
+        raise ValueError("a backtest on Spark reads a Kafka history: its tasks read their own partitions")
+    config = detector.load_config() if config is None else config
+    conf, kind, timeout = dict(kafka[0]), history.broker_kind or kafka[1], kafka[2]
+    topic, name = history.topic, service or detector.name
+    ranges = [(p, s, e) for p, (s, e) in sorted(history.ranges.items()) if e > s]
+
+    def task(items):
+        from detectorkit.backtest.history import History as Part
+        from detectorkit.backtest.history import _kafka_slices
+
+        for p, s, e in items:
+            one = Part(topic, e - s, _kafka_slices(conf, topic, kind, {p: (s, e)}, timeout), {p: (s, e)})
+            yield run(detector, one, config, name)
+
+    done = Backtest(name)
+    if not ranges:
+        return done
+    for part in spark.sparkContext.parallelize(ranges, len(ranges)).mapPartitions(task).collect():
+        done.records += part.records
+        done.detections += part.detections
+        done.record_ids += part.record_ids
+        done.dead_letters.update(part.dead_letters)
+        done.pending_timers += part.pending_timers
+    return done

@@ -42,6 +42,9 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="where the detections go: .parquet or .jsonl (the output topic's values)")
     p.add_argument("--labels", default=None, help="a file: a header line 'id' or 'key', then the anomalous ones, one a line")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="a progress bar on stderr (default: on a terminal)")
+    p.add_argument(
+        "--spark", action="store_true", help="run as a Spark batch job on SPARK_MASTER (a task per partition of the topic; not for --files)"
+    )
     return p
 
 
@@ -74,12 +77,23 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
             )
     except (SettingsError, backtest.HistoryError) as exc:
         return fail(str(exc))
-    show = sys.stderr.isatty() if args.progress is None else args.progress
-    with _progress(history.records, show) as advance:
-        try:
-            result = backtest.run(detector, history, config, detector.name, progress=advance)
-        except backtest.HistoryError as exc:
-            return fail(str(exc), EXIT_FAILED)
+    if args.spark:
+        if args.files:
+            return fail("--spark reads the input topic, a task per partition; --files runs in this process")
+        from detectorkit.runtime.shipping import stage_packages
+        from detectorkit.runtime.spark import session
+        from detectorkit.runtime.stage import as_stage
+
+        spark = session(settings.spark_master, f"{detector.name}-backtest", ship=stage_packages(as_stage(detector)))
+        kafka = (conf, settings.kafka_broker_kind, settings.connect_timeout_seconds)
+        result = backtest.run_on_spark(spark, detector, history, config, detector.name, kafka=kafka)
+    else:
+        show = sys.stderr.isatty() if args.progress is None else args.progress
+        with _progress(history.records, show) as advance:
+            try:
+                result = backtest.run(detector, history, config, detector.name, progress=advance)
+            except backtest.HistoryError as exc:
+                return fail(str(exc), EXIT_FAILED)
     _write(result, out)
     summary = backtest.summarise(result, labels)
     print("\n".join([*summary.lines(), f"detections written to {out}"]), flush=True)
