@@ -182,6 +182,7 @@ def reference_final(window, aggregate, rows, partition_of, where=lambda row: Tru
     window=st.one_of(
         st.builds(w.Tumbling, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
         st.builds(w.Hopping, st.just(10), st.sampled_from([5, 10]), st.sampled_from([0, 3])),
+        st.builds(w.Session, st.sampled_from([2, 5]), st.sampled_from([0, 3])),
     ),
     aggregate=AGGREGATES,
     rows=st.lists(
@@ -194,12 +195,13 @@ def reference_final(window, aggregate, rows, partition_of, where=lambda row: Tru
     partitions=st.integers(1, 2),
     where=st.booleans(),
 )
-def test_final_windows_close_as_one_pass_closes_them_whatever_the_batches(window, aggregate, rows, cuts, restarts, partitions, where):
+def test_final_windows_and_sessions_close_as_one_pass_closes_them_whatever_the_batches(window, aggregate, rows, cuts, restarts, partitions, where):
     rows = sorted(rows, key=lambda r: r[1] // 4_000)
     pick = (lambda records: records["status"] == "failed") if where else None
     harness, fired = in_batches(shortest_kept("closing", window, aggregate, w.Final(), where=pick), rows, cuts, restarts, partitions, fired=True)
     got = sorted((str(k), int(r["window_start_ms"]), int(r["window_end_ms"]), float(r[aggregate.name])) for f in fired for k, r in f.iterrows())
-    expected = reference_final(window, aggregate, rows, harness.partition_of, where=failed_only if where else everything)
+    close = reference_sessions_final if isinstance(window, w.Session) else reference_final
+    expected = close(window, aggregate, rows, harness.partition_of, where=failed_only if where else everything)
     assert got == [(k, s, e, pytest.approx(v)) for k, s, e, v in expected]
 
 
@@ -399,25 +401,6 @@ def test_session_windows_give_the_single_pass_answers_whatever_the_batches(
     got = answers(pd.concat(found), aggregate)
     expected = reference_sessions(window, aggregate, emit, rows, harness.partition_of, where=failed_only if where else everything)
     assert got == [(n, s, e, pytest.approx(v)) for n, s, e, v in expected]
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    window=st.builds(w.Session, st.sampled_from([2, 5]), st.sampled_from([0, 3])),
-    aggregate=AGGREGATES,
-    rows=SESSION_ROWS,
-    cuts=st.lists(st.integers(0, 60), min_size=2, max_size=8),
-    restarts=st.lists(st.booleans(), min_size=9, max_size=9),
-    partitions=st.integers(1, 2),
-    where=st.booleans(),
-)
-def test_sessions_close_as_one_pass_closes_them_whatever_the_batches(window, aggregate, rows, cuts, restarts, partitions, where):
-    rows = sorted(rows, key=lambda r: r[1] // 4_000)
-    pick = (lambda records: records["status"] == "failed") if where else None
-    harness, fired = in_batches(shortest_kept("sessions", window, aggregate, w.Final(), where=pick), rows, cuts, restarts, partitions, fired=True)
-    got = sorted((str(k), int(r["window_start_ms"]), int(r["window_end_ms"]), float(r[aggregate.name])) for f in fired for k, r in f.iterrows())
-    expected = reference_sessions_final(window, aggregate, rows, harness.partition_of, where=failed_only if where else everything)
-    assert got == [(k, s, e, pytest.approx(v)) for k, s, e, v in expected]
 
 
 def test_a_customer_silent_for_ten_minutes_is_a_session_that_closed():
