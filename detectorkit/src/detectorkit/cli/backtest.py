@@ -13,6 +13,7 @@ from typing import Any
 
 from detectorkit import settings as settings_mod
 from detectorkit.cli.exits import EXIT_FAILED, fail
+from detectorkit.cli.progress import bar, have_rich
 from detectorkit.detector import Detector
 from detectorkit.kafka import clients
 from detectorkit.settings import SettingsError
@@ -88,8 +89,8 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
         kafka = (conf, settings.kafka_broker_kind, settings.connect_timeout_seconds)
         result = backtest.run_on_spark(spark, detector, history, config, detector.name, kafka=kafka)
     else:
-        show = sys.stderr.isatty() if args.progress is None else args.progress
-        with _progress(history.records, show) as advance:
+        show = sys.stderr.isatty() and have_rich() if args.progress is None else args.progress and have_rich()
+        with bar(history.records, "backtest", show) as advance:
             try:
                 result = backtest.run(detector, history, config, detector.name, progress=advance)
             except backtest.HistoryError as exc:
@@ -129,31 +130,6 @@ def _write(result, out: pathlib.Path) -> None:
                 f.write(json.dumps(d, default=str) + "\n")
     else:
         result.frame().to_parquet(out, index=False)
-
-
-class _progress:
-    """A progress bar on stderr (rich, if installed), or nothing."""
-
-    def __init__(self, total: int, show: bool):
-        self.total, self.show, self.bar = total, show, None
-
-    def __enter__(self):
-        if not self.show:
-            return lambda done: None
-        try:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-        except ImportError:
-            return lambda done: None
-        from rich.console import Console
-
-        self.bar = Progress(TextColumn("backtest"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=Console(stderr=True))
-        self.bar.start()
-        task = self.bar.add_task("records", total=self.total)
-        return lambda done: self.bar.update(task, completed=done)
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 def diff_main(argv: Sequence[str]) -> int:

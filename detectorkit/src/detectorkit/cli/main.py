@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
-import importlib.util
 import json
 import signal
 import subprocess
@@ -13,17 +11,15 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from detectorkit.cli.run import EXIT_FAILED, _fail, run_detector
+from detectorkit.cli.exits import EXIT_FAILED, fail
+from detectorkit.cli.progress import bar, have_rich
+from detectorkit.cli.run import run_detector
 from detectorkit.devtools.broker_net import BrokerError
 from detectorkit.devtools.brokers import ENGINES, start_broker
 from detectorkit.kafka import clients
 
 # A service is installed without the dev extra; its dev tools say so instead of failing on an import.
 NEEDS_DEV = "pip install 'detectorkit[dev]'"
-
-
-def _have_rich() -> bool:
-    return importlib.util.find_spec("rich") is not None
 
 
 def _cmd_broker(args) -> int:
@@ -33,14 +29,14 @@ def _cmd_broker(args) -> int:
     try:
         broker = start_broker(args.engine, port=args.port, data_dir=args.data_dir)
     except BrokerError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     try:
         print(broker.bootstrap_servers, flush=True)
         if args.topics:
             clients.create_topics(clients.base(broker.bootstrap_servers), {t: args.partitions for t in args.topics})
         while not stop.wait(0.5):
             if broker.process is None or broker.process.poll() is not None:
-                return _fail(f"the {args.engine} broker exited", EXIT_FAILED)
+                return fail(f"the {args.engine} broker exited", EXIT_FAILED)
         return 0
     finally:
         broker.stop()
@@ -52,7 +48,7 @@ def _cmd_spark_archive(_args) -> int:
     try:
         path, seconds = jvm.build_archive()
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-        return _fail(f"cannot archive Spark's classes: {exc}", EXIT_FAILED)
+        return fail(f"cannot archive Spark's classes: {exc}", EXIT_FAILED)
     print(f"{path} ({path.stat().st_size / 2**20:.0f} MiB, {seconds:.0f} s); services on this machine start with it", flush=True)
     return 0
 
@@ -63,7 +59,7 @@ def _cmd_kafka_tool(tool: str, rest: list[str]) -> int:
     try:
         return run_tool(tool, rest).returncode
     except BrokerError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
 
 
 def _cmd_run(args, rest: list[str]) -> int:
@@ -71,7 +67,7 @@ def _cmd_run(args, rest: list[str]) -> int:
     try:
         detector = getattr(importlib.import_module(module_name), attr or "DETECTOR")
     except (ImportError, AttributeError) as exc:
-        return _fail(f"cannot load detector {args.detector!r}: {exc}; use module.path:ATTRIBUTE")
+        return fail(f"cannot load detector {args.detector!r}: {exc}; use module.path:ATTRIBUTE")
     return run_detector(detector, rest)
 
 
@@ -80,9 +76,9 @@ def _cmd_produce_sample(args) -> int:
     from detectorkit.samples import raw_samples, samples
 
     if args.progress is None:
-        args.progress = sys.stderr.isatty() and _have_rich()
-    elif args.progress and not _have_rich():
-        return _fail(f"--progress needs the dev tools: {NEEDS_DEV}, or --no-progress")
+        args.progress = sys.stderr.isatty() and have_rich()
+    elif args.progress and not have_rich():
+        return fail(f"--progress needs the dev tools: {NEEDS_DEV}, or --no-progress")
 
     if args.command == "produce-raw":
         made = raw_samples(args.count, seed=args.seed, anomaly_share=args.anomaly_share, malformed_share=args.malformed_share)
@@ -95,7 +91,7 @@ def _cmd_produce_sample(args) -> int:
     kinds: dict[str, int] = {}
     anomalies = 0
     pacer = Pacer(args.rate)
-    with _progress(args.count, args.topic, args.progress) as advance:
+    with bar(args.count, f"producing to {args.topic}", args.progress) as advance:
         for i, s in enumerate(made):
             producer.produce(args.topic, key=s.key, value=s.value)
             producer.poll(0)
@@ -105,28 +101,12 @@ def _cmd_produce_sample(args) -> int:
                 advance(i + 1)
                 pacer.wait(i + 1)
     if producer.flush(30):
-        return _fail("not every sample record was delivered", EXIT_FAILED)
+        return fail("not every sample record was delivered", EXIT_FAILED)
     summary = {"topic": args.topic, "produced": args.count, "kinds": kinds}
     if args.command == "produce-raw":
         summary.update(anomalies=anomalies, seed=args.seed)
     print(json.dumps(summary))
     return 0
-
-
-@contextlib.contextmanager
-def _progress(total: int, topic: str, show: bool):
-    """A progress bar on stderr (rich), or nothing when it is off or stderr is no terminal."""
-    if not show:
-        yield lambda done: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    with Progress(
-        TextColumn(f"producing to {topic}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=Console(stderr=True)
-    ) as progress:
-        task = progress.add_task("produce", total=total)
-        yield lambda done: progress.update(task, completed=done)
 
 
 def _cmd_tail(args) -> int:
@@ -225,8 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("run", "backtest"):
         return _cmd_run(args, ["backtest", *rest] if args.command == "backtest" else rest)
     if args.command == "diamond":
-        if not _have_rich():
-            return _fail(f"detectorkit diamond is a dev tool: {NEEDS_DEV}")
+        if not have_rich():
+            return fail(f"detectorkit diamond is a dev tool: {NEEDS_DEV}")
         from detectorkit.devtools.diamond import main as diamond
 
         return diamond(rest)

