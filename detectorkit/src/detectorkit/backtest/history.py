@@ -86,7 +86,7 @@ def from_kafka(
             raise HistoryError(f"--from offset {first[p]} of {topic}-{p} is gone (retention); it begins at {earliest[p]}")
     ranges = {p: (first[p], max(first[p], last[p])) for p in partitions}
     total = sum(e - s for s, e in ranges.values())
-    return History(topic, total, _kafka_slices(base_conf, topic, kind, ranges, timeout), ranges, kind)
+    return History(topic, total, kafka_slices(base_conf, topic, kind, ranges, timeout), ranges, kind)
 
 
 def _offsets(ends, which: str, given, partitions: list[int], earliest: dict[int, int], latest: dict[int, int]) -> dict[int, int]:
@@ -104,14 +104,9 @@ def _offsets(ends, which: str, given, partitions: list[int], earliest: dict[int,
     return {p: latest[p] if found[p] < 0 else found[p] for p in partitions}
 
 
-def _kafka_slices(base_conf: Mapping[str, Any], topic: str, kind: str, ranges: dict[int, tuple[int, int]], timeout: float) -> Iterator[Slice]:
-    isolation = broker_kind.profile(kind).isolation_level
-    conf = clients.consumer(
-        base_conf,
-        f"detectorkit-backtest-{uuid.uuid4().hex[:12]}",
-        **{"isolation.level": isolation, **range_reader.READER_BUFFERS, "enable.partition.eof": True, "auto.offset.reset": "error"},
-    )
-    consumer = clients.new_consumer(conf)
+def kafka_slices(base_conf: Mapping[str, Any], topic: str, kind: str, ranges: dict[int, tuple[int, int]], timeout: float) -> Iterator[Slice]:
+    """The slices of `ranges` (partition -> [start, end)), read with the live source's reader."""
+    consumer = clients.new_consumer(range_reader.reader_conf(base_conf, f"detectorkit-backtest-{uuid.uuid4().hex[:12]}", kind))
     try:
         for p, (s, e) in sorted(ranges.items()):
             if e <= s:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from detectorkit.backtest.history import History, Slice
+from detectorkit.backtest.history import History, Slice, kafka_slices
 from detectorkit.detector import Detector
 from detectorkit.runtime.stage import DetectorStage, KeyedBatch, Output, Source
 from detectorkit.state.store import PartitionStore
@@ -134,12 +134,8 @@ def run_on_spark(
     ranges = [(p, s, e) for p, (s, e) in sorted(history.ranges.items()) if e > s]
 
     def task(items):
-        from detectorkit.backtest.history import History as Part
-        from detectorkit.backtest.history import _kafka_slices
-
         for p, s, e in items:
-            one = Part(topic, e - s, _kafka_slices(conf, topic, kind, {p: (s, e)}, timeout), {p: (s, e)})
-            yield run(detector, one, config, name)
+            yield run(detector, History(topic, e - s, kafka_slices(conf, topic, kind, {p: (s, e)}, timeout), {p: (s, e)}), config, name)
 
     done = Backtest(name)
     if not ranges:

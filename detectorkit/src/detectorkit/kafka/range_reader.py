@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -45,16 +45,18 @@ _readers = WorkerClients(close=lambda consumer: consumer.close())
 READER_BUFFERS = {"fetch.max.bytes": 4 * 1024 * 1024, "max.partition.fetch.bytes": 1024 * 1024, "queued.max.messages.kbytes": 8 * 1024}
 
 
-def _consumer_conf(options: SourceOptions, **extra: Any) -> dict[str, Any]:
+def reader_conf(client_conf: Mapping[str, Any], group: str, broker_kind: str) -> dict[str, Any]:
+    """A consumer that reads planned ranges (`read_ranges`): the live source's, and a backtest's."""
     # The planner's end offsets were taken at the same isolation level, so a range never ends
     # inside an open transaction (read_committed) or beyond the high watermark (Tansu).
-    isolation = kinds.isolation_level(options.broker_kind)
-    return clients.consumer(options.client_conf, options.group, **{"isolation.level": isolation, **READER_BUFFERS, **extra})
+    isolation = kinds.isolation_level(broker_kind)
+    extra = {"isolation.level": isolation, **READER_BUFFERS, "enable.partition.eof": True, "auto.offset.reset": "error"}
+    return clients.consumer(client_conf, group, **extra)
 
 
 def read_planned(options: SourceOptions, ranges: list[PartitionRange]) -> Iterator[pa.RecordBatch]:
     """The records of planned ranges, with this worker process's reading consumer."""
-    conf = _consumer_conf(options, **{"enable.partition.eof": True, "auto.offset.reset": "error"})
+    conf = reader_conf(options.client_conf, options.group, options.broker_kind)
     with _readers.use(clients.conf_key(conf), lambda: clients.new_consumer(conf), options.client_idle_seconds) as consumer:
         yield from read_ranges(consumer, ranges, options.fail_on_data_loss, options.timeout)
 
