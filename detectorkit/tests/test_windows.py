@@ -213,10 +213,12 @@ WINDOWS = st.one_of(
     st.builds(w.Sliding, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
     st.builds(w.Tumbling, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
     st.builds(w.Hopping, st.just(10), st.sampled_from([5, 10]), st.sampled_from([0, 3])),
+    st.builds(w.Session, st.sampled_from([2, 5]), st.sampled_from([0, 3])),
 )
 
 
-@settings(max_examples=300, deadline=None)
+# Sessions joined this property with the 300 examples they had alone.
+@settings(max_examples=600, deadline=None)
 @given(
     window=WINDOWS,
     aggregate=AGGREGATES,
@@ -241,7 +243,8 @@ def test_a_window_detector_gives_the_single_pass_answers_whatever_the_batches_re
     detector = shortest_kept("rule", window, aggregate, emit, where=pick)
     harness, found = in_batches(detector, rows, cuts, restarts, partitions)
     got = answers(pd.concat(found) if found else pd.DataFrame(), aggregate) if rows else []
-    expected = reference(window, aggregate, emit, rows, harness.partition_of, where=failed_only if where else everything)
+    one_pass = reference_sessions if isinstance(window, w.Session) else reference
+    expected = one_pass(window, aggregate, emit, rows, harness.partition_of, where=failed_only if where else everything)
     assert got == [(n, s, e, pytest.approx(v)) for n, s, e, v in expected]
 
 
@@ -370,37 +373,6 @@ def reference_sessions_final(window, aggregate, rows, partition_of, where=lambda
     for p, upto in partition_time.items():
         fire(p, upto)
     return sorted(out)
-
-
-SESSION_ROWS = st.lists(
-    st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 40_000), st.integers(-2, 5), st.sampled_from(["failed", "ok"])),
-    min_size=20,
-    max_size=60,
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    window=st.builds(w.Session, st.sampled_from([2, 5]), st.sampled_from([0, 3])),
-    aggregate=AGGREGATES,
-    every=st.booleans(),
-    threshold=st.sampled_from([2, 3, 5]),
-    rows=SESSION_ROWS,
-    cuts=st.lists(st.integers(0, 60), min_size=2, max_size=8),
-    restarts=st.lists(st.booleans(), min_size=9, max_size=9),
-    partitions=st.integers(1, 2),
-    where=st.booleans(),
-)
-def test_session_windows_give_the_single_pass_answers_whatever_the_batches(
-    window, aggregate, every, threshold, rows, cuts, restarts, partitions, where
-):
-    emit = w.Every() if every else w.AtLeast(threshold)
-    rows = sorted(rows, key=lambda r: r[1] // 4_000)
-    pick = (lambda records: records["status"] == "failed") if where else None
-    harness, found = in_batches(shortest_kept("sessions", window, aggregate, emit, where=pick), rows, cuts, restarts, partitions)
-    got = answers(pd.concat(found), aggregate)
-    expected = reference_sessions(window, aggregate, emit, rows, harness.partition_of, where=failed_only if where else everything)
-    assert got == [(n, s, e, pytest.approx(v)) for n, s, e, v in expected]
 
 
 def test_a_customer_silent_for_ten_minutes_is_a_session_that_closed():

@@ -7,8 +7,18 @@ import dataclasses
 import numpy as np
 
 
+class _Sized:
+    """A window of `seconds`: a record may land in it until it is that old (and the grace)."""
+
+    seconds: float
+
+    @property
+    def reach_seconds(self) -> float:
+        return self.seconds
+
+
 @dataclasses.dataclass(frozen=True)
-class Tumbling:
+class Tumbling(_Sized):
     """Back to back: [k*size, (k+1)*size)."""
 
     seconds: float
@@ -19,13 +29,9 @@ class Tumbling:
         start = t // size * size
         return [(start, start + size)]
 
-    @property
-    def reach_seconds(self) -> float:
-        return self.seconds
-
 
 @dataclasses.dataclass(frozen=True)
-class Hopping:
+class Hopping(_Sized):
     """Of `seconds`, one starting every `hop_seconds`."""
 
     seconds: float
@@ -41,13 +47,9 @@ class Hopping:
         last = t // hop * hop
         return [(start, start + size) for start in range(last, t - size, -hop)][::-1]
 
-    @property
-    def reach_seconds(self) -> float:
-        return self.seconds
-
 
 @dataclasses.dataclass(frozen=True)
-class Sliding:
+class Sliding(_Sized):
     """At each record, the `seconds` up to it, both ends in: [t - size, t]."""
 
     seconds: float
@@ -55,10 +57,6 @@ class Sliding:
 
     def spans(self, t: int) -> list[tuple[int, int]]:
         return [(t - ms(self.seconds), t)]
-
-    @property
-    def reach_seconds(self) -> float:
-        return self.seconds
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,16 +35,19 @@ class Rule:
 
     def detect(self, records: pd.DataFrame, state: pd.DataFrame, config: Any) -> tuple:
         counted = records if self.where is None else records[np.asarray(self.where(records), dtype=bool)]
+        timers = None
         if not vectorised.applies(self.window, self.aggregate, self.emit):
-            out = self._one_by_one(counted, state, records)
+            found, new_state, timers = self._one_by_one(counted, state)
         else:
             found, new_state, slow = vectorised.detect(self.window, self.aggregate, self.emit, counted, state)
             if slow is not None:
                 # The keys whose times go back take the rule record by record.
-                slow_found, slow_state = self._one_by_one(counted[counted["key"].isin(slow)], state[state.index.isin(slow)], records, found_only=True)
+                slow_found, slow_state, _ = self._one_by_one(counted[counted["key"].isin(slow)], state[state.index.isin(slow)])
                 found = sorted(found + slow_found, key=lambda f: records.index.get_loc(f[0]))
                 new_state = pd.concat([new_state, slow_state])
-            out = (self.detections(found, records), new_state)
+        out = (self.detections(found, records), new_state)
+        if isinstance(self.emit, Final):
+            out += (_times(timers, records.index.dtype),)
         if len(counted) == len(records):
             return out
         # A key whose records here all go uncounted is still seen: its state (empty, if it had none)
@@ -55,7 +58,8 @@ class Rule:
             return out
         return (out[0], pd.concat([out[1], frame_of(dict.fromkeys(unseen, ([], [], [])))]), *out[2:])
 
-    def _one_by_one(self, counted: pd.DataFrame, state: pd.DataFrame, records: pd.DataFrame, found_only: bool = False) -> Any:
+    def _one_by_one(self, counted: pd.DataFrame, state: pd.DataFrame) -> tuple[list, pd.DataFrame, dict[Any, int | None]]:
+        """(found, new state, Final()'s timer after each record) of the rule, record by record."""
         times = counted["event_time"].astype("int64").to_numpy() // 1_000_000
         values = values_of(self.aggregate, counted)
         keys = counted["key"].to_numpy()
@@ -78,12 +82,7 @@ class Rule:
                     timers[positions[i]] = self._next_close(t, e)
             new[key] = self._pruned(t, v, e)
         new.update(held)  # keys with state and no counted record here keep it as it was
-        if found_only:
-            return found, frame_of(new)
-        detections, new_state = self.detections(found, records), frame_of(new)
-        if not isinstance(self.emit, Final):
-            return detections, new_state
-        return detections, new_state, _times(timers, records.index.dtype)
+        return found, frame_of(new), timers
 
     def on_timer(self, fired: pd.DataFrame, config: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series]:
         """Final(): the windows of each fired key that close by its timer, each once."""
