@@ -130,3 +130,11 @@ SILENCE_TYPED = dataclasses.replace(SILENCE, state=State(columns={"last_ms": "in
 
 # A window rule the backtest tests run live and over history: a customer's 3 records within 60 s.
 BURST = windows.detector("test-burst", window=windows.Sliding(seconds=60), aggregate=windows.Count(), emit=windows.AtLeast(3))
+# One detection per customer's session once it closes, from an event-time timer: a session's amount.
+SESSIONS = windows.detector(
+    "test-sessions",
+    window=windows.Session(gap_seconds=30, grace_seconds=5),
+    aggregate=windows.Sum("amount"),
+    emit=windows.Final(),
+    required_fields=("amount",),
+)

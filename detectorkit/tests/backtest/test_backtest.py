@@ -5,6 +5,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -13,7 +14,7 @@ from detectorkit import backtest
 from detectorkit.kafka import clients
 from detectorkit.testing import DetectorHarness, Sample, create_test_topics, produce, read_all
 
-from ..detectors import BURST, THRESHOLD, Config
+from ..detectors import BURST, SESSIONS, THRESHOLD, Config
 from ..jobs import committed, job_env, run
 
 T0 = 1_795_000_000_000
@@ -113,9 +114,14 @@ def records(count):
     return made
 
 
+def identity(d):
+    """A detection by where it came from: a record's offset, or a timer's key and time."""
+    source = d["source"]
+    return (source["partition"], source.get("offset"), source.get("key"), source.get("timer_ms"), json.dumps(d["detection"], sort_keys=True))
+
+
 def live_detections(bs, topics):
-    values = [json.loads(m["value"]) for m in read_all(bs, topics.output)]
-    return collections.Counter((d["source"]["partition"], d["source"]["offset"], json.dumps(d["detection"], sort_keys=True)) for d in values)
+    return collections.Counter(identity(json.loads(m["value"])) for m in read_all(bs, topics.output))
 
 
 @pytest.mark.parametrize("detector", ["THRESHOLD", "BURST"])
@@ -135,10 +141,7 @@ def test_a_backtest_over_a_kafka_range_equals_what_the_live_service_wrote_and_mo
     from .. import detectors
 
     result = backtest.run(getattr(detectors, detector), history)
-    found = collections.Counter(
-        (d["source"]["partition"], d["source"]["offset"], json.dumps(d["detection"], sort_keys=True)) for d in result.detections
-    )
-    assert found == live
+    assert collections.Counter(identity(d) for d in result.detections) == live
     assert sum(result.dead_letters.values()) == len([s for s in sent if s.sample.kind != "valid"])
     assert committed(bs, topics, [0, 1]) == before
 
@@ -149,11 +152,51 @@ def test_a_backtest_over_a_kafka_range_equals_what_the_live_service_wrote_and_mo
     code, stdout, stderr = cli("--detector", f"tests.detectors:{detector}", "--to", to, "--out", str(out), env=env)
     assert code == 0, stderr
     written = [json.loads(line) for line in out.read_text().splitlines()]
-    assert {(d["source"]["partition"], d["source"]["offset"]) for d in written} == {(p, o) for p, o, _ in live if o < half[p]}
+    assert {(d["source"]["partition"], d["source"]["offset"]) for d in written} == {(p, o) for p, o, *_ in live if o < half[p]}
     past = ",".join(f"{p}={e + 5}" for p, (_, e) in history.ranges.items())
     code, _, stderr = cli("--detector", f"tests.detectors:{detector}", "--to", past, "--out", str(out), env=env)
     assert code == 2 and stderr.count("\n") == 1 and "is past the end of" in stderr, stderr
     assert committed(bs, topics, [0, 1]) == before
+
+
+def sessions(blocks=6, customers=20):
+    """Each customer's records in blocks 10 s long and 120 s apart, a little out of order within the
+    grace: a session per block, closed by the next block's records (an event-time timer). Then a
+    record of each customer half an hour from now (brokers refuse more than an hour ahead): it closes
+    the last block's sessions and opens one that neither live (the wall clock does not reach it in
+    the test's time) nor the backtest closes."""
+    made = []
+    for block in range(blocks):
+        for i in range(100):
+            customer = f"c-{i % customers}"
+            ms = T0 + block * 120_000 + i * 100 + (2_000 if i % 7 == 3 else 0)
+            value = json.dumps({"id": f"r-{block}-{i}", "customer": customer, "amount": float(i % 9)}).encode()
+            bad = i % 25 == 24
+            made.append(Sample(customer.encode(), b"[" if bad else value, "malformed_json" if bad else "valid", timestamp_ms=ms))
+    later = int(time.time() * 1000) + 1_800_000
+    for c in range(customers):
+        value = json.dumps({"id": f"last-{c}", "customer": f"c-{c}", "amount": 1.0}).encode()
+        made.append(Sample(f"c-{c}".encode(), value, "valid", timestamp_ms=later))
+    return made
+
+
+def test_a_backtest_fires_the_event_time_timers_the_live_service_fired_and_names_the_rest(kafka_bootstrap_servers, tmp_path):
+    """Session windows emitted when they close (Final): detections from timers, not from records."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "backtest-sessions", partitions=2)
+    produce(bs, topics.input, sessions())
+    env = job_env(bs, topics, starting_offsets="earliest", stop_after_idle_seconds=3, max_records_per_batch=40)
+    code, output = run(env, command=[sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:SESSIONS"])
+    assert code == 0, output
+    live = live_detections(bs, topics)
+    assert sum(live.values()) == 6 * 20 and all(offset is None for _, offset, *_ in live)  # every block's session, by timer
+
+    result = backtest.run(SESSIONS, backtest.from_kafka(clients.base(bs), topics.input))
+    assert collections.Counter(identity(d) for d in result.detections) == live
+    assert result.pending_timers == 20  # the sessions opened half an hour from now: neither side closed them
+    code, stdout, stderr = cli("--detector", "tests.detectors:SESSIONS", "--out", str(tmp_path / "found.jsonl"), env=env)
+    assert code == 0, stderr
+    assert "20 timer(s) were pending when the history ended" in stdout
 
 
 def test_a_services_own_command_takes_backtest_as_its_first_word(tmp_path, capsys):
