@@ -2,7 +2,8 @@
 
     python bench/backtest.py                 # 1,000,000 records from a JSON lines file
     python bench/backtest.py --records 200000
-    python bench/backtest.py --kafka --records 10000000   # from Apache Kafka: one process against Spark's tasks
+    python bench/backtest.py --kafka --records 10000000   # from Apache Kafka: one process against Spark's tasks,
+                                                          # on local[2] and on `detectorkit cluster`'s standalone cluster
 
 Writes the stateful benchmark's kind of records (100,000 customers, a rotating few hundred busy,
 event time 5 ms a record) to a JSON lines file, then backtests the threshold detector and the burst
@@ -94,7 +95,8 @@ def main(argv: list[str]) -> int:
 
 def from_kafka(count: int, partitions: int) -> int:
     """The burst window rule over `count` records of a topic: one process, then a Spark batch job
-    with a task per partition on local[2] (both cores), in the same run."""
+    with a task per partition on local[2] (both cores), then on a standalone cluster of two
+    one-core workers (what `detectorkit cluster` starts), in the same run."""
     from detectorkit.devtools.brokers import start_broker
     from detectorkit.kafka import clients
     from detectorkit.runtime.spark import session
@@ -121,19 +123,42 @@ def from_kafka(count: int, partitions: int) -> int:
             f"one process: {count / wall:,.0f} records/s ({cpu / count * 1e6:.1f} s CPU per 1M), {len(here['result'].detections):,} detections",
             flush=True,
         )
-        spark = session("local[2]", "backtest-bench")
-        history = backtest.from_kafka(conf, "history")
-        there = {}
-        spark_wall, _ = timed(lambda: there.setdefault("result", backtest.run_on_spark(spark, detector, history, kafka=(conf, "kafka", 60.0))))
-        print(
-            f"Spark, local[2]: {count / spark_wall:,.0f} records/s, {len(there['result'].detections):,} detections: "
-            f"{wall / spark_wall:.2f}x one process",
-            flush=True,
-        )
-        spark.stop()
+        for name, master in (("local[2]", lambda: "local[2]"), ("standalone cluster, 2 workers x 1 core", start_cluster)):
+            spark = session(master(), "backtest-bench")
+            history = backtest.from_kafka(conf, "history")
+            there = {}
+            spark_wall, _ = timed(
+                lambda spark=spark, history=history, there=there: there.setdefault(
+                    "result", backtest.run_on_spark(spark, detector, history, kafka=(conf, "kafka", 60.0))
+                )
+            )
+            same = sorted(map(_identity, there["result"].detections)) == sorted(map(_identity, here["result"].detections))
+            print(
+                f"Spark, {name}: {count / spark_wall:,.0f} records/s, {len(there['result'].detections):,} detections "
+                f"({'the same' if same else 'NOT the same'} as one process'): {wall / spark_wall:.2f}x one process",
+                flush=True,
+            )
+            spark.stop()
     finally:
+        for cluster in CLUSTERS:
+            cluster.stop()
         broker.stop()
     return 0
+
+
+CLUSTERS: list = []
+
+
+def start_cluster() -> str:
+    from detectorkit.devtools.cluster import LocalCluster
+
+    CLUSTERS.append(LocalCluster(workers=2, cores=1, memory="2g").start())
+    return CLUSTERS[-1].master_url
+
+
+def _identity(d: dict) -> tuple:
+    s = d["source"]
+    return (s["partition"], s.get("offset", -1), s.get("key") or "", json.dumps(d["detection"], sort_keys=True, default=str))
 
 
 if __name__ == "__main__":

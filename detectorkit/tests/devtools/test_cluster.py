@@ -151,6 +151,25 @@ def test_generated_detector_on_a_two_worker_cluster_loses_nothing_when_a_worker_
     )
 
 
+def test_the_generated_detectors_backtest_runs_on_the_cluster(kafka_bootstrap_servers, service, cluster, workers_python, tmp_path):
+    """`<service> backtest --spark` with SPARK_MASTER at the cluster: a task per partition on its
+    executors, whose environment has neither detectorkit nor the service (both shipped)."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "cluster-backtest", partitions=PARTITIONS)
+    sent = produce(bs, topics.input, samples(2_000, seed=33, bad_every=100, high_share=0.2))
+    env = job_env(bs, topics, spark_master=cluster.master_url, pyspark_python=workers_python)
+    env.pop("PYTHONPATH")
+    out = tmp_path / "found.jsonl"
+    before = set(cluster.executor_logs())
+    done = subprocess.run([*service, "backtest", "--spark", "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = [json.loads(line)["source"] for line in out.read_text().splitlines()]
+    assert {(s["partition"], s["offset"]) for s in found} == expected(sent) and len(found) == len(expected(sent))
+    assert f"{len(sent):,} records read" in done.stdout
+    assert set(cluster.executor_logs()) - before, "the backtest must have run on the cluster's executors, not in local mode"
+    assert committed(bs, topics, range(PARTITIONS)) == dict.fromkeys(range(PARTITIONS))  # no group of the service's moved
+
+
 def test_cluster_command_prints_the_master_url_and_stops_every_process_on_sigterm():
     command = [sys.executable, "-m", "detectorkit", "cluster", "--workers", "1", "--port", "0"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
