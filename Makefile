@@ -48,7 +48,7 @@ tools:
 		echo "buildah or debootstrap is not installed: the image build test will be skipped (apt-get install buildah debootstrap)"
 	@if command -v go >/dev/null 2>&1; then \
 		cd tests/tools/psa-check && go build -trimpath -buildvcs=false -o "$${XDG_CACHE_HOME:-$$HOME/.cache}/detectorkit/psa-check" .; \
-	else echo "go is not installed: the Pod Security check of the Kubernetes manifests will be skipped"; fi
+	else echo "go is not installed: the Pod Security check and the kustomize build of the Kubernetes manifests will be skipped"; fi
 
 # The declared Pythons, then two pytest runs on Apache Kafka (the runtime's tests and the template's
 # each have a `tests` package), then the embedded broker's smoke: the demo and a graceful stop and

@@ -68,6 +68,8 @@ def test_bake_renders_everything(cookies, extra):
         "Makefile",
         ".github/workflows/ci.yml",
         "deploy/k8s/deployment.yaml",
+        "deploy/k8s/kustomization.yaml",
+        "deploy/shadow/kustomization.yaml",
     ):
         assert (project / name).is_file(), name
 

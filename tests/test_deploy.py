@@ -33,6 +33,8 @@ KEDA_CRDS = {
 CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "detectorkit"
 # The Pod Security Admission's checks in a small Go program (`make tools` builds it first).
 PSA_CHECK_SOURCE = REPO / "tests" / "tools" / "psa-check"
+# kustomize builds the baked kit's shadow overlay (`kubectl apply -k` runs the same code).
+KUSTOMIZE = "sigs.k8s.io/kustomize/kustomize/v5@v5.7.1"
 
 promtool = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool is not installed (apt-get install prometheus)")
@@ -133,20 +135,37 @@ def psa_check():
     """The psa-check binary: the Pod Security Admission's own checks (k8s.io/pod-security-admission),
     built from tests/tools/psa-check with Go (modules from the Go module proxy) and cached; a build
     with nothing changed takes a second or two."""
+    binary = CACHE / "psa-check"
+    go_build("tests/tools/psa-check", [go_tool(), "build", "-trimpath", "-buildvcs=false", "-o", str(binary), "."], cwd=PSA_CHECK_SOURCE)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def kustomize():
+    """kustomize, installed with Go from the module proxy at a pinned version and cached."""
+    binary = CACHE / f"kustomize-{KUSTOMIZE.rsplit('@', 1)[1]}"
+    if not binary.exists():
+        env = {**os.environ, "GOBIN": str(CACHE)}
+        go_build(KUSTOMIZE, [go_tool(), "install", KUSTOMIZE], env=env)
+        (CACHE / "kustomize").rename(binary)
+    return binary
+
+
+def go_tool() -> str:
     go = shutil.which("go")
     if go is None:
         if os.environ.get("CI"):
-            pytest.fail("go is not installed: CI must check the manifests against the restricted Pod Security Standard")
-        pytest.skip("go is not installed: the restricted Pod Security check builds tests/tools/psa-check with it")
-    binary = CACHE / "psa-check"
-    build = subprocess.run(
-        [go, "build", "-trimpath", "-buildvcs=false", "-o", str(binary), "."], cwd=PSA_CHECK_SOURCE, capture_output=True, text=True
-    )
+            pytest.fail("go is not installed: CI must build the tools that check the Kubernetes manifests")
+        pytest.skip("go is not installed: the Pod Security check and kustomize are built with it")
+    return go
+
+
+def go_build(what: str, command: list[str], **kwargs) -> None:
+    build = subprocess.run(command, capture_output=True, text=True, **kwargs)
     if build.returncode != 0:
         if os.environ.get("CI"):
-            pytest.fail(f"tests/tools/psa-check did not build: {build.stderr}")
-        pytest.skip(f"tests/tools/psa-check did not build (offline? its modules come from the Go module proxy): {build.stderr.strip()}")
-    return binary
+            pytest.fail(f"{what} did not build: {build.stderr}")
+        pytest.skip(f"{what} did not build (offline? its modules come from the Go module proxy): {build.stderr.strip()}")
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +178,18 @@ def baked_manifests(tmp_path_factory):
     return project / "deploy" / "k8s"
 
 
+@pytest.fixture(scope="module")
+def shadow_manifests(baked_manifests, kustomize, tmp_path_factory):
+    """The baked kit's shadow (`kubectl apply -k deploy/shadow/`), built into a folder of its own."""
+    built = subprocess.run([kustomize, "build", baked_manifests.parent / "shadow"], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    folder = tmp_path_factory.mktemp("shadow")
+    (folder / "shadow.yaml").write_text(built.stdout)
+    return folder
+
+
 def documents(folder: pathlib.Path):
-    for path in sorted(folder.glob("*.yaml")):
+    for path in sorted(p for p in folder.glob("*.yaml") if p.name != "kustomization.yaml"):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
                 yield path.name, doc
@@ -226,12 +255,12 @@ def keda_spelling(security_protocol: str, sasl_mechanism: str | None) -> tuple[s
     return tls, {"PLAIN": "plaintext", "SCRAM-SHA-256": "scram_sha256", "SCRAM-SHA-512": "scram_sha512"}[sasl_mechanism]
 
 
-def test_kubernetes_manifests_validate_against_pinned_schemas(baked_manifests, keda_schemas):
+def test_kubernetes_manifests_validate_against_pinned_schemas(baked_manifests, shadow_manifests, keda_schemas):
     import jsonschema
     import kubernetes_validate
 
     seen = []
-    for name, doc in [*documents(DEPLOY / "k8s"), *documents(baked_manifests)]:
+    for name, doc in [*documents(DEPLOY / "k8s"), *documents(baked_manifests), *documents(shadow_manifests)]:
         if doc["kind"] in keda_schemas:
             jsonschema.validate(doc, keda_schemas[doc["kind"]])
         else:
@@ -407,16 +436,56 @@ def test_keda_reads_the_brokers_group_topic_and_credentials_the_job_uses(baked_m
     assert (from_configmap["tls"], from_configmap["sasl"]) == keda_spelling(env["KAFKA_SECURITY_PROTOCOL"], env.get("KAFKA_SASL_MECHANISM"))
 
 
-def workload_files(baked_manifests) -> list[pathlib.Path]:
-    return sorted([*(DEPLOY / "k8s").glob("*.yaml"), *baked_manifests.glob("*.yaml")])
+def test_the_kits_kustomization_lists_every_manifest(baked_manifests, kustomize):
+    """`kubectl apply -k deploy/k8s/` applies exactly the folder's manifests: one left out of the
+    kustomization would never be applied, nor reach the shadow."""
+    built = subprocess.run([kustomize, "build", baked_manifests], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    applied = {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(built.stdout) if doc}
+    assert applied == manifests(baked_manifests)
 
 
-def test_every_pod_meets_the_restricted_pod_security_standard(baked_manifests, psa_check):
-    result = subprocess.run([psa_check, *workload_files(baked_manifests)], capture_output=True, text=True)
+def test_a_shadow_runs_beside_the_live_service_on_its_own_group_topics_pods_and_scaling(baked_manifests, shadow_manifests):
+    """deploy/shadow/: the live Deployment's copy with SHADOW=true and a new image, its own pods,
+    budget and KEDA trigger on the group the shadow job reads in; Kafka reached with the live
+    service's ConfigMap and Secret."""
+    from detectorkit.settings import load
+
+    live, shadow = manifests(baked_manifests), manifests(shadow_manifests)
+    name = "high-value-orders"
+    assert set(shadow) == {("Deployment", f"{name}-shadow"), ("PodDisruptionBudget", f"{name}-shadow"), ("ScaledObject", f"{name}-shadow")}
+    configmaps = {doc["metadata"]["name"]: doc["data"] for doc in of_kind(live, "ConfigMap")}
+    live_pod, shadow_pod = live["Deployment", name]["spec"]["template"], shadow["Deployment", f"{name}-shadow"]["spec"]["template"]
+    for selector in (shadow["Deployment", f"{name}-shadow"]["spec"]["selector"], shadow["PodDisruptionBudget", f"{name}-shadow"]["spec"]["selector"]):
+        assert selector["matchLabels"].items() <= shadow_pod["metadata"]["labels"].items()
+        assert not selector["matchLabels"].items() <= live_pod["metadata"]["labels"].items(), "the shadow's selector takes live pods"
+    for selector in (live["Deployment", name]["spec"]["selector"], live["PodDisruptionBudget", name]["spec"]["selector"]):
+        assert not selector["matchLabels"].items() <= shadow_pod["metadata"]["labels"].items(), "the live selector takes shadow pods"
+    live_image, shadow_image = (only_container(d)["image"].rsplit(":", 1) for d in (live["Deployment", name], shadow["Deployment", f"{name}-shadow"]))
+    assert live_image[0] == shadow_image[0] and live_image[1] != shadow_image[1]
+
+    live_settings = load(environ=container_env(only_container(live["Deployment", name]), configmaps, {})).for_service(name)
+    settings = load(environ=container_env(only_container(shadow["Deployment", f"{name}-shadow"]), configmaps, {})).for_service(name)
+    assert settings.shadow and settings.input_topic == live_settings.input_topic
+    assert settings.consumer_group == f"{live_settings.consumer_group}.shadow"
+    assert settings.output_topic == f"{live_settings.output_topic}.shadow" and settings.dlq_topic == f"{live_settings.dlq_topic}.shadow"
+    scaled = shadow["ScaledObject", f"{name}-shadow"]
+    assert scaled["spec"]["scaleTargetRef"]["name"] == f"{name}-shadow"
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["metadata"]["consumerGroup"] == settings.consumer_group and "consumerGroupFromEnv" not in trigger["metadata"]
+    assert ("TriggerAuthentication", trigger["authenticationRef"]["name"]) in live
+
+
+def workload_files(*folders) -> list[pathlib.Path]:
+    return sorted(p for folder in (DEPLOY / "k8s", *folders) for p in folder.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def test_every_pod_meets_the_restricted_pod_security_standard(baked_manifests, shadow_manifests, psa_check):
+    result = subprocess.run([psa_check, *workload_files(baked_manifests, shadow_manifests)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     # It saw every Deployment: a manifest it could not read would not pass unseen.
     passed = set(re.findall(r": Deployment/(\S+): ok$", result.stdout, re.M))
-    deployments = {name for (kind, name) in {**manifests(DEPLOY / "k8s"), **manifests(baked_manifests)} if kind == "Deployment"}
+    deployments = {name for (kind, name) in manifests(DEPLOY / "k8s", baked_manifests, shadow_manifests) if kind == "Deployment"}
     assert passed == deployments, result.stdout
 
 
