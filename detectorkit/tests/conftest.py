@@ -27,6 +27,7 @@ STARTS_ITS_OWN = {
     # cluster, a service's Spark session in a process of its own.
     "backtest/test_backtest.py::test_a_backtest_over_a_kafka_range_equals_what_the_live_service_wrote_and_moves_no_offset": "e2e",
     "backtest/test_backtest.py::test_a_shadow_runs_beside_the_live_service_and_diff_tells_them_apart": "e2e",
+    "backtest/test_backtest.py::test_a_backtest_fires_the_event_time_timers_the_live_service_fired_and_names_the_rest": "e2e",
     "devtools/test_cluster.py": "e2e",
     "devtools/test_diamond.py::test_the_diamond_reconciles_through_every_stage_and_the_metrics_agree": "e2e",
     "metrics/test_aggregator_service.py": "e2e",
@@ -38,6 +39,7 @@ STARTS_ITS_OWN = {
     "runtime/test_jvm.py::test_a_built_archive_is_mapped_by_a_services_jvm_and_a_broken_one_is_ignored": "e2e",
     "runtime/test_on_kafka.py": "e2e",
     "runtime/test_restart.py": "e2e",
+    "runtime/test_slices.py::test_a_rebalance_mid_slice_hands_partitions_over_after_the_slices_checkpoint": "e2e",
     "runtime/test_scaling.py": "e2e",
     "state/test_state_on_kafka.py::test_kill_9_replays_the_uncommitted_batch_from_the_state_the_offsets_reflect": "e2e",
 }

@@ -92,6 +92,19 @@ class Settings(BaseModel):
     fail_on_data_loss: bool = Field(True, description="Stop when planned records are gone (retention, deleted topic); false skips ahead.")
     spark_master: str = Field("local[2]", description="Spark master URL.")
     trigger_interval_seconds: float = Field(0.0, ge=0, description="Minimum time between micro-batch starts; 0 starts the next one at once.")
+    slice_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Run each Spark task for this long, reading, detecting, writing and committing as records arrive, instead of "
+        "one micro-batch per trigger: Spark's scheduling is paid once a slice, and a record waits for a poll rather than a batch. "
+        "A rebalance or a stop ends a slice early. 0: micro-batches.",
+    )
+    slice_commit_interval_seconds: float = Field(
+        0.1,
+        gt=0,
+        description="With SLICE_SECONDS: how often a task flushes what it wrote and, with exactly-once, commits its transactions "
+        "(what read_committed readers wait for).",
+    )
     checkpoint_dir: str | None = Field(
         None,
         description="Where Spark's checkpoint goes: a subdirectory per instance, emptied at every start, since the consumer group "

@@ -351,7 +351,7 @@ def test_a_redeploy_with_exactly_once_replays_what_the_commit_says_the_changelog
     monkeypatch.setattr(processing.transactions, "for_task", for_task)
     ctx = dataclasses.replace(interval_task(0), exactly_once=True)
     source = SimpleNamespace(client_conf={}, group="svc", topic="in", group_metadata="00")
-    monkeypatch.setattr(processing, "_setup_worker", lambda ctx: None)  # no worker logging in the test's process
+    monkeypatch.setattr(processing, "setup_worker", lambda ctx: None)  # no worker logging in the test's process
     list(processing.process_planned(ctx, source, [PartitionRange("in", 3, 108, 112)]))
     # The replay's read, then the batch's own (the fake input reads both).
     assert input_log.batches["replayed"] == [(3, 104, 108), (3, 108, 112)] and committed == [(3, 112)]

@@ -8,6 +8,7 @@ import functools
 import logging
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -54,10 +55,17 @@ def reader_conf(client_conf: Mapping[str, Any], group: str, broker_kind: str) ->
     return clients.consumer(client_conf, group, **extra)
 
 
-def read_planned(options: SourceOptions, ranges: list[PartitionRange]) -> Iterator[pa.RecordBatch]:
-    """The records of planned ranges, with this worker process's reading consumer."""
+@contextmanager
+def worker_reader(options: SourceOptions) -> Iterator[Consumer]:
+    """This worker process's reading consumer for `options`, held for the task."""
     conf = reader_conf(options.client_conf, options.group, options.broker_kind)
     with _readers.use(clients.conf_key(conf), lambda: clients.new_consumer(conf), options.client_idle_seconds) as consumer:
+        yield consumer
+
+
+def read_planned(options: SourceOptions, ranges: list[PartitionRange]) -> Iterator[pa.RecordBatch]:
+    """The records of planned ranges, with this worker process's reading consumer."""
+    with worker_reader(options) as consumer:
         yield from read_ranges(consumer, ranges, options.fail_on_data_loss, options.timeout)
 
 
@@ -141,7 +149,7 @@ def _read_assigned(consumer: Consumer, ranges: dict[int, PartitionRange], fail_o
             remaining -= offset + 1 - position[p]
             position[p] = offset + 1
         if len(offsets) >= CHUNK_RECORDS or (offsets and remaining <= 0):
-            yield _to_arrow(topic, keys, values, partitions, offsets, stamps)
+            yield to_arrow(topic, keys, values, partitions, offsets, stamps)
             keys, values, partitions, offsets, stamps = [], [], [], [], []
 
 
@@ -205,7 +213,7 @@ def arrow_schema() -> pa.Schema:
     )
 
 
-def _to_arrow(topic: str, keys, values, partitions, offsets, stamps) -> pa.RecordBatch:
+def to_arrow(topic: str, keys, values, partitions, offsets, stamps) -> pa.RecordBatch:
     # Imported here, in the workers that read: the planner processes that unpickle this module
     # never build a batch, and pyarrow is ~20 MiB in each.
     import pyarrow as pa

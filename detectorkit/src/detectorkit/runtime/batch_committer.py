@@ -242,6 +242,17 @@ class BatchCommitter:
                 raise
             # A deleted input topic: the source and the batches say so; there is no lag to tell.
 
+    def show_positions(self, positions: dict[int, int]) -> None:
+        """The lag of the partitions still owned, from positions their tasks reached (a slice's)."""
+        try:
+            with self._lock:
+                mine = {p: o for p, o in positions.items() if p in self._committable}
+                if mine and self.ends is not None:
+                    self.metrics.set_offsets(mine, self.ends.end_offsets(mine))
+        except (LookupError, KafkaException) as exc:
+            if not clients.is_not_there(exc):
+                raise
+
     def close(self) -> None:
         with self._lock:
             if self.ends is not None:

@@ -44,10 +44,13 @@ from detectorkit.runtime.health import Progress
 from detectorkit.runtime.job_plan import JobPlan
 from detectorkit.runtime.processing import process_planned, warm_worker
 from detectorkit.runtime.query_runner import QueryRunner
+from detectorkit.runtime.slice_control import SliceControl
+from detectorkit.runtime.slices import plan as plan_slice
+from detectorkit.runtime.slices import run_slice
 from detectorkit.runtime.stage import Relay, Stage, as_stage
 from detectorkit.runtime.supervisor import Supervisor
 from detectorkit.runtime.task_context import TaskContext
-from detectorkit.runtime.task_result import SPARK_SCHEMA, TaskResult
+from detectorkit.runtime.task_result import NO_PARTITION, SPARK_SCHEMA, TaskResult
 from detectorkit.settings import Settings, SettingsError
 from detectorkit.state import changelog
 from detectorkit.state.changelog import StateContext
@@ -87,6 +90,10 @@ class StreamJob:
         self._reporter: MetricsReporter | None = None
         self._relay: Relay | None = None
         self._serving: threading.Thread | None = None
+        # With SLICE_SECONDS: the line to the slices' tasks, where each partition is, and the slice running.
+        self._control: SliceControl | None = None
+        self._positions: dict[int, int] = {}
+        self._slice: str | None = None
         # How long a worker keeps an unused Kafka client (tests shorten it).
         self.client_idle_seconds = 60.0
         # How long a worker keeps a state store no task uses (0: every task restores its state, as tests do).
@@ -165,9 +172,14 @@ class StreamJob:
             transaction_timeout_ms=int(s.transaction_timeout_seconds * 1000),
             flush_timeout=max(60.0, s.transaction_timeout_seconds),
         )
-        # The source's tasks read, detect and write themselves: one Python worker per task.
-        self._format = f"{SOURCE_NAME}-{self.stage.name}-{uuid.uuid4().hex[:12]}"
-        self.spark.dataSource.register(task_source(self._format, SPARK_SCHEMA, partial(process_planned, self._task)))
+        if plan.slices:
+            # The tasks report to, and are ended by, this process: on a cluster, at the driver's address.
+            self._control = SliceControl(self.spark.conf.get("spark.driver.host", "127.0.0.1"))
+            self._format = None
+        else:
+            # The source's tasks read, detect and write themselves: one Python worker per task.
+            self._format = f"{SOURCE_NAME}-{self.stage.name}-{uuid.uuid4().hex[:12]}"
+            self.spark.dataSource.register(task_source(self._format, SPARK_SCHEMA, partial(process_planned, self._task)))
         # The first Python job of a session pays for starting the workers and their imports
         # (6.5 s measured on 2 cores); done now, it overlaps the group join instead of delaying
         # the first batch.
@@ -178,7 +190,7 @@ class StreamJob:
         relay = self.stage.relay(self.config, s, self._base, self.broker_kind, self._count_dead_letter, self.supervisor.fail)
         self._relay = None if relay is None else relay.start()
         self._committer = committer = BatchCommitter(plan, self.metrics, self.stats)
-        self._runner = runner = QueryRunner(self.spark, plan, self._on_batch, serve=self._serve_member)
+        self._runner = runner = QueryRunner(self.spark, plan, self._on_batch, serve=self._serve_member, interrupt=self._end_slices)
         self._assignment = assignment = Assignment(
             plan,
             self._base,
@@ -245,7 +257,12 @@ class StreamJob:
         self._source = dataclasses.replace(
             self.source_options(), partitions=sorted(owned), start_offsets=start, group_metadata=metadata.hex() if metadata else None
         )
+        self._positions = dict(start)
         self._runner.start(self._format, self._source)
+
+    def _end_slices(self) -> None:
+        if self._control is not None:
+            self._control.end()
 
     # ---- batches (the query runner calls under its batch lock) ------------------------------------
 
@@ -261,8 +278,28 @@ class StreamJob:
 
     def _process(self, frame, batch_id: int, started: float) -> BatchResult:
         """One batch: steps 1-7 ran in the tasks; 7-8 (at-least-once) in the committer (runtime.checkpoint)."""
-        results = [TaskResult.from_row(row.asDict()) for row in frame.collect()]
+        rows = self._run_slice() if self._control is not None else frame.collect()
+        results = [TaskResult.from_row(row.asDict()) for row in rows]
         return self._committer.finish(batch_id, results, started)
+
+    def _run_slice(self) -> list:
+        """A slice (runtime.slices): a task per core over the owned partitions, from where the last ended."""
+        plan, control = self.make_plan(), self._control
+        tasks = max(1, min(self.spark.sparkContext.defaultParallelism, len(self._positions)))
+        token = uuid.uuid4().hex
+        spec = plan_slice(
+            self._source, self._positions, tasks, plan.slice_seconds, plan.slice_commit_interval_seconds, plan.tick_seconds, control.address, token
+        )
+        control.begin(token, after=self._slice)
+        self._slice = token
+        try:
+            rows = self.spark.range(0, tasks, 1, tasks).mapInArrow(partial(run_slice, self._task, spec), SPARK_SCHEMA).collect()
+        finally:
+            control.end(token)
+        for row in rows:
+            if row["partition"] != NO_PARTITION and not row["error"]:
+                self._positions[row["partition"]] = max(self._positions.get(row["partition"], -1), row["next_offset"])
+        return rows
 
     def _count_dead_letter(self, reason: str) -> None:
         """A dead letter of the stage's relay (a notification that could not be delivered)."""
@@ -273,6 +310,10 @@ class StreamJob:
         """Before each metrics report: lag, and now and then the positions committed again (BatchCommitter.maintain)."""
         if self._committer is not None:
             self._committer.maintain(self._runner.between_batches)
+            progress = self._control.progress.get(self._slice) if self._control is not None and self._slice else None
+            if progress is not None and progress.positions:
+                # A slice commits when it ends (at-least-once): its tasks' reports tell the lag meanwhile.
+                self._committer.show_positions(dict(progress.positions))
 
     def caught_up(self) -> bool:
         """True while nothing waits to be read: no batch running and no new record seen (also
@@ -282,6 +323,10 @@ class StreamJob:
             return True
         if query is None or running is None:
             return False
+        if self._control is not None:
+            # The tasks say which partitions they have read to the end, at every checkpoint.
+            progress = self._control.progress.get(self._slice) if self._slice else None
+            return progress is not None and running <= progress.at_end
         # Spark asks the source for new records every few milliseconds, so isTriggerActive is true
         # most of the time even when idle; isDataAvailable only turns true when a trigger finds
         # records and stays false between empty triggers. Before the first trigger it is false
@@ -306,7 +351,11 @@ class StreamJob:
         return running is not None and (not running or (query is not None and query.isActive))
 
     def seconds_since_progress(self) -> float:
-        return self.progress.seconds()
+        """Since a batch last completed, or a slice's task last checkpointed."""
+        seconds = self.progress.seconds()
+        if self._control is not None:
+            seconds = min(seconds, self._control.seconds_since_report())
+        return seconds
 
     def records_waiting(self) -> int:
         """The lag of the partitions it owns, as last measured (each batch, each metrics report)."""
@@ -362,6 +411,8 @@ class StreamJob:
             self._runner.after_batch(self._close_clients, timeout)
 
     def _close_clients(self) -> None:
+        if self._control is not None:
+            self._control.close()
         if self._member is not None:
             self._member.close()  # revokes what is left: nothing runs, so nothing waits
             self._member = None

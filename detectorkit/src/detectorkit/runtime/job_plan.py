@@ -41,6 +41,9 @@ class JobPlan:
     starting_offsets: str
     fail_on_data_loss: bool
     trigger_interval_seconds: float
+    # Tasks that run this long each (runtime.slices); 0: micro-batches.
+    slice_seconds: float
+    slice_commit_interval_seconds: float
     checkpoint_dir: str | None
     restart_attempts: int
     restart_backoff_seconds: float
@@ -50,6 +53,10 @@ class JobPlan:
     @property
     def exactly_once(self) -> bool:
         return self.guarantee is Guarantee.EXACTLY_ONCE
+
+    @property
+    def slices(self) -> bool:
+        return self.slice_seconds > 0
 
     @property
     def flushes_per_interval(self) -> bool:
@@ -89,6 +96,8 @@ class JobPlan:
             starting_offsets=s.starting_offsets,
             fail_on_data_loss=s.fail_on_data_loss,
             trigger_interval_seconds=s.trigger_interval_seconds,
+            slice_seconds=s.slice_seconds,
+            slice_commit_interval_seconds=s.slice_commit_interval_seconds,
             checkpoint_dir=s.checkpoint_dir,
             restart_attempts=s.query_restart_attempts,
             restart_backoff_seconds=s.query_restart_backoff_seconds,

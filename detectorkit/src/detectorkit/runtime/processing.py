@@ -42,10 +42,10 @@ def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, sum
     """A stateless stage's records, as read (a stage with state goes by partition: `_process`)."""
     if batch.num_rows == 0:
         return
-    _process_records(ctx, batch, sink, summaries, None, None)
+    process_records(ctx, batch, sink, summaries, None, None)
 
 
-def _process_records(
+def process_records(
     ctx: TaskContext,
     batch: pa.RecordBatch,
     sink: sinks.Sink,
@@ -71,7 +71,7 @@ def _process_records(
     else:
         keyed = KeyedBatch(values, keys, stamps.to_numpy(), source, stores.stores[partition], stores.tags[partition], topic)
         found, rejected = ctx.stage.run_keyed(keyed, ctx.config, ctx.service)
-    _send_outputs(ctx, found, sink, summaries, keys, partitions, stamps, topic)
+    send_outputs(ctx, found, sink, summaries, keys, partitions, stamps, topic)
     for r in rejected:
         i = r.position
         p = int(partitions[i])
@@ -88,7 +88,7 @@ def _process_records(
         s.next_offset = max(s.next_offset, int(offsets[mask].max()) + 1)
 
 
-def _send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int, PartitionSummary], keys, partitions, stamps, topic: str) -> None:
+def send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int, PartitionSummary], keys, partitions, stamps, topic: str) -> None:
     for out in found:
         if out.position < 0:  # a timer's: it names no input record
             if out.dead_letter is not None:
@@ -116,7 +116,7 @@ def process_planned(ctx: TaskContext, source: SourceOptions, ranges: list[Partit
 
     With a `claim`, `ranges` are the whole batch's, and the task runs the share it claims
     (kafka.claims), the partitions whose stores this worker holds first."""
-    _setup_worker(ctx)
+    setup_worker(ctx)
     if claim is not None:
         held = cache.held(ctx.state, ctx.stage.state) if ctx.state is not None else set()
         current = cache.current(ctx.state, ctx.stage.state, {r.partition: (r.start, r.tick) for r in ranges}) if ctx.state is not None else None
@@ -162,12 +162,12 @@ def run_task(
         # records (MAX_RECORDS_PER_BATCH at most) in Arrow meanwhile. With exactly-once each
         # partition's records go to its own transaction, so they are split by partition too.
         for p, part in by_partition(batches):
-            _process_records(ctx, part, writer.sink_of(p), summaries, stores, p)
+            process_records(ctx, part, writer.sink_of(p), summaries, stores, p)
             crash_points.reach("during-produce")
     if stores is not None:
         # 2. the timers of partitions with nothing to read.
         for p, found in stores.fire_idle(ctx):
-            _send_outputs(ctx, found, writer.sink_of(p), summaries, None, None, None, ctx.state.input_topic)
+            send_outputs(ctx, found, writer.sink_of(p), summaries, None, None, None, ctx.state.input_topic)
         for p in stores.stores:
             summaries.setdefault(p, PartitionSummary())
     # 3-7.
@@ -181,15 +181,15 @@ def run_task(
             s.next_offset = max(s.next_offset, end)
     # Latency ends when the broker has acknowledged the detection: after the flush.
     if summaries or failed is not None:
-        yield _summary_batch(summaries, time.time() * 1000, None if failed is None else str(failed))
+        yield summary_batch(summaries, time.time() * 1000, None if failed is None else str(failed))
 
 
-def _summary_batch(summaries: dict[int, PartitionSummary], written_ms: float, error: str | None = None) -> pa.RecordBatch:
+def summary_batch(summaries: dict[int, PartitionSummary], written_ms: float, error: str | None = None) -> pa.RecordBatch:
     # A task whose transactions all failed still reports why, in a row of no partition.
     items = sorted(summaries.items()) or [(NO_PARTITION, PartitionSummary())]
     results = []
     for i, (p, s) in enumerate(items):
-        latencies = [(written_ms - ts) / 1000 for ts in s.detected_at]
+        latencies = s.latencies + [(written_ms - ts) / 1000 for ts in s.detected_at]
         results.append(
             TaskResult(
                 partition=p,
@@ -212,11 +212,11 @@ def warm_worker(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator
     """A `mapInArrow` function that only starts a Python worker with what a task imports: this
     module (pandas, pyarrow, the Kafka clients), the stage's own modules (unpickling `ctx` imported
     them) and the job's logging; Spark reuses the worker for the job's tasks."""
-    _setup_worker(ctx)
+    setup_worker(ctx)
     yield from batches
 
 
-def _setup_worker(ctx: TaskContext) -> None:
+def setup_worker(ctx: TaskContext) -> None:
     """Once per Python worker, at its first task: the job's JSON logs, and the garbage collector
     set for batches (runtime.gc_tuning) once the imports are done."""
     logs.setup_once(ctx.log_level, **dict(ctx.log_context))

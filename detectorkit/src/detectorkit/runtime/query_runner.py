@@ -25,32 +25,48 @@ log = structlog.get_logger("detectorkit.job")
 
 
 class QueryRunner:
-    def __init__(self, spark, plan: JobPlan, run_batch: Callable[[object, int], None], serve: Callable[[], None]):
+    def __init__(
+        self,
+        spark,
+        plan: JobPlan,
+        run_batch: Callable[[object, int], None],
+        serve: Callable[[], None],
+        interrupt: Callable[[], None] | None = None,
+    ):
         self.spark = spark
         self.plan = plan
         self._run_batch = run_batch
         self._serve = serve  # answers the group while waiting for a batch (it may be waiting on this thread)
+        self._interrupt = interrupt  # ends the batch in flight early (a slice's tasks end at their next checkpoint)
         self.query = None
         self._token = 0
+        self._stopping = False
         self._lock = threading.Lock()
         self._checkpoint: str | None = None
 
-    def start(self, source_format: str, options: SourceOptions) -> None:
+    def start(self, source_format: str | None, options: SourceOptions | None = None) -> None:
+        """A query over the job's Kafka source (`source_format`), or, None, over Spark's rate
+        source, whose batches only tick: each runs a slice (runtime.slices)."""
         token = self._token
+        self._stopping = False
         self._checkpoint = self.plan.fresh_checkpoint()
-        stream = self.spark.readStream.format(source_format).options(**options.to_options()).load()
+        if source_format is None:
+            # Rows come faster than any slice ends, so a batch follows each at once; none is ever computed.
+            stream = self.spark.readStream.format("rate").option("rowsPerSecond", 1000).option("numPartitions", 1).load()
+        else:
+            stream = self.spark.readStream.format(source_format).options(**options.to_options()).load()
         writer = (
             stream.writeStream.foreachBatch(partial(self._on_batch, token))
             .option("checkpointLocation", self._checkpoint)
             .queryName(f"{self.plan.service}-{token}")
         )
-        if self.plan.trigger_interval_seconds > 0:
+        if self.plan.trigger_interval_seconds > 0 and source_format is not None:
             writer = writer.trigger(processingTime=f"{self.plan.trigger_interval_seconds} seconds")
         self.query = writer.start()
 
     def _on_batch(self, token: int, frame, batch_id: int) -> None:
         with self._lock:
-            if token != self._token:
+            if token != self._token or self._stopping:
                 # Not committed, so the partitions' next reader reads these records again; Spark
                 # records the batch as done, which is harmless since no query reuses a checkpoint.
                 return
@@ -70,6 +86,10 @@ class QueryRunner:
         from being committed."""
         if self.query is None:
             return
+        # A batch that starts from now on is skipped, and the one in flight ends early if it can.
+        self._stopping = True
+        if self._interrupt is not None:
+            self._interrupt()
         with self.idle(timeout) as finished:
             self._token += 1  # later batches of this query are skipped, and never committed
         if not finished:

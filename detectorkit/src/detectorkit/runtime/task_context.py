@@ -45,6 +45,8 @@ class PartitionSummary:
     dead_letters: Counter = field(default_factory=Counter)
     # Kafka timestamps (ms) of the records whose detections were written, for the latency histogram.
     detected_at: list[int] = field(default_factory=list)
+    # Seconds from record to written, of detections already flushed (a slice's earlier checkpoints).
+    latencies: list[float] = field(default_factory=list)
     timer_detections: int = 0  # detections of timers: no input record, no latency
     state: dict[str, float] = field(default_factory=dict)
     # With a state flush interval: the input offset the changelog reflects, once this task wrote it.

@@ -137,6 +137,12 @@ class TransactionalWriter(AbstractContextManager):
             if p not in self._done:
                 self.txns.of(p).flush(self.ctx.flush_timeout)
 
+    def begin_next(self) -> None:
+        """After a commit, the next transaction of each partition (a slice commits many)."""
+        for p in sorted(self._starts):
+            if p not in self._done:
+                self.txns.of(p).begin()
+
     def commit(self, ends: dict[int, int]) -> CommitsFailed | None:
         try:
             _commit_all(self.txns, ends)

@@ -1,0 +1,96 @@
+"""A slice's reading (runtime.slices): its partitions from their positions on, for as long as the
+slice lasts, each poll's records as one Arrow batch in the range reader's columns; where each
+partition has got to, and which are read to their end.
+
+A planned range knows where it ends; this reader does not, so its positions come from the records
+and from the end-of-partition events, whose offset is the partition's end at the reader's isolation
+level: a position moves past transaction markers and aborted records too, and a quiet partition's
+lag reaches 0."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from detectorkit.kafka import clients
+from detectorkit.kafka.planning import DataLossError
+from detectorkit.kafka.range_reader import CHUNK_RECORDS, to_arrow
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+_GONE = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE, *clients.NOT_THERE}
+
+log = logging.getLogger(__name__)
+
+
+class PositionReader:
+    """Reads `positions` (partition -> next offset) of `topic` onward with `consumer` (a range
+    reader's: end-of-partition events on, no offset reset)."""
+
+    def __init__(self, consumer: Consumer, topic: str, positions: dict[int, int], fail_on_data_loss: bool, timeout: float):
+        self.consumer = consumer
+        self.topic = topic
+        self.position = dict(positions)
+        self.at_end: set[int] = set()
+        self.fail_on_data_loss = fail_on_data_loss
+        self.timeout = timeout
+        consumer.assign([TopicPartition(topic, p, o) for p, o in sorted(positions.items())])
+
+    def poll(self, wait: float, max_records: int = CHUNK_RECORDS) -> pa.RecordBatch | None:
+        """What has arrived, at once; else the first records within `wait` s and what came with them."""
+        messages = self.consumer.consume(max_records, timeout=0)
+        if not messages and wait > 0:
+            messages = self.consumer.consume(1, timeout=wait)
+            if messages:
+                messages += self.consumer.consume(max_records - 1, timeout=0)
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        partitions: list[int] = []
+        offsets: list[int] = []
+        stamps: list[int] = []
+        for message in messages:
+            p = message.partition()
+            error = message.error()
+            if error is not None:
+                self._handle(p, error, message)
+                continue
+            offset = message.offset()
+            if p not in self.position or offset < self.position[p]:
+                continue
+            keys.append(message.key())
+            values.append(message.value())
+            partitions.append(p)
+            offsets.append(offset)
+            stamps.append(message.timestamp()[1])
+            self.position[p] = offset + 1
+            self.at_end.discard(p)
+        return to_arrow(self.topic, keys, values, partitions, offsets, stamps) if offsets else None
+
+    def _handle(self, p: int, error: KafkaError, message) -> None:
+        code = error.code()
+        if p not in self.position:
+            if error.fatal():
+                raise KafkaException(error)
+            return  # a client-wide notice
+        if code == KafkaError._PARTITION_EOF:
+            self.position[p] = max(self.position[p], message.offset())
+            self.at_end.add(p)
+            return
+        if code not in _GONE:
+            if error.fatal() or not error.retriable():
+                raise KafkaException(error)
+            return  # transient: librdkafka retries by itself
+        problem = f"records {self.topic}-{p} from offset {self.position[p]} are no longer on the broker ({error.str()})"
+        if self.fail_on_data_loss:
+            raise DataLossError(problem + ". Some records were never processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.")
+        log.warning("skipping lost records: %s", problem)
+        low, _ = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout, cached=False)
+        self.position[p] = max(self.position[p], low)
+        # After an offset-out-of-range error the partition's fetcher refuses seek(): a new assignment restarts it.
+        self.consumer.assign([TopicPartition(self.topic, q, o) for q, o in sorted(self.position.items())])
+
+    def close(self) -> None:
+        self.consumer.unassign()

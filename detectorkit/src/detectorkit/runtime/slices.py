@@ -1,0 +1,228 @@
+"""Slices (SLICE_SECONDS): Spark tasks that read, detect, write and commit until a deadline, so
+Spark's scheduling of a batch is paid once a slice rather than once every few hundred
+milliseconds, and a record waits for a poll, a detection and a produce instead of for a batch.
+
+A slice is one micro-batch of a query over Spark's rate source, which only ticks (no Python data
+source plans it): its foreachBatch runs a task per core over the partitions this instance owns,
+from the positions the last slice ended at (the group's committed offsets at first). Each task
+loops until the slice's deadline, or until the driver says to end (runtime.slice_control: a
+rebalance, a stop):
+  1. poll what has arrived (a short wait when nothing has) and process it as a batch's task does
+     (runtime.processing), detections and dead letters sent as they are found;
+  2. every tick, the timers of its quiet partitions fire as the wall clock passes them;
+  3. every SLICE_COMMIT_INTERVAL_SECONDS, and at the end, the checkpoint of runtime.checkpoint over
+     what was read since the last one: outputs flushed, state changes written, and with exactly-once
+     each partition's transaction committed with its position and the next one begun (as Kafka
+     Streams commits every 100 ms under exactly-once); then it reports its positions to the driver.
+With at-least-once the driver commits the positions the tasks reached once the slice ends, as
+after a batch (runtime.batch_committer). A slice that ends early, or a task that fails, loses
+nothing: what was not committed is read again by the partitions' next reader."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from detectorkit.kafka import claims, range_reader, transactions
+from detectorkit.kafka.claims import Claim
+from detectorkit.kafka.planning import PartitionRange
+from detectorkit.kafka.position_reader import PositionReader
+from detectorkit.kafka.source_options import SourceOptions
+from detectorkit.runtime import checkpoint
+from detectorkit.runtime.batches import by_partition
+from detectorkit.runtime.processing import process_batch, process_records, send_outputs, setup_worker, summary_batch
+from detectorkit.runtime.slice_control import Link
+from detectorkit.runtime.task_context import PartitionSummary, TaskContext
+from detectorkit.runtime.task_stores import TaskStores
+from detectorkit.runtime.writers import AtLeastOnceWriter, CommitsFailed, TransactionalWriter, Writer
+from detectorkit.state import cache
+
+# The longest a task waits for records in one poll: how late it sees the driver's word to end.
+_MAX_WAIT_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """What the driver hands a slice's tasks."""
+
+    source: SourceOptions
+    positions: dict[int, int]  # each partition's next offset
+    tasks: int
+    seconds: float
+    commit_interval_seconds: float
+    # The slice's start (epoch ms), as a planned range's tick: a store knows it is current by
+    # (offset, tick), and a slice may fire timers without moving the offset.
+    tick: int
+    tick_seconds: float | None
+    control: tuple[str, int]
+    token: str
+    claims: tuple[Claim, ...] | None = None
+
+
+def plan(
+    source: SourceOptions,
+    positions: dict[int, int],
+    tasks: int,
+    seconds: float,
+    interval: float,
+    tick_seconds: float | None,
+    control: tuple[str, int],
+    token: str,
+) -> SliceSpec:
+    """The next slice's spec; with claims (a stateful or exactly-once job in local mode) each task
+    claims its share as it starts, the partitions whose stores its worker holds first."""
+    tick = int(time.time() * 1000)
+    ranges = _ranges(source.topic, positions, tick)
+    found = None
+    if source.claims_dir and tasks > 1:
+        sticky = source.group_metadata is not None
+        found = tuple(claims.claims_for(source.claims_dir, ranges, tasks, sticky=sticky))
+    return SliceSpec(source, dict(positions), tasks, seconds, interval, tick, tick_seconds, control, token, found)
+
+
+def _ranges(topic: str, positions: dict[int, int], tick: int) -> list[PartitionRange]:
+    return [PartitionRange(topic, p, o, o, tick=tick) for p, o in sorted(positions.items())]
+
+
+def run_slice(ctx: TaskContext, spec: SliceSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A `mapInArrow` function over `spark.range(tasks)`: the task whose index it is given."""
+    setup_worker(ctx)
+    indexes = [i for b in batches for i in b.column(0).to_pylist()]
+    if not indexes:
+        return
+    ranges = _mine(ctx, spec, int(indexes[0]))
+    if not ranges:
+        return
+    link = Link(spec.control, spec.token, spec.source.timeout)
+    try:
+        yield from _run(ctx, spec, ranges, link)
+    finally:
+        link.close()
+
+
+def _mine(ctx: TaskContext, spec: SliceSpec, index: int) -> list[PartitionRange]:
+    ranges = _ranges(spec.source.topic, spec.positions, spec.tick)
+    if spec.claims is None:
+        return ranges[index :: spec.tasks]
+    held = cache.held(ctx.state, ctx.stage.state) if ctx.state is not None else set()
+    current = cache.current(ctx.state, ctx.stage.state, {r.partition: (r.start, r.tick) for r in ranges}) if ctx.state is not None else None
+    source = spec.source
+    if ctx.exactly_once and source.group_metadata is not None:
+        held |= transactions.held(source.group, source.topic, bytes.fromhex(source.group_metadata))
+    return claims.take(spec.claims[index], ranges, held, current)
+
+
+def _run(ctx: TaskContext, spec: SliceSpec, ranges: list[PartitionRange], link: Link) -> Iterator[pa.RecordBatch]:
+    source = spec.source
+    writer = TransactionalWriter(ctx, source, ranges) if ctx.exactly_once else AtLeastOnceWriter(ctx)
+    summaries: dict[int, PartitionSummary] = {}
+    done = {r.partition: r.start for r in ranges}
+    failed = None
+    with writer:
+        stores = TaskStores.open(ctx, ranges, source) if ctx.state is not None else None
+        with range_reader.worker_reader(source) as consumer:
+            reader = PositionReader(consumer, source.topic, dict(done), source.fail_on_data_loss, source.timeout)
+            try:
+                failed = _Loop(ctx, spec, reader, writer, stores, summaries, done, link).run()
+            finally:
+                reader.close()
+    lost = failed.partitions if failed is not None else frozenset()
+    for p in lost:
+        summaries.pop(p, None)
+    for p, position in done.items():
+        if p not in lost:
+            summaries.setdefault(p, PartitionSummary()).next_offset = position
+    yield summary_batch(summaries, time.time() * 1000, None if failed is None else str(failed))
+
+
+@dataclass
+class _Loop:
+    ctx: TaskContext
+    spec: SliceSpec
+    reader: PositionReader
+    writer: Writer
+    stores: TaskStores | None
+    summaries: dict[int, PartitionSummary]
+    done: dict[int, int]  # each partition's position as of the last checkpoint: what may be committed
+    link: Link
+    reported_at_end: set[int] = dataclasses.field(default_factory=set)
+
+    def run(self) -> CommitsFailed | None:
+        spec, reader = self.spec, self.reader
+        now = time.monotonic()
+        deadline = now + spec.seconds
+        next_checkpoint = now + spec.commit_interval_seconds
+        ticking = self.stores is not None and spec.tick_seconds
+        next_tick = now + spec.tick_seconds if ticking else math.inf
+        quiet = set(reader.position)
+        changed = False
+        while True:
+            ending = self.link.ended() or time.monotonic() >= deadline
+            if not ending:
+                wait = min(_MAX_WAIT_SECONDS, max(0.0, min(next_checkpoint, next_tick, deadline) - time.monotonic()))
+                batch = reader.poll(wait)
+                if batch is not None:
+                    self._process(batch)
+                    quiet -= set(np.unique(batch.column("partition").to_numpy()).tolist())
+                    changed = True
+            now = time.monotonic()
+            if now >= next_tick:
+                changed |= self._fire_quiet(quiet & reader.at_end)
+                quiet, next_tick = set(reader.position), now + spec.tick_seconds
+            moved = changed or reader.position != self.done or reader.at_end != self.reported_at_end
+            if ending or (now >= next_checkpoint and moved):
+                failed = self._checkpoint()
+                if failed is not None:
+                    return failed
+                changed, next_checkpoint = False, time.monotonic() + spec.commit_interval_seconds
+            if ending:
+                return None
+
+    def _process(self, batch: pa.RecordBatch) -> None:
+        ctx, writer, stores = self.ctx, self.writer, self.stores
+        if stores is None and not writer.splits_by_partition:
+            process_batch(ctx, batch, writer.sink_of(-1), self.summaries)
+            return
+        for p, part in by_partition([batch]):
+            if stores is not None:
+                stores.tags[p] = self.reader.position[p]  # its changes reflect the input up to here
+            process_records(ctx, part, writer.sink_of(p), self.summaries, stores, p)
+
+    def _fire_quiet(self, quiet: set[int]) -> bool:
+        stores = self.stores
+        stores.idle = quiet
+        fired = False
+        for p, found in stores.fire_idle(self.ctx):
+            send_outputs(self.ctx, found, self.writer.sink_of(p), self.summaries, None, None, None, self.ctx.state.input_topic)
+            fired = True
+        return fired or bool(quiet)
+
+    def _checkpoint(self) -> CommitsFailed | None:
+        ends = dict(self.reader.position)
+        stores = self.stores
+        if stores is not None:
+            stores.tags.update(ends)
+            stores.caught_up = set(self.reader.at_end)
+            for p in stores.stores:
+                self.summaries.setdefault(p, PartitionSummary())
+        failed = checkpoint.TaskCheckpoint(self.ctx, self.writer, stores, self.summaries, ends).commit()
+        if failed is not None:
+            return failed
+        now_ms = time.time() * 1000
+        for s in self.summaries.values():
+            s.latencies.extend((now_ms - ts) / 1000 for ts in s.detected_at)
+            s.detected_at.clear()
+        self.done.update(ends)
+        if stores is not None:
+            stores.idle = set()
+        if isinstance(self.writer, TransactionalWriter):
+            self.writer.begin_next()
+        self.link.report(ends, self.reader.at_end)
+        self.reported_at_end = set(self.reader.at_end)
+        return None

@@ -1,0 +1,135 @@
+"""Slices (SLICE_SECONDS): tasks that read, detect, write and commit until a deadline give what
+batches give, write detections while the slice still runs, and end early for a stop or a
+rebalance, committing what they wrote."""
+
+import collections
+import json
+import signal
+import sys
+import time
+
+import pytest
+
+from detectorkit.runtime.job import StreamJob
+from detectorkit.samples import samples
+from detectorkit.testing import create_test_topics, produce, read_all
+
+from ..detectors import COUNT, THRESHOLD, Config, every_nth_reference
+from ..jobs import Job, committed, job_env, wait_for
+from ..jobs import job_settings as settings
+from ..state.test_state_on_kafka import keyed
+
+KAFKA_ONLY = ("kafka", "external")
+
+
+def detections(bs, topic):
+    values = [json.loads(m["value"]) for m in read_all(bs, topic, committed_only=True)]
+    return collections.Counter((v["source"]["partition"], v["source"]["offset"]) for v in values)
+
+
+def expected(sent, threshold=Config().threshold):
+    return {(s.partition, s.offset) for s in sent if s.sample.kind == "valid" and s.sample.amount > threshold}
+
+
+def ends(sent, partitions):
+    return {p: sum(1 for s in sent if s.partition == p) for p in range(partitions)}
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_a_sliced_job_detects_dead_letters_and_commits_what_batches_do(spark, kafka_bootstrap_servers, kafka_broker_kind, guarantee):
+    if guarantee == "exactly-once" and kafka_broker_kind not in KAFKA_ONLY:
+        pytest.skip("exactly-once needs Apache Kafka")
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "slices", partitions=4)
+    sent = produce(bs, topics.input, samples(6_000, seed=41, bad_every=20))
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", slice_seconds=2, processing_guarantee=guarantee), spark)
+    job.start()
+    wait_for(lambda: job.stats.records >= 6_000 or job.terminated(0), what="6,000 records")
+    job.stop()
+    assert job.error() is None
+    assert job.stats.records == 6_000
+    found = detections(bs, topics.output)
+    assert set(found) == expected(sent) and set(found.values()) == {1}
+    dead = read_all(bs, topics.dlq, committed_only=True)
+    assert {(int(m["headers"]["source_partition"]), int(m["headers"]["source_offset"])) for m in dead} == {
+        (s.partition, s.offset) for s in sent if s.sample.kind != "valid"
+    }
+    assert committed(bs, topics, range(4)) == ends(sent, 4)
+
+
+def test_a_slice_writes_detections_while_it_runs_and_a_stop_ends_it_early(spark, kafka_bootstrap_servers):
+    """A slice of ten minutes: records produced while it runs are detected within it (no batch has
+    ended), and a stop ends it at its next checkpoint with its positions committed."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "slice-stop", partitions=2)
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", slice_seconds=600), spark)
+    job.start()
+    wait_for(job.caught_up, what="the slice reading")
+    sent = produce(bs, topics.input, samples(400, seed=42, bad_every=0, high_share=0.5))
+    wait_for(lambda: len(detections(bs, topics.output)) == len(expected(sent)), timeout=60, what="the detections, mid-slice")
+    assert job.stats.batches == 0  # the slice still runs
+    began = time.monotonic()
+    job.stop()
+    assert time.monotonic() - began < 30  # not the ten minutes
+    assert job.error() is None and job.stats.records == 400
+    assert committed(bs, topics, range(2)) == ends(sent, 2)
+
+    more = produce(bs, topics.input, samples(300, seed=43, bad_every=0, high_share=0.5))
+    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", slice_seconds=600), spark)
+    job.start()
+    wait_for(lambda: len(detections(bs, topics.output)) == len(expected(sent + more)), timeout=60, what="the second run's detections")
+    job.stop()
+    found = detections(bs, topics.output)
+    assert set(found) == expected(sent + more) and set(found.values()) == {1}
+
+
+def test_a_stateful_sliced_job_counts_as_one_pass_and_a_slice_whose_deadline_passes_mid_write_repeats_nothing(spark, kafka_bootstrap_servers):
+    """Every third record of a key, over slices of a second whose chunks take longer than that
+    to process: the deadline passes while a chunk is written, and the slice ends after it."""
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "slice-count", partitions=2)
+    sent = produce(bs, topics.input, keyed(600))
+    s = settings(bs, topics, starting_offsets="earliest", slice_seconds=1)
+    job = StreamJob(COUNT, s, spark, config=COUNT.config(delay_seconds=1.5))
+    job.start()
+    wait_for(lambda: job.stats.records >= 600 or job.terminated(0), timeout=180, what="600 records")
+    job.stop()
+    assert job.error() is None and job.stats.records == 600
+    found = detections(bs, topics.output)
+    assert set(found) == every_nth_reference(sent) and set(found.values()) == {1}
+    assert committed(bs, topics, range(2)) == ends(sent, 2)
+
+
+def test_a_rebalance_mid_slice_hands_partitions_over_after_the_slices_checkpoint(kafka_bootstrap_servers, kafka_broker_kind, tmp_path):
+    """A second instance joins while the first runs a ten-minute slice: the first ends it, commits,
+    and the group moves; between them every record is detected once."""
+    if kafka_broker_kind not in KAFKA_ONLY:
+        pytest.skip("group rebalances are proven on Apache Kafka (Tansu's take tens of seconds)")
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "slice-rebalance", partitions=4)
+    env = job_env(bs, topics, starting_offsets="earliest", slice_seconds=600)
+    command = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:THRESHOLD"]
+    first = Job(env, command)
+    second = None
+    try:
+        sent = produce(bs, topics.input, samples(1_000, seed=45, bad_every=0, high_share=0.3))
+        wait_for(lambda: len(detections(bs, topics.output)) == len(expected(sent)), timeout=120, what="the first instance's detections")
+        second = Job(env, command)
+        wait_for(lambda: second.output().count('"partitions assigned"') >= 1 and first.output().count('"partitions assigned"') >= 2, timeout=120,
+                 what="the rebalance")  # fmt: skip
+        assert '"partitions released"' in first.output()
+        more = produce(bs, topics.input, samples(1_000, seed=46, bad_every=0, high_share=0.3))
+        wait_for(lambda: len(detections(bs, topics.output)) == len(expected(sent + more)), timeout=120, what="both instances' detections")
+    finally:
+        for job in (first, second):
+            if job is not None and job.process.poll() is None:
+                job.process.send_signal(signal.SIGTERM)  # the driver: it stops its JVM itself
+        for job in (first, second):
+            if job is not None:
+                assert job.wait(120) == 0, job.output()[-3000:]
+    found = detections(bs, topics.output)
+    assert set(found) == expected(sent + more) and set(found.values()) == {1}, collections.Counter(found.values())
+    assert committed(bs, topics, range(4)) == ends(sent + more, 4)
+    # The hand-over waited for a checkpoint, not for the slice's ten minutes.
+    released = [json.loads(line) for line in first.output().splitlines() if '"partitions released"' in line]
+    assert released and all(r["handover_seconds"] < 30 for r in released), released
