@@ -165,7 +165,9 @@ class _Loop:
         while True:
             ending = self.link.ended() or time.monotonic() >= deadline
             if not ending:
-                wait = min(_MAX_WAIT_SECONDS, max(0.0, min(next_checkpoint, next_tick, deadline) - time.monotonic()))
+                # Waiting for records, until what is due next: a checkpoint only once there is something to write.
+                due = min(next_checkpoint if changed else math.inf, next_tick, deadline)
+                wait = min(_MAX_WAIT_SECONDS, max(0.0, due - time.monotonic()))
                 batch = reader.poll(wait)
                 if batch is not None:
                     self._process(batch)
@@ -177,7 +179,7 @@ class _Loop:
                 quiet, next_tick = set(reader.position), now + spec.tick_seconds
             moved = changed or reader.position != self.done or reader.at_end != self.reported_at_end
             if ending or (now >= next_checkpoint and moved):
-                failed = self._checkpoint()
+                failed = self._checkpoint(last=ending)
                 if failed is not None:
                     return failed
                 changed, next_checkpoint = False, time.monotonic() + spec.commit_interval_seconds
@@ -203,7 +205,7 @@ class _Loop:
             fired = True
         return fired or bool(quiet)
 
-    def _checkpoint(self) -> CommitsFailed | None:
+    def _checkpoint(self, last: bool = False) -> CommitsFailed | None:
         ends = dict(self.reader.position)
         stores = self.stores
         if stores is not None:
@@ -221,7 +223,8 @@ class _Loop:
         self.done.update(ends)
         if stores is not None:
             stores.idle = set()
-        if isinstance(self.writer, TransactionalWriter):
+        if isinstance(self.writer, TransactionalWriter) and not last:
+            # Not after the last: the worker keeps the producer for the next slice, which begins its own.
             self.writer.begin_next()
         self.link.report(ends, self.reader.at_end)
         self.reported_at_end = set(self.reader.at_end)
