@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from detectorkit.kafka import clients
 from detectorkit.kafka.planning import DataLossError
-from detectorkit.kafka.range_reader import CHUNK_RECORDS, to_arrow
+from detectorkit.kafka.range_reader import CHUNK_RECORDS, Chunk
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -46,11 +46,7 @@ class PositionReader:
             messages = self.consumer.consume(1, timeout=wait)
             if messages:
                 messages += self.consumer.consume(max_records - 1, timeout=0)
-        keys: list[bytes | None] = []
-        values: list[bytes | None] = []
-        partitions: list[int] = []
-        offsets: list[int] = []
-        stamps: list[int] = []
+        chunk = Chunk()
         for message in messages:
             p = message.partition()
             error = message.error()
@@ -60,14 +56,10 @@ class PositionReader:
             offset = message.offset()
             if p not in self.position or offset < self.position[p]:
                 continue
-            keys.append(message.key())
-            values.append(message.value())
-            partitions.append(p)
-            offsets.append(offset)
-            stamps.append(message.timestamp()[1])
+            chunk.add(message, p, offset)
             self.position[p] = offset + 1
             self.at_end.discard(p)
-        return to_arrow(self.topic, keys, values, partitions, offsets, stamps) if offsets else None
+        return chunk.batch(self.topic) if len(chunk) else None
 
     def _handle(self, p: int, error: KafkaError, message) -> None:
         code = error.code()

@@ -81,11 +81,7 @@ def read_ranges(consumer: Consumer, ranges: list[PartitionRange], fail_on_data_l
 
 def _read_assigned(consumer: Consumer, ranges: dict[int, PartitionRange], fail_on_data_loss: bool, timeout: float) -> Iterator[pa.RecordBatch]:
     topic = next(iter(ranges.values())).topic
-    keys: list[bytes | None] = []
-    values: list[bytes | None] = []
-    partitions: list[int] = []
-    offsets: list[int] = []
-    stamps: list[int] = []
+    chunk = Chunk()
     position = {p: r.start for p, r in ranges.items()}
     remaining = sum(r.size for r in ranges.values())
     deadline = time.monotonic() + timeout
@@ -141,16 +137,36 @@ def _read_assigned(consumer: Consumer, ranges: dict[int, PartitionRange], fail_o
                 remaining -= r.end - position[p]
                 position[p] = r.end
                 continue
-            keys.append(message.key())
-            values.append(message.value())
-            partitions.append(p)
-            offsets.append(offset)
-            stamps.append(message.timestamp()[1])
+            chunk.add(message, p, offset)
             remaining -= offset + 1 - position[p]
             position[p] = offset + 1
-        if len(offsets) >= CHUNK_RECORDS or (offsets and remaining <= 0):
-            yield to_arrow(topic, keys, values, partitions, offsets, stamps)
-            keys, values, partitions, offsets, stamps = [], [], [], [], []
+        if len(chunk) >= CHUNK_RECORDS or (len(chunk) and remaining <= 0):
+            yield chunk.batch(topic)
+            chunk = Chunk()
+
+
+class Chunk:
+    """Records as read, column by column, until they become an Arrow batch."""
+
+    def __init__(self) -> None:
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.partitions: list[int] = []
+        self.offsets: list[int] = []
+        self.stamps: list[int] = []
+
+    def add(self, message, partition: int, offset: int) -> None:
+        self.keys.append(message.key())
+        self.values.append(message.value())
+        self.partitions.append(partition)
+        self.offsets.append(offset)
+        self.stamps.append(message.timestamp()[1])
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def batch(self, topic: str) -> pa.RecordBatch:
+        return to_arrow(topic, self.keys, self.values, self.partitions, self.offsets, self.stamps)
 
 
 def _handle_error(consumer, r: PartitionRange, position: int, error: KafkaError, message, fail_on_data_loss: bool, timeout: float) -> int:
