@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from detectorkit import logs
@@ -146,10 +147,18 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
         archive = jvm.archive_path()
         if archive is None or not archive.is_file():
             log.info("Spark's classes are not archived for this machine; `detectorkit spark-archive` makes each start ~3 s faster")
-    spark = session(master, stage.name, ship=stage_packages(stage))
-    # SparkContext replaces the SIGINT handler with one that cancels every job at once; a Ctrl-C
-    # must finish the batch in flight instead.
-    signal.signal(signal.SIGINT, on_signal)
+    if master is None:
+        spark = session(master, stage.name, ship=stage_packages(stage))  # spark-submit's: started already
+        # SparkContext replaces the SIGINT handler with one that cancels every job at once; a Ctrl-C
+        # must finish the batch in flight instead.
+        signal.signal(signal.SIGINT, on_signal)
+    else:
+        # The JVM and the SparkContext start while the job joins its group and sets up its Kafka
+        # clients: neither waits for the other. (Started off the main thread, SparkContext leaves
+        # the SIGINT handler alone.)
+        starting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-session")
+        spark = starting.submit(session, master, stage.name, ship=stage_packages(stage))
+        starting.shutdown(wait=False)
     job = StreamJob(stage, settings, spark, config)
     health = None
     if settings.health_port is not None:
@@ -192,4 +201,5 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
         if health is not None:
             health.stop()
         job.close()
-        spark.stop()
+        if not isinstance(spark, Future) or (spark.done() and spark.exception() is None):
+            job.spark.stop()

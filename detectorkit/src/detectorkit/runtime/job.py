@@ -24,6 +24,7 @@ import dataclasses
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
@@ -64,12 +65,14 @@ class StreamJob:
     """Start with `start()`, stop gracefully with `stop()`; `stats` tells what was processed."""
 
     def __init__(self, stage: Detector | Stage, settings: Settings, spark, config: Any = None):
+        """`spark`: a SparkSession, or a Future of one still starting: the group join and the Kafka
+        set-up then run meanwhile (only the query waits for it)."""
         if not settings.kafka_bootstrap_servers:
             raise ValueError("settings.kafka_bootstrap_servers must be set (the command line starts the embedded broker)")
         self.stage = as_stage(stage)
         # The command line specialises and logs them once; only a caller that has not gets them filled here.
         self.settings = settings if settings.consumer_group and settings.dlq_topic else settings.for_service(self.stage.name)
-        self.spark = spark
+        self._spark = spark
         self.config = self.stage.load_config() if config is None else config
         self.stage = self.stage.configured(self.config)
         s = self.settings
@@ -94,10 +97,19 @@ class StreamJob:
         self._control: SliceControl | None = None
         self._positions: dict[int, int] = {}
         self._slice: str | None = None
+        self._registered = False
+        self._local = True
         # How long a worker keeps an unused Kafka client (tests shorten it).
         self.client_idle_seconds = 60.0
         # How long a worker keeps a state store no task uses (0: every task restores its state, as tests do).
         self.state_idle_seconds = 600.0
+
+    @property
+    def spark(self):
+        """The SparkSession, once it has started."""
+        if isinstance(self._spark, Future):
+            self._spark = self._spark.result()
+        return self._spark
 
     @property
     def query(self):
@@ -108,7 +120,11 @@ class StreamJob:
         """The job's plan, the broker's kind resolved (detected once, if AUTO)."""
         if self.plan is None:
             self.broker_kind = broker_kind.resolve(self.broker_kind, self._base, self.settings.connect_timeout_seconds)
-            master = self.spark.sparkContext.master if self.spark is not None else "local"
+            if isinstance(self._spark, Future):
+                master = self.settings.spark_master or "local"  # not waiting for the session to know it
+            else:
+                master = self._spark.sparkContext.master if self._spark is not None else "local"
+            self._local = master.startswith("local")
             self.plan = JobPlan.of(self.stage, self.settings, broker_kind.profile(self.broker_kind), master)
         return self.plan
 
@@ -174,12 +190,12 @@ class StreamJob:
         )
         if plan.slices:
             # The tasks report to, and are ended by, this process: on a cluster, at the driver's address.
-            self._control = SliceControl(self.spark.conf.get("spark.driver.host", "127.0.0.1"))
+            self._control = SliceControl("127.0.0.1" if self._local else self.spark.conf.get("spark.driver.host"))
             self._format = None
         else:
-            # The source's tasks read, detect and write themselves: one Python worker per task.
+            # The source's tasks read, detect and write themselves: one Python worker per task
+            # (registered with the session once it has started: see _start_query).
             self._format = f"{SOURCE_NAME}-{self.stage.name}-{uuid.uuid4().hex[:12]}"
-            self.spark.dataSource.register(task_source(self._format, SPARK_SCHEMA, partial(process_planned, self._task)))
         # The first Python job of a session pays for starting the workers and their imports
         # (6.5 s measured on 2 cores); done now, it overlaps the group join instead of delaying
         # the first batch.
@@ -190,7 +206,7 @@ class StreamJob:
         relay = self.stage.relay(self.config, s, self._base, self.broker_kind, self._count_dead_letter, self.supervisor.fail)
         self._relay = None if relay is None else relay.start()
         self._committer = committer = BatchCommitter(plan, self.metrics, self.stats)
-        self._runner = runner = QueryRunner(self.spark, plan, self._on_batch, serve=self._serve_member, interrupt=self._end_slices)
+        self._runner = runner = QueryRunner(lambda: self.spark, plan, self._on_batch, serve=self._serve_member, interrupt=self._end_slices)
         self._assignment = assignment = Assignment(
             plan,
             self._base,
@@ -258,6 +274,9 @@ class StreamJob:
             self.source_options(), partitions=sorted(owned), start_offsets=start, group_metadata=metadata.hex() if metadata else None
         )
         self._positions = dict(start)
+        if self._format is not None and not self._registered:
+            self.spark.dataSource.register(task_source(self._format, SPARK_SCHEMA, partial(process_planned, self._task)))
+            self._registered = True
         self._runner.start(self._format, self._source)
 
     def _end_slices(self) -> None:

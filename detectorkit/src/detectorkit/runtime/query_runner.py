@@ -33,7 +33,7 @@ class QueryRunner:
         serve: Callable[[], None],
         interrupt: Callable[[], None] | None = None,
     ):
-        self.spark = spark
+        self._spark = spark  # a SparkSession, or a function that returns it once it has started
         self.plan = plan
         self._run_batch = run_batch
         self._serve = serve  # answers the group while waiting for a batch (it may be waiting on this thread)
@@ -47,14 +47,15 @@ class QueryRunner:
     def start(self, source_format: str | None, options: SourceOptions | None = None) -> None:
         """A query over the job's Kafka source (`source_format`), or, None, over Spark's rate
         source, whose batches only tick: each runs a slice (runtime.slices)."""
+        spark = self._spark() if callable(self._spark) else self._spark
         token = self._token
         self._stopping = False
         self._checkpoint = self.plan.fresh_checkpoint()
         if source_format is None:
             # Rows come faster than any slice ends, so a batch follows each at once; none is ever computed.
-            stream = self.spark.readStream.format("rate").option("rowsPerSecond", 1000).option("numPartitions", 1).load()
+            stream = spark.readStream.format("rate").option("rowsPerSecond", 1000).option("numPartitions", 1).load()
         else:
-            stream = self.spark.readStream.format(source_format).options(**options.to_options()).load()
+            stream = spark.readStream.format(source_format).options(**options.to_options()).load()
         writer = (
             stream.writeStream.foreachBatch(partial(self._on_batch, token))
             .option("checkpointLocation", self._checkpoint)
