@@ -279,6 +279,10 @@ class StreamJob:
             self._registered = True
         self._runner.start(self._format, self._source)
 
+    def _slice_progress(self):
+        """Where the running slice's tasks last said they were (None: no slice, or no report yet)."""
+        return self._control.snapshot(self._slice) if self._control is not None else None
+
     def _end_slices(self) -> None:
         if self._control is not None:
             self._control.end()
@@ -329,7 +333,7 @@ class StreamJob:
         """Before each metrics report: lag, and now and then the positions committed again (BatchCommitter.maintain)."""
         if self._committer is not None:
             self._committer.maintain(self._runner.between_batches)
-            progress = self._control.progress.get(self._slice) if self._control is not None and self._slice else None
+            progress = self._slice_progress()
             if progress is not None and progress.positions:
                 # A slice commits when it ends (at-least-once): its tasks' reports tell the lag meanwhile.
                 self._committer.show_positions(dict(progress.positions))
@@ -344,7 +348,7 @@ class StreamJob:
             return False
         if self._control is not None:
             # The tasks say which partitions they have read to the end, at every checkpoint.
-            progress = self._control.progress.get(self._slice) if self._slice else None
+            progress = self._slice_progress()
             return progress is not None and running <= progress.at_end
         # Spark asks the source for new records every few milliseconds, so isTriggerActive is true
         # most of the time even when idle; isDataAvailable only turns true when a trigger finds

@@ -23,7 +23,7 @@ END = b"end\n"
 
 
 @dataclass
-class Progress:
+class SliceProgress:
     """Where a slice's partitions are, as its tasks last reported."""
 
     positions: dict[int, int] = field(default_factory=dict)
@@ -45,7 +45,7 @@ class SliceControl:
         self._ended: set[str] = set()
         self._buffers: dict[socket.socket, bytes] = {}
         self._tokens: dict[socket.socket, str | None] = {}
-        self.progress: dict[str, Progress] = {}
+        self.progress: dict[str, SliceProgress] = {}
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="slice-control", daemon=True)
         self._thread.start()
@@ -53,11 +53,17 @@ class SliceControl:
     def begin(self, token: str, after: str | None = None) -> None:
         """A slice starts; its partitions are where the slice `after` (the one before) left them
         until its tasks report."""
+        before = self.snapshot(after)
         with self._lock:
-            before = self.progress.get(after) if after is not None else None
-            self.progress[token] = Progress() if before is None else Progress(dict(before.positions), set(before.at_end), before.reported_at)
+            self.progress[token] = SliceProgress() if before is None else before
         if after is not None:
             self.forget(after)
+
+    def snapshot(self, token: str | None) -> SliceProgress | None:
+        """A copy of the slice's progress: the control's thread goes on changing the original."""
+        with self._lock:
+            progress = self.progress.get(token) if token is not None else None
+            return None if progress is None else SliceProgress(dict(progress.positions), set(progress.at_end), progress.reported_at)
 
     def seconds_since_report(self) -> float:
         """Since a task last reported (inf: none has)."""

@@ -197,13 +197,11 @@ class _Loop:
             process_records(ctx, part, writer.sink_of(p), self.summaries, stores, p)
 
     def _fire_quiet(self, quiet: set[int]) -> bool:
-        stores = self.stores
-        stores.idle = quiet
-        fired = False
-        for p, found in stores.fire_idle(self.ctx):
+        """Fires the quiet partitions' timers; True if there were any (their state may have changed)."""
+        self.stores.idle = quiet
+        for p, found in self.stores.fire_idle(self.ctx):
             send_outputs(self.ctx, found, self.writer.sink_of(p), self.summaries, None, None, None, self.ctx.state.input_topic)
-            fired = True
-        return fired or bool(quiet)
+        return bool(quiet)
 
     def _checkpoint(self, last: bool = False) -> CommitsFailed | None:
         ends = dict(self.reader.position)
