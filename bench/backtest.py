@@ -4,6 +4,7 @@
     python bench/backtest.py --records 200000
     python bench/backtest.py --kafka --records 10000000   # from Apache Kafka: one process against Spark's tasks,
                                                           # on local[2] and on `detectorkit cluster`'s standalone cluster
+    python bench/backtest.py --spark-files --records 5000000   # files: read in one process, then by Spark on local[2]
 
 Writes the stateful benchmark's kind of records (100,000 customers, a rotating few hundred busy,
 event time 5 ms a record) to a JSON lines file, then backtests the threshold detector and the burst
@@ -64,9 +65,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--records", type=int, default=1_000_000)
     p.add_argument("--partitions", type=int, default=8)
     p.add_argument("--kafka", action="store_true", help="from a topic on Apache Kafka: in this process, then as a Spark job (local[2])")
+    p.add_argument("--spark-files", action="store_true", help="from a JSON lines file: in this process, then read by Spark (local[2])")
     args = p.parse_args(argv)
     if args.kafka:
         return from_kafka(args.records, args.partitions)
+    if args.spark_files:
+        return files_on_spark(args.records, args.partitions)
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp) / "records.jsonl"
         write_records(path, args.records)
@@ -143,6 +147,37 @@ def from_kafka(count: int, partitions: int) -> int:
         for cluster in CLUSTERS:
             cluster.stop()
         broker.stop()
+    return 0
+
+
+def files_on_spark(count: int, partitions: int) -> int:
+    """The burst window rule over a JSON lines file of `count` records: read in one process, then
+    read by Spark and run a task per group of partitions on local[2], in the same run."""
+    from detectorkit.backtest.spark_files import run_files_on_spark
+    from detectorkit.runtime.spark import session
+
+    detector = DETECTORS["burst window rule (stateful)"]
+    fields = {"key_field": "customer", "time_field": "ts", "partitions": partitions}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = pathlib.Path(tmp) / "records.jsonl"
+        write_records(path, count)
+        print(f"{count:,} records, {path.stat().st_size / 2**20:,.0f} MiB of JSON lines, {partitions} partitions", flush=True)
+        here = {}
+        wall, cpu = timed(lambda: here.setdefault("result", run(detector, backtest.from_files([str(path)], **fields))))
+        print(
+            f"one process: {count / wall:,.0f} records/s ({cpu / count * 1e6:.1f} s CPU per 1M), {len(here['result'].detections):,} detections",
+            flush=True,
+        )
+        spark = session("local[2]", "backtest-bench")
+        there = {}
+        spark_wall, _ = timed(lambda: there.setdefault("result", run_files_on_spark(spark, detector, [path.as_uri()], **fields)))
+        same = sorted(map(_identity, there["result"].detections)) == sorted(map(_identity, here["result"].detections))
+        print(
+            f"Spark reading the file, local[2]: {count / spark_wall:,.0f} records/s, {len(there['result'].detections):,} detections "
+            f"({'the same' if same else 'NOT the same'} as one process'): {wall / spark_wall:.2f}x one process",
+            flush=True,
+        )
+        spark.stop()
     return 0
 
 

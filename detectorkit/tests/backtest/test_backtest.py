@@ -41,6 +41,8 @@ def test_files_give_detections_dead_letters_and_the_labels_precision_and_recall(
     result = backtest.run(THRESHOLD, history, Config())
     assert [(d["source"]["offset"], d["detection"]["amount"]) for d in result.detections] == [(0, 5000.0), (4, 2000.0), (5, 3000.0)]
     assert result.dead_letters == {"malformed_json": 1, "missing_field": 1}
+    by_uri = backtest.run(THRESHOLD, backtest.from_files([pathlib.Path(tmp_path / "records.jsonl").as_uri()], key_field="customer"), Config())
+    assert by_uri.detections == [{**d, "source": {**d["source"], "topic": by_uri.detections[0]["source"]["topic"]}} for d in result.detections]
     labels = tmp_path / "labels.txt"
     labels.write_text("id\nr-0\nr-1\nr-5\n")
     summary = backtest.summarise(result, backtest.read_labels(str(labels)))
@@ -303,3 +305,52 @@ def test_a_backtest_on_spark_answers_as_one_in_this_process(kafka_bootstrap_serv
 
     assert found(there) == found(here) and len(found(here)) > 10
     assert (there.records, there.dead_letters) == (here.records, here.dead_letters) == (900, {"malformed_json": 36})
+
+
+def test_files_read_by_spark_from_a_uri_answer_as_one_pass_in_this_process(tmp_path, spark):
+    """Spark reads the files (a glob of JSON lines whose larger file Spark would take first, and a
+    Parquet file of many row groups, all as file:// URIs), each split a task of its own; the
+    partitions' records still run in file order: the same sessions, late records, dead letters,
+    offsets and pending timers as `run` over the same files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from detectorkit.backtest.spark_files import run_files_on_spark
+
+    def rows(count, first):
+        # Ten customers, a second between records and two quiet minutes after every hundred (the
+        # sessions close); every 7th record a minute late (past the grace).
+        def ts(n):
+            return T0 + 1_000 * n + 120_000 * (n // 100) - (60_000 if n % 7 == 6 else 0)
+
+        return [{"id": f"r-{n}", "customer": f"c-{n % 10}", "amount": float(n % 13), "ts": ts(n)} for n in range(first, first + count)]
+
+    folder = tmp_path / "history"
+    folder.mkdir()
+    small, large = rows(300, 0), rows(3_000, 300)
+    lines(folder, small, "a.jsonl")
+    lines(folder, [*large[:1_000], '{"id": "torn", "amount": ', *large[1_000:]], "b.jsonl")
+    later = rows(2_000, 3_300)
+    frame = pd.DataFrame(later).assign(ts=lambda f: pd.to_datetime(f["ts"], unit="ms", utc=True))
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp_path / "c.parquet", row_group_size=100, coerce_timestamps="ms")
+    fields = {"key_field": "customer", "time_field": "ts", "partitions": 3}
+    here = backtest.run(SESSIONS, backtest.from_files([str(folder / "a.jsonl"), str(folder / "b.jsonl"), str(tmp_path / "c.parquet")], **fields))
+
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "16384")
+    try:
+        there = run_files_on_spark(spark, SESSIONS, [f"file://{folder}/*.jsonl", f"file://{tmp_path}/c.parquet"], **fields)
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+
+    def found(result):
+        return sorted(
+            (d["source"]["partition"], d["source"].get("offset", -1), d["source"].get("timer_ms", -1), json.dumps(d["detection"], sort_keys=True))
+            for d in result.detections
+        )
+
+    assert found(there) == found(here) and len(found(here)) > 100
+    assert (there.records, there.dead_letters, there.pending_timers) == (here.records, here.dead_letters, here.pending_timers)
+    assert here.records == 5_301 and here.dead_letters == {"malformed_json": 1} and here.pending_timers == 10
+    with pytest.raises(backtest.HistoryError, match=r"^cannot read file:///nowhere/\*\.jsonl: .*PATH_NOT_FOUND") as raised:
+        run_files_on_spark(spark, SESSIONS, ["file:///nowhere/*.jsonl"])
+    assert "\n" not in str(raised.value)

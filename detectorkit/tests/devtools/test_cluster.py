@@ -169,6 +169,18 @@ def test_the_generated_detectors_backtest_runs_on_the_cluster(kafka_bootstrap_se
     assert set(cluster.executor_logs()) - before, "the backtest must have run on the cluster's executors, not in local mode"
     assert committed(bs, topics, range(PARTITIONS)) == dict.fromkeys(range(PARTITIONS))  # no group of the service's moved
 
+    # The same records as a file the executors read by its URI: the same detections, other offsets
+    # (the file's keys spread over partitions of its own).
+    history = tmp_path / "history.jsonl"
+    history.write_bytes(b"".join(s.sample.value + b"\n" for s in sent))
+    files_out = tmp_path / "from-files.jsonl"
+    command = [*service, "backtest", "--spark", "--files", history.as_uri(), "--key-field", "customer", "--partitions", "3", "--out", str(files_out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    from_files = [json.loads(line)["source"] for line in files_out.read_text().splitlines()]
+    assert len(from_files) == len(expected(sent)) and {s["partition"] for s in from_files} == {0, 1, 2}
+    assert f"{len(sent):,} records read" in done.stdout
+
 
 def test_cluster_command_prints_the_master_url_and_stops_every_process_on_sigterm():
     command = [sys.executable, "-m", "detectorkit", "cluster", "--workers", "1", "--port", "0"]

@@ -126,22 +126,49 @@ def kafka_slices(base_conf: Mapping[str, Any], topic: str, kind: str, ranges: di
 
 def from_files(paths: list[str], key_field: str | None = None, time_field: str | None = None, partitions: int = 1, topic: str = "") -> History:
     """Records from JSON lines (each line a record's value, as the input topic would hold it) or
-    Parquet (each row a record). The Kafka key comes from `key_field`, the timestamp from
-    `time_field` (epoch ms or ISO 8601); with `partitions` > 1 the keys are spread by a stable hash."""
+    Parquet (each row a record), local paths or URIs of any filesystem pyarrow knows (file://,
+    s3://, gs://, hdfs://). The Kafka key comes from `key_field`, the timestamp from `time_field`
+    (epoch ms or ISO 8601); with `partitions` > 1 the keys are spread by a stable hash, and each
+    partition's offsets count its own records, as a topic's do."""
     values: list[bytes] = []
     for name in paths:
-        path = pathlib.Path(name)
         try:
-            if path.suffix == ".parquet":
-                import pandas as pd
-
-                frame = pd.read_parquet(path)  # pyarrow reads any filesystem path it knows
-                values += [line.encode() for line in frame.to_json(orient="records", lines=True, date_format="iso").splitlines()]
-            else:
-                values += [line.rstrip(b"\r\n") for line in path.read_bytes().splitlines() if line.strip()]
+            values += _read_values(name)
         except (OSError, ValueError, ImportError) as exc:
             raise HistoryError(f"cannot read {name}: {exc}".splitlines()[0]) from None
-    return _from_values(values, key_field, time_field, partitions, topic or ",".join(paths))
+    return _from_values(values, key_field, time_field, partitions, topic or files_topic(paths))
+
+
+def files_topic(paths: list[str]) -> str:
+    """What a detection's source names as the topic of records read from files."""
+    return ",".join(paths)
+
+
+def is_parquet(name: str) -> bool:
+    return name.rstrip("/").endswith(".parquet")
+
+
+def _read_values(name: str) -> list[bytes]:
+    from pyarrow import fs
+
+    filesystem, path = fs.FileSystem.from_uri(name) if "://" in name else (fs.LocalFileSystem(), str(pathlib.Path(name).absolute()))
+    if is_parquet(name):
+        import pyarrow.parquet as pq
+
+        return table_values(pq.read_table(path, filesystem=filesystem))
+    with filesystem.open_input_stream(path) as stream:
+        return line_values(stream.read().splitlines())
+
+
+def table_values(table: pa.Table) -> list[bytes]:
+    """A record's value per row of a table: the row as a JSON object, as pandas writes it."""
+    text = table.to_pandas().to_json(orient="records", lines=True, date_format="iso")
+    return [line.encode() for line in text.splitlines()]
+
+
+def line_values(lines: list[bytes]) -> list[bytes]:
+    """A record's value per line of JSON lines; blank lines are no records."""
+    return [line.rstrip(b"\r\n") for line in lines if line.strip()]
 
 
 def from_frame(frame, key_field: str | None = "key", time_field: str | None = "event_time", partitions: int = 1) -> History:
@@ -151,7 +178,9 @@ def from_frame(frame, key_field: str | None = "key", time_field: str | None = "e
     return _from_values([line.encode() for line in lines], key_field, time_field, partitions, "dataframe")
 
 
-def _from_values(values: list[bytes], key_field: str | None, time_field: str | None, partitions: int, topic: str) -> History:
+def keyed(values: list[bytes], key_field: str | None, time_field: str | None, partitions: int) -> tuple[list[bytes | None], np.ndarray, np.ndarray]:
+    """Each value's Kafka key (its `key_field`, as text), timestamp (its `time_field`, else 0) and
+    partition (a stable hash of the key; keyless records go to partition 0)."""
     import pandas as pd
 
     parsed = [_parsed(v) for v in values]
@@ -161,6 +190,11 @@ def _from_values(values: list[bytes], key_field: str | None, time_field: str | N
         ms, bad = event_times_ms(pd.Series([r.get(time_field) if isinstance(r, dict) else None for r in parsed], dtype=object))
         stamps = np.where(bad, 0, ms).astype(np.int64)
     part = np.array([0 if k is None else zlib.crc32(k) % partitions for k in keys], dtype=np.int64)
+    return keys, stamps, part
+
+
+def _from_values(values: list[bytes], key_field: str | None, time_field: str | None, partitions: int, topic: str) -> History:
+    keys, stamps, part = keyed(values, key_field, time_field, partitions)
     rows_of = {p: np.flatnonzero(part == p) for p in range(partitions)}
 
     def slices() -> Iterator[Slice]:
@@ -170,7 +204,7 @@ def _from_values(values: list[bytes], key_field: str | None, time_field: str | N
                 yield Slice(
                     topic,
                     p,
-                    rows.astype(np.int64),
+                    np.arange(lo, lo + len(rows), dtype=np.int64),
                     pa.array([keys[i] for i in rows.tolist()], pa.binary()),
                     pa.array([values[i] for i in rows.tolist()], pa.binary()),
                     stamps[rows],

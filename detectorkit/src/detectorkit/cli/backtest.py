@@ -23,6 +23,7 @@ examples:
   backtest --from 2026-11-19T00:00Z --to 2026-11-26T00:00Z --out week.parquet
   backtest --from 0=1000,1=1000 --to 0=5000,1=5000 --out range.jsonl --labels known.txt
   backtest --files records.jsonl --key-field customer --time-field timestamp --out found.jsonl
+  backtest --spark --files 's3a://history/2026-11/*.parquet' --key-field customer --partitions 8 --out found.parquet
 """
 
 
@@ -36,7 +37,13 @@ def parser(prog: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--from", dest="start", default=None, help="ISO 8601 time, epoch ms, or offsets P=OFFSET,... (default: the earliest record)")
     p.add_argument("--to", dest="end", default=None, help="as --from, exclusive (default: the topic's end now)")
-    p.add_argument("--files", nargs="+", default=None, help="JSON lines (a record's value a line) or Parquet files, instead of the topic")
+    p.add_argument(
+        "--files",
+        nargs="+",
+        default=None,
+        help="JSON lines (a record's value a line) or Parquet files, instead of the topic: paths or URIs (with --spark, any filesystem Spark reads, "
+        "and directories or globs)",
+    )
     p.add_argument("--key-field", default=None, help="files: the field that is the record's Kafka key")
     p.add_argument("--time-field", default=None, help="files: the field that is the record's Kafka timestamp (epoch ms or ISO 8601)")
     p.add_argument("--partitions", type=int, default=1, help="files: spread the keys over this many partitions (default 1)")
@@ -44,7 +51,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--labels", default=None, help="a file: a header line 'id' or 'key', then the anomalous ones, one a line")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="a progress bar on stderr (default: on a terminal)")
     p.add_argument(
-        "--spark", action="store_true", help="run as a Spark batch job on SPARK_MASTER (a task per partition of the topic; not for --files)"
+        "--spark", action="store_true", help="run as a Spark batch job on SPARK_MASTER (Kafka: a task per partition; files: Spark reads them)"
     )
     return p
 
@@ -62,7 +69,9 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
         if out.suffix not in (".parquet", ".jsonl"):
             raise SettingsError(f"--out must end in .parquet or .jsonl, not {out.name!r}")
         labels = backtest.read_labels(args.labels) if args.labels else None
-        if args.files:
+        if args.files and args.spark:
+            history = None  # Spark reads the files, on its executors
+        elif args.files:
             history = backtest.from_files(args.files, args.key_field, args.time_field, args.partitions)
         else:
             if not settings.kafka_bootstrap_servers:
@@ -79,15 +88,20 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
     except (SettingsError, backtest.HistoryError) as exc:
         return fail(str(exc))
     if args.spark:
-        if args.files:
-            return fail("--spark reads the input topic, a task per partition; --files runs in this process")
+        from detectorkit.backtest.spark_files import run_files_on_spark
         from detectorkit.runtime.shipping import stage_packages
         from detectorkit.runtime.spark import session
         from detectorkit.runtime.stage import as_stage
 
         spark = session(settings.spark_master, f"{detector.name}-backtest", ship=stage_packages(as_stage(detector)))
-        kafka = (conf, settings.kafka_broker_kind, settings.connect_timeout_seconds)
-        result = backtest.run_on_spark(spark, detector, history, config, detector.name, kafka=kafka)
+        try:
+            if history is None:
+                result = run_files_on_spark(spark, detector, args.files, args.key_field, args.time_field, args.partitions, config, detector.name)
+            else:
+                kafka = (conf, settings.kafka_broker_kind, settings.connect_timeout_seconds)
+                result = backtest.run_on_spark(spark, detector, history, config, detector.name, kafka=kafka)
+        except backtest.HistoryError as exc:
+            return fail(str(exc))
     else:
         show = sys.stderr.isatty() and have_rich() if args.progress is None else args.progress and have_rich()
         with bar(history.records, "backtest", show) as advance:
