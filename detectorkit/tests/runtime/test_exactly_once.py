@@ -74,17 +74,23 @@ def crash(env, command, point, bs, topics):
     return committed(bs, topics, range(PARTITIONS), stable=False)
 
 
-@pytest.mark.parametrize("stateful", [False, True], ids=["stateless", "stateful"])
-def test_kill_9_at_every_point_of_the_commit_sequence_writes_everything_exactly_once(transactional_kafka, stateful):
+@pytest.mark.parametrize(("stateful", "slice_seconds"), [(False, 0), (True, 0), (True, 5)], ids=["stateless", "stateful", "stateful-slices"])
+def test_kill_9_at_every_point_of_the_commit_sequence_writes_everything_exactly_once(transactional_kafka, stateful, slice_seconds):
+    """Slices reach the same points inside a slice's loop, at each commit interval's checkpoint."""
     bs = transactional_kafka
     topics, sent, expected, command, env = start(bs, "eos-kill", stateful)
     env["PROCESSING_GUARANTEE"] = "exactly-once"
+    # A checkpoint after about every chunk of a batch's records: a slice reads on between
+    # checkpoints, and at the default interval the third reach of a point comes after the backlog.
+    env.update(SLICE_SECONDS=str(slice_seconds), SLICE_COMMIT_INTERVAL_SECONDS="0.01")
     moved = []
     for point in crash_points.POINTS:
         before = sum(o or 0 for o in committed(bs, topics, range(PARTITIONS), stable=False).values())
         after = sum(o or 0 for o in crash(env, command, point, bs, topics).values())
         moved.append(after - before)
-    assert 0 < sum(moved) < RECORDS, f"the kills must land mid-stream (records committed by each run: {moved})"
+    # The kills landed mid-stream: the killed runs committed some records, and every kill but
+    # the last left records to read (the last may land as the stream's last partitions commit).
+    assert sum(moved) > 0 and sum(moved[:-1]) < RECORDS, f"the kills must land mid-stream (records committed by each run: {moved})"
 
     code, output = run({**env, "STOP_AFTER_IDLE_SECONDS": "3"}, timeout=240, command=command)
     assert code == 0, output
@@ -151,10 +157,11 @@ def signal_session(job, signum):
             pass
 
 
-def test_a_paused_instance_that_resumes_after_its_partitions_moved_is_fenced_and_nothing_of_it_shows(transactional_kafka):
+@pytest.mark.parametrize("slice_seconds", [0, 5], ids=["batches", "slices"])
+def test_a_paused_instance_that_resumes_after_its_partitions_moved_is_fenced_and_nothing_of_it_shows(transactional_kafka, slice_seconds):
     bs = transactional_kafka
     topics, sent, expected, command, env = start(bs, "eos-zombie", stateful=True)
-    env["PROCESSING_GUARANTEE"] = "exactly-once"
+    env.update(PROCESSING_GUARANTEE="exactly-once", SLICE_SECONDS=str(slice_seconds))
     # A's calls are slow, so it is paused (every process of it, as a frozen VM or a long GC pause)
     # in the middle of a transaction with outputs written.
     zombie = Job({**env, "DETECTOR_DELAY_SECONDS": "2", "STOP_AFTER_IDLE_SECONDS": "3"}, command)

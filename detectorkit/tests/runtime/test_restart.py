@@ -68,12 +68,14 @@ def test_graceful_stop_and_restart_lose_and_duplicate_nothing(kafka_bootstrap_se
     assert sum(committed(bs, topics, range(PARTITIONS)).values()) == RECORDS
 
 
-def test_kill_9_and_restart_lose_nothing_and_replay_only_the_uncommitted_batch(kafka_bootstrap_servers):
+@pytest.mark.parametrize("slice_seconds", [0, 3], ids=["batches", "slices"])
+def test_kill_9_and_restart_lose_nothing_and_replay_only_the_uncommitted_batch(kafka_bootstrap_servers, slice_seconds):
+    """With slices, at-least-once commits at a slice's end: what the slice in flight wrote is what comes twice."""
     bs = kafka_bootstrap_servers
     # Slow batches: the two tasks that run first have written their detections a good second before
     # the other two finish and the batch commits. One task per few records, so a batch of 1,000 is
     # not run as one task of four slow calls in a row.
-    topics, sent, env, job = start_mid_stream(bs, "kill9", detector_delay_seconds=1, min_records_per_task=1)
+    topics, sent, env, job = start_mid_stream(bs, "kill9", detector_delay_seconds=1, min_records_per_task=1, slice_seconds=slice_seconds)
 
     def batch_in_flight_has_written():
         ends = committed(bs, topics, range(PARTITIONS))

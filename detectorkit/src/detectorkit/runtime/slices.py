@@ -33,8 +33,9 @@ from detectorkit.kafka import claims, range_reader, transactions
 from detectorkit.kafka.claims import Claim
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.position_reader import PositionReader
+from detectorkit.kafka.range_reader import CHUNK_RECORDS
 from detectorkit.kafka.source_options import SourceOptions
-from detectorkit.runtime import checkpoint
+from detectorkit.runtime import checkpoint, crash_points
 from detectorkit.runtime.batches import by_partition
 from detectorkit.runtime.processing import process_batch, process_records, send_outputs, setup_worker, summary_batch
 from detectorkit.runtime.slice_control import Link
@@ -162,13 +163,15 @@ class _Loop:
         next_tick = now + spec.tick_seconds if ticking else math.inf
         quiet = set(reader.position)
         changed = False
+        # A backlog is read in chunks of at most a batch's records (memory, and a checkpoint between them).
+        chunk = min(CHUNK_RECORDS, spec.source.max_records_per_batch or CHUNK_RECORDS)
         while True:
             ending = self.link.ended() or time.monotonic() >= deadline
             if not ending:
                 # Waiting for records, until what is due next: a checkpoint only once there is something to write.
                 due = min(next_checkpoint if changed else math.inf, next_tick, deadline)
                 wait = min(_MAX_WAIT_SECONDS, max(0.0, due - time.monotonic()))
-                batch = reader.poll(wait)
+                batch = reader.poll(wait, chunk)
                 if batch is not None:
                     self._process(batch)
                     quiet -= set(np.unique(batch.column("partition").to_numpy()).tolist())
@@ -188,13 +191,16 @@ class _Loop:
 
     def _process(self, batch: pa.RecordBatch) -> None:
         ctx, writer, stores = self.ctx, self.writer, self.stores
+        crash_points.reach("before-produce")
         if stores is None and not writer.splits_by_partition:
             process_batch(ctx, batch, writer.sink_of(-1), self.summaries)
+            crash_points.reach("during-produce")
             return
         for p, part in by_partition([batch]):
             if stores is not None:
                 stores.tags[p] = self.reader.position[p]  # its changes reflect the input up to here
             process_records(ctx, part, writer.sink_of(p), self.summaries, stores, p)
+            crash_points.reach("during-produce")
 
     def _fire_quiet(self, quiet: set[int]) -> bool:
         """Fires the quiet partitions' timers; True if there were any (their state may have changed)."""
