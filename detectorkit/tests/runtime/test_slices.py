@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 
+import psutil
 import pytest
 
 from detectorkit.runtime.job import StreamJob
@@ -120,6 +121,9 @@ def test_a_rebalance_mid_slice_hands_partitions_over_after_the_slices_checkpoint
         assert '"partitions released"' in first.output()
         more = produce(bs, topics.input, samples(1_000, seed=46, bad_every=0, high_share=0.3))
         wait_for(lambda: len(detections(bs, topics.output)) == len(expected(sent + more)), timeout=120, what="both instances' detections")
+        # No Python data source plans a slice: no session process looks them up.
+        spawned = [" ".join(c.cmdline()) for c in psutil.Process(first.process.pid).children(recursive=True)]
+        assert any("worker_daemon" in c for c in spawned) and not any("lookup_data_sources" in c for c in spawned), spawned
     finally:
         for job in (first, second):
             if job is not None and job.process.poll() is None:

@@ -25,6 +25,25 @@ def test_a_workers_pyspark_is_the_installed_package_not_its_zip(spark):
     assert pathlib.Path(origin) == pathlib.Path(pyspark.__file__)
 
 
+def what_the_daemon_has_loaded(batches):
+    for _ in batches:
+        pass
+    maps = pathlib.Path(f"/proc/{os.getppid()}/maps").read_text()
+    yield pa.RecordBatch.from_pylist([{"arrow": "libarrow" in maps, "pandas": "pandas/_libs" in maps}])
+
+
+def test_the_daemon_loads_what_tasks_import_before_it_forks_their_workers(spark):
+    """Shared pages rather than each worker's own: the worker's parent has Arrow and pandas mapped."""
+    row = spark.range(1).mapInArrow(what_the_daemon_has_loaded, "arrow boolean, pandas boolean").collect()[0]
+    assert row.arrow and row.pandas
+
+
+def test_a_module_that_fails_to_load_is_left_to_the_worker():
+    from detectorkit.runtime.worker_daemon import preload
+
+    preload(("detectorkit.no_such_module", "json"))
+
+
 def test_only_the_zips_inside_the_installed_pyspark_are_dropped(tmp_path):
     installed = pathlib.Path(pyspark.__file__).parent
     shipped = [str(installed / "python" / "lib" / name) for name in os.listdir(installed / "python" / "lib") if name.endswith(".zip")]

@@ -157,7 +157,7 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
         # clients: neither waits for the other. (Started off the main thread, SparkContext leaves
         # the SIGINT handler alone.)
         starting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-session")
-        spark = starting.submit(session, master, stage.name, ship=stage_packages(stage))
+        spark = starting.submit(session, master, stage.name, ship=stage_packages(stage), python_source=not settings.slice_seconds)
         starting.shutdown(wait=False)
     job = StreamJob(stage, settings, spark, config)
     health = None

@@ -8,6 +8,8 @@ data source reader's, after the fork), about 0.4 s of CPU each (py-spy: a tenth 
 CPU went to `zipimport._compile_source`). The installed package is the same code, byte for byte
 (the zips are built from it and shipped inside it), with its bytecode cached.
 
+The daemon also imports what the job's tasks import before it forks a worker (`PRELOAD`).
+
 Only zips that sit inside the installed PySpark package are dropped: a cluster's own Spark
 installation (another SPARK_HOME) keeps its PySpark. Used in local mode (runtime.spark), where
 the workers run the driver's interpreter, so this module is there.
@@ -15,6 +17,7 @@ the workers run the driver's interpreter, so this module is there.
 
 from __future__ import annotations
 
+import importlib
 import os
 import runpy
 import sys
@@ -35,9 +38,24 @@ def shipped_zips(path: list[str]) -> list[str]:
     return found
 
 
+# What every task of the job imports: loaded once here, before the daemon forks its workers, the
+# pages are shared (copy on write) instead of each worker's own, and a worker starts without
+# importing them. Measured idle, the daemon and two workers: 217 -> 166 MiB PSS.
+PRELOAD = ("pyspark.worker", "pyspark.sql.pandas.serializers", "detectorkit.runtime.processing", "detectorkit.runtime.slices")
+
+
+def preload(modules: tuple[str, ...] = PRELOAD) -> None:
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001, S112 - only an optimisation: the worker imports it and says what fails
+            continue
+
+
 def main() -> None:
     dropped = set(shipped_zips(sys.path))
     sys.path[:] = [p for p in sys.path if p not in dropped]
+    preload()
     # As `python -m pyspark.daemon <worker module>`: the daemon reads the worker module from argv.
     runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
 
