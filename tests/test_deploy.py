@@ -8,6 +8,7 @@ makes them portable and safe."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import pathlib
 import re
@@ -396,6 +397,30 @@ def test_a_scaled_deployment_leaves_its_replica_count_to_keda(baked_manifests):
     assert of_kind(manifests(baked_manifests), "ScaledObject")
 
 
+def test_keda_paces_replica_changes_through_the_hpa_and_never_adds_more_than_the_partitions(baked_manifests):
+    """KEDA's cooldownPeriod paces only a scale to zero; between one replica and the maximum the
+    HPA's behaviour does, and each change is a rebalance. Replicas past the partition count idle."""
+    from detectorkit.settings import Settings, load
+
+    objects = manifests(baked_manifests)
+    (scaled,) = of_kind(objects, "ScaledObject")
+    spec = scaled["spec"]
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    down = behavior["scaleDown"]
+    assert down["stabilizationWindowSeconds"] >= 60, down
+    assert down["policies"] and all(p["type"] == "Pods" and p["value"] == 1 for p in down["policies"]), "one rebalance at a time"
+    assert behavior["scaleUp"]["policies"], behavior
+    deployment = objects["Deployment", spec["scaleTargetRef"]["name"]]
+    (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == spec["scaleTargetRef"]["envSourceContainerName"]]
+    configmaps = {doc["metadata"]["name"]: doc["data"] for doc in of_kind(objects, "ConfigMap")}
+    settings = load(environ=container_env(container, configmaps, {})).for_service(deployment["metadata"]["name"])
+    assert spec["minReplicaCount"] <= spec["maxReplicaCount"] <= settings.topic_partitions
+    # What the comments say the defaults are, they are.
+    text = (baked_manifests / "deployment.yaml").read_text()
+    default = Settings.model_fields["group_session_timeout_seconds"].default
+    assert f"GROUP_SESSION_TIMEOUT_SECONDS ({default:g} s" in text.replace("\n# ", " ")
+
+
 def test_keda_reads_the_brokers_group_topic_and_credentials_the_job_uses(baked_manifests):
     """KEDA's Kafka scaler resolves bootstrapServersFromEnv, consumerGroupFromEnv and topicFromEnv
     from the scale target container's environment, and its TriggerAuthentication from the same
@@ -531,3 +556,8 @@ def test_dockerfiles_run_on_any_architecture_as_a_non_root_user_with_a_health_ch
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert users and users[-1] not in ("root", "0"), users
     assert re.search(r"^HEALTHCHECK ", text, re.M)
+    # An init as PID 1 reaps the JVM's and the workers' orphans, from a package the image installs;
+    # the image says what it is and from which commit.
+    (entrypoint,) = re.findall(r"^ENTRYPOINT\s+(\[.*\])$", text, re.M)
+    assert json.loads(entrypoint)[:2] == ["/usr/bin/tini", "--"] and re.search(r"apt-get install .*\btini\b", text), entrypoint
+    assert "org.opencontainers.image.title=" in text and "org.opencontainers.image.revision=" in text

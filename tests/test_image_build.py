@@ -185,7 +185,10 @@ def test_the_default_bakes_image_builds_and_runs_its_service_as_user_10001(defau
             )
             config = json.loads(ok(buildah("inspect", "--type", "image", image), "buildah inspect"))["OCIv1"]["config"]
             assert config.get("User") == "10001", f"the image runs as {config.get('User')!r}, not the unprivileged 10001"
-            assert config.get("Entrypoint") == [SERVICE], config.get("Entrypoint")
+            # tini as PID 1 reaps the JVM's and the workers' orphans; SIGTERM goes to the service alone.
+            assert config.get("Entrypoint") == ["/usr/bin/tini", "--", SERVICE], config.get("Entrypoint")
+            labels = config.get("Labels") or {}
+            assert labels.get("org.opencontainers.image.title") == SERVICE and labels.get("org.opencontainers.image.revision"), labels
             container = ok(buildah("from", "--pull=never", image), "buildah from the built image")
 
             def run(*command: str) -> subprocess.CompletedProcess:
