@@ -72,7 +72,17 @@ def run_files_on_spark(
         found = run(detector, History(topic, 0, _slices(topic, batches), {}), config, name)
         yield pa.RecordBatch.from_pylist([{"result": pickle.dumps(found)}], pa.schema([("result", pa.binary())]))
 
-    return merged(name, [pickle.loads(row.result) for row in ordered.mapInArrow(task, DONE).collect()])
+    # Batches of a file slice's size: the stage runs fewer, larger slices (the session's own
+    # setting comes back after).
+    conf, before = "spark.sql.execution.arrow.maxRecordsPerBatch", spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", None)
+    spark.conf.set(conf, str(FILE_SLICE_RECORDS))
+    try:
+        return merged(name, [pickle.loads(row.result) for row in ordered.mapInArrow(task, DONE).collect()])
+    finally:
+        if before is None:
+            spark.conf.unset(conf)
+        else:
+            spark.conf.set(conf, before)
 
 
 def _keyed(spark: Any, index: int, path: str, key_field: str | None, time_field: str | None, partitions: int) -> Any:
