@@ -107,9 +107,13 @@ class JobMetrics:
 
     aggregations = {f"{PREFIX}_committed_offset": "max"}
 
-    def __init__(self, process_tree: bool = True, dead_letter_reasons: Iterable[str] = ()):
+    def __init__(self, process_tree: bool = True, dead_letter_reasons: Iterable[str] = (), build: Mapping[str, str] | None = None):
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        if build is not None:
+            labels = sorted(build)
+            self.build_info = Gauge(f"{PREFIX}_build_info", "1 per instance, labelled with the versions it runs.", labels, registry=r)
+            self.build_info.labels(**build).set(1)
         self.records_read = Counter(f"{PREFIX}_records_read", "Input records processed.", registry=r)
         self.detections = Counter(f"{PREFIX}_detections_written", "Detections written to the output topic.", registry=r)
         self.dead_letters = Counter(f"{PREFIX}_dead_letters", "Records written to the dead-letter topic, by reason.", ["reason"], registry=r)

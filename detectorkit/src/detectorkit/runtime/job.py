@@ -37,6 +37,7 @@ from detectorkit.kafka.membership import GroupMember
 from detectorkit.kafka.source import NAME as SOURCE_NAME
 from detectorkit.kafka.source import task_source
 from detectorkit.kafka.source_options import SourceOptions
+from detectorkit.metrics import build_info
 from detectorkit.metrics.registry import JobMetrics
 from detectorkit.metrics.reporter import MetricsReporter
 from detectorkit.runtime.assignment import Assignment
@@ -79,7 +80,7 @@ class StreamJob:
         self._base = clients.base(s.kafka_bootstrap_servers, s.kafka_options)
         self.broker_kind = s.kafka_broker_kind
         self.stats = JobStats()
-        self.metrics = JobMetrics(dead_letter_reasons=self.stage.reasons)
+        self.metrics = JobMetrics(dead_letter_reasons=self.stage.reasons, build=build_info.versions(build_info.package_of(self.stage)))
         self.progress = Progress()  # for liveness: when a batch last completed
         self._leaving = threading.Event()
         self.supervisor = Supervisor(s.query_restart_attempts, s.query_restart_backoff_seconds, self.metrics.query_restarts, self._leaving)
