@@ -69,6 +69,7 @@ def test_bake_renders_everything(cookies, extra):
         ".github/workflows/ci.yml",
         "deploy/k8s/deployment.yaml",
         "deploy/k8s/kustomization.yaml",
+        "deploy/k8s/podmonitor.yaml",
         "deploy/shadow/kustomization.yaml",
     ):
         assert (project / name).is_file(), name

@@ -27,9 +27,18 @@ DEPLOY = REPO / "deploy"
 KUBERNETES = "1.37.0"
 # KEDA's CRDs, from the Go module proxy the way a Go user gets KEDA's source.
 KEDA = "v2.21.0"
-KEDA_CRDS = {
-    "ScaledObject": "config/crd/bases/keda.sh_scaledobjects.yaml",
-    "TriggerAuthentication": "config/crd/bases/keda.sh_triggerauthentications.yaml",
+# The Prometheus Operator's CRDs (a PodMonitor per service), the same way.
+PROMETHEUS_OPERATOR = "v0.85.0"
+# kind -> (Go module, version, the CRD's path in the module, the CRD version the kit uses)
+CRDS = {
+    "ScaledObject": ("github.com/kedacore/keda/v2", KEDA, "config/crd/bases/keda.sh_scaledobjects.yaml", "v1alpha1"),
+    "TriggerAuthentication": ("github.com/kedacore/keda/v2", KEDA, "config/crd/bases/keda.sh_triggerauthentications.yaml", "v1alpha1"),
+    "PodMonitor": (
+        "github.com/prometheus-operator/prometheus-operator",
+        PROMETHEUS_OPERATOR,
+        "example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
+        "v1",
+    ),
 }
 CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "detectorkit"
 # The Pod Security Admission's checks in a small Go program (`make tools` builds it first).
@@ -101,21 +110,21 @@ def test_compose_mounts_what_exists_and_gives_every_job_settings_it_accepts():
 
 
 @pytest.fixture(scope="module")
-def keda_schemas():
-    """KEDA's openAPIV3Schema of each CRD we use, by kind, from its Go module at a pinned version (cached)."""
-    cached = {kind: CACHE / f"keda-{KEDA}-{pathlib.PurePosixPath(crd).name}" for kind, crd in KEDA_CRDS.items()}
-    if not all(path.exists() for path in cached.values()):
-        url = f"https://proxy.golang.org/github.com/kedacore/keda/v2/@v/{KEDA}.zip"
-        with urllib.request.urlopen(url, timeout=120) as response:
-            archive = zipfile.ZipFile(io.BytesIO(response.read()))
-        CACHE.mkdir(parents=True, exist_ok=True)
-        for kind, crd in KEDA_CRDS.items():
-            cached[kind].write_bytes(archive.read(f"github.com/kedacore/keda/v2@{KEDA}/{crd}"))
+def crd_schemas():
+    """The openAPIV3Schema of each CRD the kits use (KEDA's, the Prometheus Operator's), by kind,
+    from their Go modules at pinned versions (cached)."""
     schemas = {}
-    for kind, path in cached.items():
-        crd = yaml.safe_load(path.read_text())
-        (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
-        schemas[kind] = strict(version["schema"]["openAPIV3Schema"])
+    archives: dict[str, zipfile.ZipFile] = {}
+    for kind, (module, version, crd, served) in CRDS.items():
+        cached = CACHE / f"{module.split('/')[2]}-{version}-{pathlib.PurePosixPath(crd).name}"
+        if not cached.exists():
+            if module not in archives:
+                with urllib.request.urlopen(f"https://proxy.golang.org/{module.lower()}/@v/{version}.zip", timeout=120) as response:
+                    archives[module] = zipfile.ZipFile(io.BytesIO(response.read()))
+            CACHE.mkdir(parents=True, exist_ok=True)
+            cached.write_bytes(archives[module].read(f"{module}@{version}/{crd}"))
+        (found,) = [v for v in yaml.safe_load(cached.read_text())["spec"]["versions"] if v["name"] == served]
+        schemas[kind] = strict(found["schema"]["openAPIV3Schema"])
     return schemas
 
 
@@ -256,22 +265,45 @@ def keda_spelling(security_protocol: str, sasl_mechanism: str | None) -> tuple[s
     return tls, {"PLAIN": "plaintext", "SCRAM-SHA-256": "scram_sha256", "SCRAM-SHA-512": "scram_sha512"}[sasl_mechanism]
 
 
-def test_kubernetes_manifests_validate_against_pinned_schemas(baked_manifests, shadow_manifests, keda_schemas):
+def test_kubernetes_manifests_validate_against_pinned_schemas(baked_manifests, shadow_manifests, crd_schemas):
     import jsonschema
     import kubernetes_validate
 
     seen = []
     for name, doc in [*documents(DEPLOY / "k8s"), *documents(baked_manifests), *documents(shadow_manifests)]:
-        if doc["kind"] in keda_schemas:
-            jsonschema.validate(doc, keda_schemas[doc["kind"]])
+        if doc["kind"] in crd_schemas:
+            jsonschema.validate(doc, crd_schemas[doc["kind"]])
         else:
             kubernetes_validate.validate(doc, KUBERNETES, strict=True)
         seen.append((name, doc["kind"]))
     kinds = {kind for _, kind in seen}
-    assert {"Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "ScaledObject", "TriggerAuthentication"} <= kinds, seen
+    assert {"Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "ScaledObject", "TriggerAuthentication", "PodMonitor"} <= kinds, seen
 
 
-def test_a_wrong_manifest_is_refused(baked_manifests, keda_schemas):
+def test_each_pod_monitor_scrapes_its_own_pods_metrics_where_the_job_serves_them(baked_manifests, shadow_manifests, crd_schemas):
+    """Per pod, on the port the probes use, at /metrics (runtime/health.py): the live service's
+    PodMonitor its pods only, the shadow's its own (kustomize's selector labels miss a PodMonitor)."""
+    import jsonschema
+
+    pods, monitors = {}, {}
+    for folder in (baked_manifests, shadow_manifests):
+        objects = manifests(folder)
+        (monitor,) = of_kind(objects, "PodMonitor")
+        (deployment,) = of_kind(objects, "Deployment")
+        jsonschema.validate(monitor, crd_schemas["PodMonitor"])
+        container = only_container(deployment)
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        assert endpoint["path"] == "/metrics" and endpoint["port"] == container["livenessProbe"]["httpGet"]["port"], endpoint
+        assert endpoint["port"] in {p["name"] for p in container["ports"]}
+        assert monitor["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+        pods[folder] = deployment["spec"]["template"]["metadata"]["labels"]
+        monitors[folder] = monitor["spec"]["selector"]["matchLabels"]
+    for folder, selector in monitors.items():
+        scraped = [other for other, labels in pods.items() if selector.items() <= labels.items()]
+        assert scraped == [folder], f"{folder.name}'s PodMonitor selects the pods of {[f.name for f in scraped]}"
+
+
+def test_a_wrong_manifest_is_refused(baked_manifests, crd_schemas):
     # The checks above can fail: a misspelt field, a lag threshold of the wrong type, a misspelt
     # TriggerAuthentication field and one without the key it reads.
     import jsonschema
@@ -289,15 +321,15 @@ def test_a_wrong_manifest_is_refused(baked_manifests, keda_schemas):
                 "metadata": {"name": "x"},
                 "spec": {"scaleTargetRef": {"name": "x"}, "minReplicaCount": "one", "triggers": []},
             },
-            keda_schemas["ScaledObject"],
+            crd_schemas["ScaledObject"],
         )
     (auth,) = of_kind(manifests(baked_manifests), "TriggerAuthentication")
     misspelt = {**auth, "spec": {"secretTargetRefs": auth["spec"]["secretTargetRef"]}}
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(misspelt, keda_schemas["TriggerAuthentication"])
+        jsonschema.validate(misspelt, crd_schemas["TriggerAuthentication"])
     keyless = {**auth, "spec": {"secretTargetRef": [{"parameter": "username", "name": "x"}]}}
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(keyless, keda_schemas["TriggerAuthentication"])
+        jsonschema.validate(keyless, crd_schemas["TriggerAuthentication"])
 
 
 def test_each_detector_deployment_is_wired_to_its_group_probes_and_budget(baked_manifests):
@@ -478,7 +510,7 @@ def test_a_shadow_runs_beside_the_live_service_on_its_own_group_topics_pods_and_
 
     live, shadow = manifests(baked_manifests), manifests(shadow_manifests)
     name = "high-value-orders"
-    assert set(shadow) == {("Deployment", f"{name}-shadow"), ("PodDisruptionBudget", f"{name}-shadow"), ("ScaledObject", f"{name}-shadow")}
+    assert set(shadow) == {(kind, f"{name}-shadow") for kind in ("Deployment", "PodDisruptionBudget", "ScaledObject", "PodMonitor")}
     configmaps = {doc["metadata"]["name"]: doc["data"] for doc in of_kind(live, "ConfigMap")}
     live_pod, shadow_pod = live["Deployment", name]["spec"]["template"], shadow["Deployment", f"{name}-shadow"]["spec"]["template"]
     for selector in (shadow["Deployment", f"{name}-shadow"]["spec"]["selector"], shadow["PodDisruptionBudget", f"{name}-shadow"]["spec"]["selector"]):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from detectorkit.metrics.registry import JobMetrics
 from detectorkit.runtime.health import HealthServer
 
 
@@ -33,12 +34,15 @@ class FakeJob:
 @pytest.fixture
 def served():
     job = FakeJob()
-    server = HealthServer(job, port=0, host="127.0.0.1", stall_seconds=60).start()
+    metrics = JobMetrics(process_tree=False, build={"version": "1.0", "detectorkit": "0.1.0", "pyspark": "4.3.0", "python": "3.11.7"})
+    metrics.records_read.inc(42)
+    server = HealthServer(job, port=0, host="127.0.0.1", stall_seconds=60, registry=metrics.registry).start()
 
     def get(path):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=5) as response:
-                return response.status, json.loads(response.read())
+                body = response.read()
+                return response.status, body.decode() if path == "/metrics" else json.loads(body)
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"{}") if exc.code == 503 else {}
 
@@ -72,4 +76,13 @@ def test_a_failed_job_is_neither_ready_nor_live(served):
 
 def test_unknown_paths_are_404(served):
     _, get = served
-    assert get("/metrics")[0] == 404
+    assert get("/stats")[0] == 404
+
+
+def test_the_instances_own_metrics_are_served_for_a_scrape(served):
+    """Per pod, beside the aggregator's sums: what this instance counted, as Prometheus reads it."""
+    _, get = served
+    status, text = get("/metrics")
+    assert status == 200
+    assert "detector_records_read_total 42.0" in text
+    assert 'detector_build_info{detectorkit="0.1.0",pyspark="4.3.0",python="3.11.7",version="1.0"} 1.0' in text

@@ -162,8 +162,8 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
     job = StreamJob(stage, settings, spark, config)
     health = None
     if settings.health_port is not None:
-        health = HealthServer(job, settings.health_port, settings.health_host, settings.health_stall_seconds).start()
-        log.info("health endpoint", url=f"http://{settings.health_host}:{health.port}/", paths=["/ready", "/live"])
+        health = HealthServer(job, settings.health_port, settings.health_host, settings.health_stall_seconds, job.metrics.registry).start()
+        log.info("health endpoint", url=f"http://{settings.health_host}:{health.port}/", paths=["/ready", "/live", "/metrics"])
     try:
         try:
             job.start()

@@ -5,6 +5,8 @@ runs, or the group gave it nothing to read); 503 before, and once it has failed.
 GET /live: 200 unless the job has failed, or no batch has completed for HEALTH_STALL_SECONDS
 while records wait (a hung batch, a broker it cannot write to): restarting it is then the cure.
 Both answer a JSON object saying why.
+GET /metrics: this instance's own metrics in Prometheus' text format (a PodMonitor's scrape), beside
+the sums across instances that the metrics-aggregator serves.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 
 class Watched(Protocol):
@@ -48,14 +52,23 @@ def liveness(job: Watched, stall_seconds: float) -> Verdict:
 
 
 class HealthServer:
-    def __init__(self, job: Watched, port: int, host: str = "0.0.0.0", stall_seconds: float = 300.0):
+    def __init__(self, job: Watched, port: int, host: str = "0.0.0.0", stall_seconds: float = 300.0, registry: CollectorRegistry | None = None):
         checks = {"/ready": lambda: readiness(job), "/live": lambda: liveness(job, stall_seconds)}
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (the standard library's name)
-                check = checks.get(self.path.split("?")[0])
+                path = self.path.split("?")[0]
+                if path == "/metrics" and registry is not None:
+                    body = generate_latest(registry)
+                    self.send_response(200)
+                    self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                check = checks.get(path)
                 if check is None:
-                    self.send_error(404, "try /ready or /live")
+                    self.send_error(404, "try /ready, /live or /metrics")
                     return
                 verdict = check()
                 body = json.dumps({"ok": verdict.ok, "why": verdict.why}).encode()
