@@ -70,6 +70,7 @@ def test_bake_renders_everything(cookies, extra):
         "deploy/k8s/deployment.yaml",
         "deploy/k8s/kustomization.yaml",
         "deploy/k8s/podmonitor.yaml",
+        "deploy/k8s/prometheusrule.yaml",
         "deploy/shadow/kustomization.yaml",
     ):
         assert (project / name).is_file(), name

@@ -39,6 +39,12 @@ CRDS = {
         "example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
         "v1",
     ),
+    "PrometheusRule": (
+        "github.com/prometheus-operator/prometheus-operator",
+        PROMETHEUS_OPERATOR,
+        "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
+        "v1",
+    ),
 }
 CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "detectorkit"
 # The Pod Security Admission's checks in a small Go program (`make tools` builds it first).
@@ -124,8 +130,18 @@ def crd_schemas():
             CACHE.mkdir(parents=True, exist_ok=True)
             cached.write_bytes(archives[module].read(f"{module}@{version}/{crd}"))
         (found,) = [v for v in yaml.safe_load(cached.read_text())["spec"]["versions"] if v["name"] == served]
-        schemas[kind] = strict(found["schema"]["openAPIV3Schema"])
+        schemas[kind] = strict(python_patterns(found["schema"]["openAPIV3Schema"]))
     return schemas
+
+
+def python_patterns(schema):
+    """The schema's patterns as Python's re reads them: Go's RE2 takes a flag group after the
+    anchor (`^(?i)...`, in the Prometheus Operator's CRDs), Python only at the start."""
+    if isinstance(schema, dict):
+        return {k: v.replace("^(?i)", "(?i)^") if k == "pattern" and isinstance(v, str) else python_patterns(v) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [python_patterns(v) for v in schema]
+    return schema
 
 
 def strict(schema):
@@ -277,7 +293,8 @@ def test_kubernetes_manifests_validate_against_pinned_schemas(baked_manifests, s
             kubernetes_validate.validate(doc, KUBERNETES, strict=True)
         seen.append((name, doc["kind"]))
     kinds = {kind for _, kind in seen}
-    assert {"Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "ScaledObject", "TriggerAuthentication", "PodMonitor"} <= kinds, seen
+    wanted = {"Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "ScaledObject", "TriggerAuthentication", "PodMonitor", "PrometheusRule"}
+    assert wanted <= kinds, seen
 
 
 def test_each_pod_monitor_scrapes_its_own_pods_metrics_where_the_job_serves_them(baked_manifests, shadow_manifests, crd_schemas):
@@ -491,6 +508,83 @@ def test_keda_reads_the_brokers_group_topic_and_credentials_the_job_uses(baked_m
 
     from_configmap = {ref["parameter"]: configmaps[ref["name"]][ref["key"]] for ref in auth["spec"]["configMapTargetRef"]}
     assert (from_configmap["tls"], from_configmap["sasl"]) == keda_spelling(env["KAFKA_SECURITY_PROTOCOL"], env.get("KAFKA_SASL_MECHANISM"))
+
+
+@needs_promtool
+def test_the_services_alerts_fire_from_the_brokers_side_when_no_instance_reads(baked_manifests, tmp_path):
+    """The baked PrometheusRule, run by promtool on the Kafka Exporter's series: a group far behind
+    and one whose offsets stand still while records wait (a service that never starts) alert; a
+    group that reads, and another service's group, do not. Its lag threshold is what KEDA's
+    replicas can take at most (lagThreshold x maxReplicaCount)."""
+    objects = manifests(baked_manifests)
+    (rule,) = of_kind(objects, "PrometheusRule")
+    (scaled,) = of_kind(objects, "ScaledObject")
+    (group,) = rule["spec"]["groups"]
+    lagging = next(r for r in group["rules"] if r["alert"] == "DetectorGroupLagging")
+    most = int(scaled["spec"]["triggers"][0]["metadata"]["lagThreshold"]) * scaled["spec"]["maxReplicaCount"]
+    assert lagging["expr"].strip().endswith(f"> {most}"), lagging["expr"]
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump(rule["spec"]))
+    run(promtool, "check", "rules", rules)
+    service, where = "high-value-orders", 'topic="records.normalized", partition="0"'
+
+    def series(name, group_name, values):
+        return {"series": f'{name}{{consumergroup="{group_name}", {where}}}', "values": values}
+
+    def fired(name, summary, description, severity):
+        labels = {"severity": severity, "service": service, "consumergroup": service, "topic": "records.normalized"}
+        return [{"exp_labels": labels, "exp_annotations": {"summary": summary, "description": description}}]
+
+    description = {r["alert"]: r["annotations"]["description"] for r in group["rules"]}
+    tests = {
+        "rule_files": [rules.name],
+        "evaluation_interval": "1m",
+        "tests": [
+            {  # nobody reads: offsets stand still while the lag is far beyond what the replicas take
+                "interval": "1m",
+                "input_series": [
+                    series("kafka_consumergroup_lag", service, "500000x40"),
+                    series("kafka_consumergroup_current_offset", service, "1000x40"),
+                    series("kafka_consumergroup_lag", "another-service", "500000x40"),
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "25m",
+                        "alertname": "DetectorGroupLagging",
+                        "exp_alerts": fired(
+                            "DetectorGroupLagging",
+                            f"{service} is 500k records behind on records.normalized",
+                            description["DetectorGroupLagging"],
+                            "warning",
+                        ),
+                    },
+                    {
+                        "eval_time": "25m",
+                        "alertname": "DetectorGroupNotConsuming",
+                        "exp_alerts": fired(
+                            "DetectorGroupNotConsuming",
+                            f"{service} commits nothing on records.normalized while records wait",
+                            description["DetectorGroupNotConsuming"],
+                            "critical",
+                        ),
+                    },
+                ],
+            },
+            {  # it reads: some lag, offsets moving
+                "interval": "1m",
+                "input_series": [
+                    series("kafka_consumergroup_lag", service, "500x40"),
+                    series("kafka_consumergroup_current_offset", service, "0+1000x40"),
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "25m", "alertname": "DetectorGroupLagging", "exp_alerts": []},
+                    {"eval_time": "25m", "alertname": "DetectorGroupNotConsuming", "exp_alerts": []},
+                ],
+            },
+        ],
+    }
+    (tmp_path / "rules_test.yml").write_text(yaml.safe_dump(tests))
+    assert "SUCCESS" in run(promtool, "test", "rules", "rules_test.yml", cwd=tmp_path)
 
 
 def test_the_kits_kustomization_lists_every_manifest(baked_manifests, kustomize):
