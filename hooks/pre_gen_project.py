@@ -89,12 +89,22 @@ def check_detectorkit_requirement(requirement: str) -> str | None:
     )
 
 
+def check_team(team: str) -> str | None:
+    # A Kubernetes label value and an Alertmanager matcher: the slug rules a service name follows.
+    if SERVICE_SLUG.match(team) and len(team) <= 63:
+        return None
+    suggestion = re.sub(r"[^a-z0-9]+", "-", team.lower()).strip("-")
+    suggestion = re.sub(r"^[^a-z]+", "", suggestion)[:63].strip("-") or "data-science"
+    return f"team {team!r} labels the pods and routes the alerts: use lower-case letters, digits and single hyphens, e.g. {suggestion!r}"
+
+
 def problems(answers: dict[str, str]) -> list[str]:
     found = [
         check_service_name(answers["service_name"]),
         check_detector_kind(answers.get("detector_kind", "threshold")),
         check_package_name(answers["package_name"]),
         check_email(answers["author_email"]),
+        check_team(answers.get("team", "data-science")),
         check_detectorkit_requirement(answers.get("detectorkit_requirement", "detectorkit")),
     ]
     found += [check_topic(f, answers[f]) for f in ("input_topic", "output_topic", "dlq_topic")]
@@ -118,6 +128,7 @@ def rendered_answers() -> dict[str, str]:
         "output_topic": {{ cookiecutter.output_topic | tojson }},
         "dlq_topic": {{ cookiecutter.dlq_topic | tojson }},
         "consumer_group": {{ cookiecutter.consumer_group | tojson }},
+        "team": {{ cookiecutter.team | tojson }},
         "author_email": {{ cookiecutter.author_email | tojson }},
         "detectorkit_requirement": {{ cookiecutter.detectorkit_requirement | tojson }},
     }

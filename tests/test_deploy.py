@@ -45,6 +45,12 @@ CRDS = {
         "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
         "v1",
     ),
+    "AlertmanagerConfig": (
+        "github.com/prometheus-operator/prometheus-operator",
+        PROMETHEUS_OPERATOR,
+        "example/prometheus-operator-crd/monitoring.coreos.com_alertmanagerconfigs.yaml",
+        "v1alpha1",
+    ),
 }
 CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "detectorkit"
 # The Pod Security Admission's checks in a small Go program (`make tools` builds it first).
@@ -129,16 +135,30 @@ def crd_schemas():
                     archives[module] = zipfile.ZipFile(io.BytesIO(response.read()))
             CACHE.mkdir(parents=True, exist_ok=True)
             cached.write_bytes(archives[module].read(f"{module}@{version}/{crd}"))
-        (found,) = [v for v in yaml.safe_load(cached.read_text())["spec"]["versions"] if v["name"] == served]
+        (found,) = [v for v in yaml.load(cached.read_text(), Loader=KubeLoader)["spec"]["versions"] if v["name"] == served]
         schemas[kind] = strict(python_patterns(found["schema"]["openAPIV3Schema"]))
     return schemas
 
 
+def python_pattern(pattern: str) -> str:
+    return "(?i)" + pattern.replace("(?i)", "") if "(?i)" in pattern else pattern
+
+
+class KubeLoader(yaml.SafeLoader):
+    """YAML as Kubernetes reads it (1.2): a bare `=` (a matcher of the Operator's, as kustomize and
+    its CRDs write it) is a string, not YAML 1.1's value tag."""
+
+    yaml_implicit_resolvers = {
+        first: [r for r in resolvers if r[0] != "tag:yaml.org,2002:value"] for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+
 def python_patterns(schema):
-    """The schema's patterns as Python's re reads them: Go's RE2 takes a flag group after the
-    anchor (`^(?i)...`, in the Prometheus Operator's CRDs), Python only at the start."""
+    """The schema's patterns as Python's re reads them: Go's RE2 takes a flag group anywhere
+    (`^((?i)january|...)`, in the Prometheus Operator's CRDs), Python only at the start, so such a
+    pattern is read case-insensitive throughout (looser than RE2's only where case matters)."""
     if isinstance(schema, dict):
-        return {k: v.replace("^(?i)", "(?i)^") if k == "pattern" and isinstance(v, str) else python_patterns(v) for k, v in schema.items()}
+        return {k: python_pattern(v) if k == "pattern" and isinstance(v, str) else python_patterns(v) for k, v in schema.items()}
     if isinstance(schema, list):
         return [python_patterns(v) for v in schema]
     return schema
@@ -216,7 +236,7 @@ def shadow_manifests(baked_manifests, kustomize, tmp_path_factory):
 
 def documents(folder: pathlib.Path):
     for path in sorted(p for p in folder.glob("*.yaml") if p.name != "kustomization.yaml"):
-        for doc in yaml.safe_load_all(path.read_text()):
+        for doc in yaml.load_all(path.read_text(), Loader=KubeLoader):
             if doc:
                 yield path.name, doc
 
@@ -293,7 +313,8 @@ def test_kubernetes_manifests_validate_against_pinned_schemas(baked_manifests, s
             kubernetes_validate.validate(doc, KUBERNETES, strict=True)
         seen.append((name, doc["kind"]))
     kinds = {kind for _, kind in seen}
-    wanted = {"Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "ScaledObject", "TriggerAuthentication", "PodMonitor", "PrometheusRule"}
+    wanted = {"Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "ScaledObject", "TriggerAuthentication"}
+    wanted |= {"PodMonitor", "PrometheusRule", "AlertmanagerConfig"}
     assert wanted <= kinds, seen
 
 
@@ -532,7 +553,7 @@ def test_the_services_alerts_fire_from_the_brokers_side_when_no_instance_reads(b
         return {"series": f'{name}{{consumergroup="{group_name}", {where}}}', "values": values}
 
     def fired(name, summary, description, severity):
-        labels = {"severity": severity, "service": service, "consumergroup": service, "topic": "records.normalized"}
+        labels = {"severity": severity, "service": service, "team": "data-science", "consumergroup": service, "topic": "records.normalized"}
         return [{"exp_labels": labels, "exp_annotations": {"summary": summary, "description": description}}]
 
     description = {r["alert"]: r["annotations"]["description"] for r in group["rules"]}
@@ -587,12 +608,34 @@ def test_the_services_alerts_fire_from_the_brokers_side_when_no_instance_reads(b
     assert "SUCCESS" in run(promtool, "test", "rules", "rules_test.yml", cwd=tmp_path)
 
 
+def test_the_team_answer_labels_the_pods_their_series_and_alerts_and_routes_them_to_the_team(tmp_path):
+    """`team` from the bake: on the pods (and through the PodMonitor on their series), on every
+    alert of the service, and in the AlertmanagerConfig that routes exactly those to the team."""
+    from cookiecutter.main import cookiecutter
+
+    project = pathlib.Path(
+        cookiecutter(str(REPO), no_input=True, output_dir=str(tmp_path), extra_context={"service_name": "card-bursts", "team": "fraud-ops"})
+    )
+    objects = manifests(project / "deploy" / "k8s")
+    (deployment,) = of_kind(objects, "Deployment")
+    assert deployment["spec"]["template"]["metadata"]["labels"]["team"] == "fraud-ops"
+    (monitor,) = of_kind(objects, "PodMonitor")
+    assert "team" in monitor["spec"]["podTargetLabels"]
+    (rule,) = of_kind(objects, "PrometheusRule")
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert alerts and all(r["labels"]["team"] == "fraud-ops" for r in alerts)
+    (routing,) = of_kind(objects, "AlertmanagerConfig")
+    route = routing["spec"]["route"]
+    assert route["matchers"] == [{"name": "team", "value": "fraud-ops", "matchType": "="}]
+    assert route["receiver"] in {r["name"] for r in routing["spec"]["receivers"]}
+
+
 def test_the_kits_kustomization_lists_every_manifest(baked_manifests, kustomize):
     """`kubectl apply -k deploy/k8s/` applies exactly the folder's manifests: one left out of the
     kustomization would never be applied, nor reach the shadow."""
     built = subprocess.run([kustomize, "build", baked_manifests], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
-    applied = {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.safe_load_all(built.stdout) if doc}
+    applied = {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.load_all(built.stdout, Loader=KubeLoader) if doc}
     assert applied == manifests(baked_manifests)
 
 

@@ -103,6 +103,13 @@ def test_the_three_topics_must_differ():
     assert any("three different topics" in p for p in problems)
 
 
+@pytest.mark.parametrize(("team", "suggestion"), [("Data Science", "data-science"), ("fraud_ops", "fraud-ops"), ("", "data-science")])
+def test_a_team_that_is_no_label_value_says_what_to_type(team, suggestion):
+    (problem,) = hook.problems({**GOOD, "team": team})
+    assert problem.startswith(f"team {team!r}") and f"e.g. {suggestion!r}" in problem
+    assert hook.problems({**GOOD, "team": "fraud-ops"}) == []
+
+
 def test_bad_email():
     assert "e-mail" in hook.check_email("not-an-address")
     assert hook.check_email("a@b.c") is None
