@@ -113,6 +113,11 @@ class Settings(BaseModel):
     connect_timeout_seconds: float = Field(30.0, gt=0, description="How long to wait for the broker at start before giving up.")
     stop_after_idle_seconds: float = Field(0.0, ge=0, description="Stop gracefully after this long with no new records; 0 runs until stopped.")
     create_topics: bool = Field(False, description="Create missing input, output and dead-letter topics at start.")
+    topics_as_code: bool = Field(
+        False,
+        description="The topics are made elsewhere (Strimzi's KafkaTopic, Terraform): the job creates none, not even its changelog, and "
+        "stops at start with one line naming any of its topics that does not exist.",
+    )
     topic_partitions: int = Field(8, gt=0, description="Partitions of topics created by CREATE_TOPICS.")
     group_session_timeout_seconds: float = Field(
         10.0,

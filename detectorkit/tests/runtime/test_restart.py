@@ -2,8 +2,10 @@
 
 import collections
 import json
+import re
 import signal
 import socket
+import sys
 import time
 
 import pytest
@@ -136,6 +138,32 @@ def test_missing_input_topic_is_a_clear_error(kafka_bootstrap_servers):
     code, output = run(job_env(kafka_bootstrap_servers, topics, connect_timeout_seconds=5), timeout=60)
     assert code == 2
     assert "topic 'no-such-topic-here' does not exist" in output and "CREATE_TOPICS=true" in output
+
+
+def test_topics_as_code_creates_no_topic_and_names_each_missing_one(kafka_bootstrap_servers):
+    """TOPICS_AS_CODE=true (topics from Strimzi's KafkaTopic): a missing topic stops the job at start
+    with one line, the stateful job's changelog included, and the job creates none of them."""
+    from detectorkit.kafka import clients
+
+    bs = kafka_bootstrap_servers
+    topics = create_test_topics(bs, "as-code", partitions=2)
+    metrics = f"metrics.{topics.group}"
+    env = job_env(bs, topics, topics_as_code="true", metrics_topic=metrics, connect_timeout_seconds=10)
+    command = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:COUNT"]
+
+    def refusal():
+        code, output = run(env, timeout=120, command=command)
+        errors = [line for line in output.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(errors) == 1 and "TOPICS_AS_CODE=true" in errors[0] and "Traceback" not in output, output
+        return errors[0]
+
+    assert f"topic(s) {metrics} do not exist" in refusal()
+    clients.create_topics(clients.base(bs), {metrics: 1})
+    line = refusal()
+    changelog = re.search(r"changelog topic '([^']+)' does not exist", line)
+    assert changelog and "with 2 partitions (the input's) and cleanup.policy=compact" in line, line
+    made = set(clients.new_admin(clients.base(bs)).list_topics(timeout=10).topics)
+    assert changelog.group(1) not in made and metrics in made
 
 
 def test_restarts_on_a_kept_checkpoint_dir_lose_and_duplicate_nothing(kafka_bootstrap_servers, tmp_path):

@@ -50,7 +50,11 @@ def check_kafka(settings: Settings) -> str | None:
                 return f"Kafka at {settings.kafka_bootstrap_servers} refused the credentials: {refused[-1]}"
             if time.monotonic() >= deadline:
                 return f"cannot reach Kafka at {settings.kafka_bootstrap_servers} within {timeout:g} s ({exc.args[0].str()})"
+    if settings.topics_as_code and settings.create_topics:
+        return "CREATE_TOPICS=true and TOPICS_AS_CODE=true contradict each other: the topics are made either by the job or elsewhere"
     try:
+        if settings.topics_as_code:
+            return _missing_topics(admin, settings, timeout)
         if settings.create_topics:
             wanted = {t: settings.topic_partitions for t in (settings.input_topic, settings.output_topic, settings.dlq_topic)}
             # One partition: the aggregator reads it as a table, and order per instance must hold.
@@ -62,6 +66,26 @@ def check_kafka(settings: Settings) -> str | None:
     except KafkaException as exc:  # not authorised, above all: say so, never take it for "missing"
         return exc.args[0].str()
     return None
+
+
+def _missing_topics(admin, settings: Settings, timeout: float) -> str | None:
+    """TOPICS_AS_CODE: the job's topics that do not exist, in one line (the changelog is checked
+    where it is known, as the job starts)."""
+    topics = [settings.input_topic, settings.output_topic, settings.dlq_topic]
+    if not settings.metrics_bootstrap_servers:  # on another cluster, its topic is that cluster's
+        topics.append(settings.metrics_topic)
+    missing = []
+    for topic in topics:
+        try:
+            clients.topic_partitions(admin, topic, timeout)
+        except LookupError:
+            missing.append(topic)
+    if not missing:
+        return None
+    return (
+        f"TOPICS_AS_CODE=true and topic(s) {', '.join(missing)} do not exist: "
+        "create them where the topics are defined (the service's KafkaTopic manifests)"
+    )
 
 
 def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, defaults: Mapping[str, Any] | None = None) -> int:

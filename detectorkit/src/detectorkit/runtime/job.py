@@ -202,7 +202,10 @@ class StreamJob:
         # the first batch.
         threading.Thread(target=self._warm_workers, name="warm-workers", daemon=True).start()
         if self._task.state is not None:
-            changelog.create(self._base, self._task.state.topic, s.input_topic, self.broker_kind, timeout)
+            if s.topics_as_code:
+                changelog.require(self._base, self._task.state.topic, s.input_topic, timeout)
+            else:
+                changelog.create(self._base, self._task.state.topic, s.input_topic, self.broker_kind, timeout)
         self.stage.prepare_job(self.config, s, self._base, self.broker_kind)
         relay = self.stage.relay(self.config, s, self._base, self.broker_kind, self._count_dead_letter, self.supervisor.fail)
         self._relay = None if relay is None else relay.start()

@@ -72,6 +72,23 @@ def create(base_conf: Mapping[str, Any], topic: str, input_topic: str, kind: str
         raise SettingsError(partitions_changed(topic, have, input_topic, wanted))
 
 
+def require(base_conf: Mapping[str, Any], topic: str, input_topic: str, timeout: float) -> None:
+    """TOPICS_AS_CODE: the changelog topic made elsewhere, with the input's partition count;
+    SettingsError in one line, saying how to make it, when it is missing or has another count."""
+    admin = clients.new_admin(base_conf)
+    wanted = len(clients.topic_partitions(admin, input_topic, timeout))
+    try:
+        have = len(clients.topic_partitions(admin, topic, timeout))
+    except LookupError:
+        settings = ", ".join(f"{k}={v}" for k, v in TOPIC_CONFIG.items())
+        raise SettingsError(
+            f"TOPICS_AS_CODE=true and the state's changelog topic {topic!r} does not exist: create it where the topics are defined, "
+            f"with {wanted} partitions (the input's) and {settings}"
+        ) from None
+    if have != wanted:
+        raise SettingsError(partitions_changed(topic, have, input_topic, wanted))
+
+
 def check_assignment(admin, topic: str, input_topic: str, owned: frozenset[int], timeout: float) -> None:
     """At an assignment: SettingsError unless every partition of the input, and every one the group
     gave (`owned`), has its changelog partition. One metadata request, of every topic (naming one
