@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -226,3 +227,18 @@ def test_bad_answers_are_refused_with_what_to_type(cookies, capfd, extra, messag
     assert "Hook script failed" in str(result.exception)
     assert message in capfd.readouterr().err
     assert result.project_path is None or not pathlib.Path(result.project_path).exists()
+
+
+def test_make_run_reads_a_dot_env_made_from_the_example(cookies):
+    """`.env.example` is read by something: copied to .env, `make run` hands it to the job."""
+    project = pathlib.Path(cookies.bake().project_path)
+    plain = subprocess.run(["make", "-n", "run"], cwd=project, capture_output=True, text=True)
+    assert plain.returncode == 0 and "--env-file" not in plain.stdout, plain.stdout + plain.stderr
+    shutil.copy(project / ".env.example", project / ".env")
+    with_env = subprocess.run(["make", "-n", "run"], cwd=project, capture_output=True, text=True)
+    assert with_env.stdout.rstrip().endswith("--env-file .env"), with_env.stdout
+    from detectorkit.settings import load, read_env_file
+
+    environ: dict[str, str] = {}
+    read_env_file(str(project / ".env"), environ)
+    assert load(environ=environ).input_topic == "records.normalized"

@@ -167,3 +167,26 @@ def test_a_shadow_reads_and_writes_beside_the_live_service():
     assert (live.consumer_group, live.output_topic, live.dlq_topic) == ("bursts", "detections", "bursts.dlq")
     assert (shadow.consumer_group, shadow.output_topic, shadow.dlq_topic) == ("bursts.shadow", "detections.shadow", "bursts.dlq.shadow")
     assert s.Settings(shadow=True).for_service("x").dlq_topic == "x.dlq.shadow"
+
+
+def test_an_env_file_fills_what_the_environment_leaves_unset(tmp_path):
+    from detectorkit.settings import read_env_file
+
+    env_file = tmp_path / ".env"
+    env_file.write_text('# the usual settings\nINPUT_TOPIC=orders\nexport OUTPUT_TOPIC="found"\n\nDETECTOR_THRESHOLD = 5000\nDLQ_TOPIC=orders.dlq\n')
+    environ = {"DLQ_TOPIC": "set.already"}
+    read_env_file(str(env_file), environ)
+    assert environ == {"INPUT_TOPIC": "orders", "OUTPUT_TOPIC": "found", "DETECTOR_THRESHOLD": "5000", "DLQ_TOPIC": "set.already"}
+    assert load(environ=environ).input_topic == "orders"
+
+
+def test_an_env_file_of_another_shape_is_one_line_that_never_shows_a_value(tmp_path):
+    from detectorkit.settings import read_env_file
+
+    env_file = tmp_path / ".env"
+    env_file.write_text("KAFKA_SASL_PASSWORD=hunter2\nthis is no setting hunter2\n")
+    with pytest.raises(SettingsError) as raised:
+        read_env_file(str(env_file), {})
+    assert str(raised.value) == f"--env-file {env_file}, line 2: not KEY=VALUE"
+    with pytest.raises(SettingsError, match="No such file"):
+        read_env_file(str(tmp_path / "missing.env"), {})

@@ -14,10 +14,11 @@ import collections.abc
 import dataclasses
 import json
 import os
+import pathlib
 import socket
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -297,6 +298,29 @@ def load(
         return Settings.model_validate({**(defaults or {}), **env_values, **overrides})
     except ValidationError as exc:
         raise SettingsError(describe(exc)) from None
+
+
+def read_env_file(path: str, environ: MutableMapping[str, str] | None = None) -> None:
+    """KEY=VALUE lines (a `.env` made from `.env.example`; `#` comments, `export `, quotes) into the
+    environment, where a variable set already wins, as with Docker Compose's env_file; SettingsError
+    in one line for a file that cannot be read or a line of another shape (its value never shown)."""
+    environ = os.environ if environ is None else environ
+    try:
+        lines = pathlib.Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise SettingsError(f"--env-file {path}: {exc.strerror or exc}") from None
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        key, sep, value = text.removeprefix("export ").partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise SettingsError(f"--env-file {path}, line {number}: not KEY=VALUE")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        environ.setdefault(key, value)
 
 
 def describe(exc: ValidationError) -> str:

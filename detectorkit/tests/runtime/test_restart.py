@@ -13,7 +13,7 @@ import pytest
 from detectorkit.samples import samples
 from detectorkit.testing import create_test_topics, produce, read_all
 
-from ..jobs import Job, committed, job_env, run, wait_for
+from ..jobs import COMMAND, Job, committed, job_env, run, wait_for
 
 RECORDS = 20_000
 PARTITIONS = 4
@@ -131,6 +131,17 @@ def test_invalid_setting_stops_at_start_with_one_line():
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert errors == [line for line in errors if "STARTING_OFFSETS='newest'" in line] and len(errors) == 1
     assert "Traceback" not in output
+
+
+def test_settings_from_an_env_file_reach_the_job_and_the_environment_wins(tmp_path):
+    topics = type("T", (), {"input": "in", "output": "out", "dlq": "dlq", "group": "g"})
+    env_file = tmp_path / ".env"
+    env_file.write_text("STARTING_OFFSETS=newest\nMAX_RECORDS_PER_BATCH=-1\n")
+    env = job_env("127.0.0.1:1", topics)
+    env["STARTING_OFFSETS"] = "earliest"
+    code, output = run(env, timeout=60, command=[*COMMAND, "--env-file", str(env_file)])
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "MAX_RECORDS_PER_BATCH='-1'" in errors[0] and "newest" not in errors[0], output
 
 
 def test_missing_input_topic_is_a_clear_error(kafka_bootstrap_servers):

@@ -102,8 +102,11 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
     stage = as_stage(detector)
     parser = argparse.ArgumentParser(prog=stage.name, description=f"Run the {stage.name} job.")
     settings_mod.add_arguments(parser)
+    parser.add_argument("--env-file", default=None, help="KEY=VALUE lines to take settings and DETECTOR_* config from (.env); the environment wins")
     args = parser.parse_args(argv)
     try:
+        if args.env_file:
+            settings_mod.read_env_file(args.env_file)
         settings = settings_mod.load(args, defaults=defaults).for_service(stage.name)
         config = stage.load_config()
         if settings.shadow:
