@@ -136,12 +136,7 @@ def from_kafka(count: int, partitions: int) -> int:
                     "result", backtest.run_on_spark(spark, detector, history, kafka=(conf, "kafka", 60.0))
                 )
             )
-            same = sorted(map(_identity, there["result"].detections)) == sorted(map(_identity, here["result"].detections))
-            print(
-                f"Spark, {name}: {count / spark_wall:,.0f} records/s, {len(there['result'].detections):,} detections "
-                f"({'the same' if same else 'NOT the same'} as one process'): {wall / spark_wall:.2f}x one process",
-                flush=True,
-            )
+            compared(f"Spark, {name}", count, spark_wall, there["result"], wall, here["result"])
             spark.stop()
     finally:
         for cluster in CLUSTERS:
@@ -171,12 +166,7 @@ def files_on_spark(count: int, partitions: int) -> int:
         spark = session("local[2]", "backtest-bench")
         there = {}
         spark_wall, _ = timed(lambda: there.setdefault("result", run_files_on_spark(spark, detector, [path.as_uri()], **fields)))
-        same = sorted(map(_identity, there["result"].detections)) == sorted(map(_identity, here["result"].detections))
-        print(
-            f"Spark reading the file, local[2]: {count / spark_wall:,.0f} records/s, {len(there['result'].detections):,} detections "
-            f"({'the same' if same else 'NOT the same'} as one process'): {wall / spark_wall:.2f}x one process",
-            flush=True,
-        )
+        compared("Spark reading the file, local[2]", count, spark_wall, there["result"], wall, here["result"])
         spark.stop()
     return 0
 
@@ -189,6 +179,16 @@ def start_cluster() -> str:
 
     CLUSTERS.append(LocalCluster(workers=2, cores=1, memory="2g").start())
     return CLUSTERS[-1].master_url
+
+
+def compared(name: str, count: int, wall: float, found, one_wall: float, one_found) -> None:
+    """A Spark run's line: its speed, and its detections against the one-process run's."""
+    same = sorted(map(_identity, found.detections)) == sorted(map(_identity, one_found.detections))
+    print(
+        f"{name}: {count / wall:,.0f} records/s, {len(found.detections):,} detections "
+        f"({'the same' if same else 'NOT the same'} as one process'): {one_wall / wall:.2f}x one process",
+        flush=True,
+    )
 
 
 def _identity(d: dict) -> tuple:
