@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -64,7 +65,11 @@ class Job:
 
 def run(env, timeout=300, command=COMMAND):
     job = Job(env, command)
-    code = job.wait(timeout)
+    try:
+        code = job.wait(timeout)
+    except subprocess.TimeoutExpired:
+        job.signal_group(signal.SIGKILL)  # a job left running would hold a broker's groups and a core
+        raise
     return code, job.output()
 
 
