@@ -44,8 +44,7 @@ KEYED = pa.schema(
         ("stamp", pa.int64()),
     ]
 )
-KEYED_DDL = "_dk_file int, _dk_path string, _dk_block bigint, _dk_row bigint, part int, key binary, value binary, stamp bigint"
-DONE = "result binary"
+DONE = pa.schema([("result", pa.binary())])
 
 
 def run_files_on_spark(
@@ -70,14 +69,14 @@ def run_files_on_spark(
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found = run(detector, History(topic, 0, _slices(topic, batches), {}), config, name)
-        yield pa.RecordBatch.from_pylist([{"result": pickle.dumps(found)}], pa.schema([("result", pa.binary())]))
+        yield pa.RecordBatch.from_pylist([{"result": pickle.dumps(found)}], DONE)
 
     # Batches of a file slice's size: the stage runs fewer, larger slices (the session's own
     # setting comes back after).
     conf, before = "spark.sql.execution.arrow.maxRecordsPerBatch", spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", None)
     spark.conf.set(conf, str(FILE_SLICE_RECORDS))
     try:
-        return merged(name, [pickle.loads(row.result) for row in ordered.mapInArrow(task, DONE).collect()])
+        return merged(name, [pickle.loads(row.result) for row in ordered.mapInArrow(task, spark_schema(DONE)).collect()])
     finally:
         if before is None:
             spark.conf.unset(conf)
@@ -126,7 +125,14 @@ def _keyed(spark: Any, index: int, path: str, key_field: str | None, time_field:
             ]
             yield pa.RecordBatch.from_arrays(columns, schema=KEYED)
 
-    return placed.mapInArrow(key, KEYED_DDL)
+    return placed.mapInArrow(key, spark_schema(KEYED))
+
+
+def spark_schema(schema: pa.Schema) -> Any:
+    """The Arrow schema a task yields, as Spark's: one definition of each, not two to keep equal."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
 
 
 def _slices(topic: str, batches: Iterator[pa.RecordBatch]) -> Iterator[Slice]:

@@ -75,7 +75,7 @@ def session(master: str | None = "local[2]", app_name: str = "detectorkit", ship
     shipping.ship(spark, zips)
     if python_source:
         # Registering a Python data source starts a Python process that looks up the installed
-        # ones and stays for the session (~36 MiB): a job whose tasks read for themselves
-        # (slices) does without.
+        # ones and stays for the session: a job whose tasks read for themselves (slices) does
+        # without it (the CHANGELOG has what it cost).
         spark.dataSource.register(KafkaSource)
     return spark
