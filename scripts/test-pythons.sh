@@ -55,9 +55,9 @@ for wanted in $PYTHONS; do
         "$here/venv/bin/python" -m pip install -q "$REPO/detectorkit"
         "$here/venv/bin/python" -c "import detectorkit, detectorkit.cli, detectorkit.runtime.job"
         "$COOKIECUTTER" "$REPO" --no-input -o "$here"
-        # The bake's own commands, as its README tells a developer: detectorkit is already in the venv,
-        # everything else (pytest, ruff) comes from PyPI.
-        make -C "$here/high-value-orders" install test-unit PYTHON="$python" VENV="$here/venv"
+        # The bake's own commands, as its README tells a team without an index: detectorkit's wheel
+        # locked from wheels/, everything else from PyPI, installed from the lock.
+        make -C "$here/high-value-orders" install test-unit PYTHON="$python" VENV="$here/venv" DETECTORKIT="$REPO/detectorkit"
     )
     status=$?
     set -e

@@ -68,6 +68,8 @@ def test_bake_renders_everything(cookies, extra):
         ".gitignore",
         "Makefile",
         ".github/workflows/ci.yml",
+        ".github/workflows/template-update.yml",
+        "renovate.json",
         "deploy/k8s/deployment.yaml",
         "deploy/k8s/kustomization.yaml",
         "deploy/k8s/podmonitor.yaml",
@@ -108,8 +110,9 @@ def test_baked_ci_workflow_is_a_valid_github_workflow_with_githubs_own_expressio
     result = cookies.bake()
     project = pathlib.Path(result.project_path)
     path = project / ".github" / "workflows" / "ci.yml"
+    workflows = sorted(str(p) for p in path.parent.glob("*.yml"))
     run = subprocess.run(
-        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(path)], capture_output=True, text=True
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows], capture_output=True, text=True
     )
     assert run.returncode == 0, run.stdout + run.stderr
     workflow = yaml.safe_load(path.read_text())
@@ -133,7 +136,19 @@ def test_baked_ci_workflow_is_a_valid_github_workflow_with_githubs_own_expressio
     assert called == {"install", "lint", "test-unit", "test"}, called
     for target in called:
         assert re.search(rf"^{target}:", makefile, re.M), f"CI calls make {target}, which the Makefile lacks"
-    assert "cruft check" in commands
+    # Installs exactly as locked: a lock pyproject.toml has outgrown fails CI instead of being rewritten there.
+    assert workflow["env"]["UV_LOCKED"] == "1"
+    # A template update is a pull request of its own (template-update.yml), never a red CI here.
+    assert "cruft" not in commands
+
+    # The image is built from the same lock, the index a build secret (the Dockerfile's id), pushed
+    # only from main where a repository is configured.
+    build = next(step for step in jobs["image"]["steps"] if step.get("uses", "").startswith("docker/build-push-action"))
+    secret_id = re.search(r"--mount=type=secret,id=([\w-]+)", (project / "Dockerfile").read_text())[1]
+    assert build["with"]["secrets"].strip().splitlines() == [f"{secret_id}=${{{{ secrets.PIP_INDEX_URL }}}}"]
+    assert "PIP_INDEX_URL" not in build["with"]["build-args"]
+    assert jobs["image"]["env"]["PUSH"] == "${{ github.event_name == 'push' && vars.IMAGE_REPOSITORY != '' }}"
+    assert build["with"]["push"] == "${{ env.PUSH == 'true' }}"
 
     # The unit tests on the oldest and the newest Python the service declares.
     classifiers = tomllib.loads((project / "pyproject.toml").read_text())["project"]["classifiers"]
@@ -142,6 +157,63 @@ def test_baked_ci_workflow_is_a_valid_github_workflow_with_githubs_own_expressio
     setup = next(step for step in jobs["unit"]["steps"] if step.get("uses", "").startswith("actions/setup-python"))
     assert setup["with"]["python-version"] == "${{ matrix.python-version }}"
     assert "make test" in [step.get("run") for step in jobs["integration"]["steps"]]
+
+
+# The newest major of each action the baked workflows use (Renovate keeps a baked service current).
+ACTION_MAJORS = {
+    "actions/checkout": 7,
+    "actions/setup-python": 7,
+    "actions/setup-java": 6,
+    "docker/setup-buildx-action": 4,
+    "docker/login-action": 4,
+    "docker/metadata-action": 6,
+    "docker/build-push-action": 7,
+}
+
+
+def test_baked_workflows_use_each_actions_newest_major(cookies):
+    project = pathlib.Path(cookies.bake().project_path)
+    uses = [
+        step["uses"]
+        for path in (project / ".github" / "workflows").glob("*.yml")
+        for job in yaml.safe_load(path.read_text())["jobs"].values()
+        for step in job["steps"]
+        if "uses" in step
+    ]
+    assert uses
+    for use in uses:
+        action, _, ref = use.partition("@")
+        assert action in ACTION_MAJORS, f"{use}: an action the table of majors lacks"
+        assert ref == f"v{ACTION_MAJORS[action]}", f"{use}: not the newest major, v{ACTION_MAJORS[action]}"
+
+
+def test_baked_renovate_config_is_valid_and_finds_every_pin_it_names(cookies):
+    project = pathlib.Path(cookies.bake().project_path)
+    path = project / "renovate.json"
+    run = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.renovate", str(path)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    config = json.loads(path.read_text())
+    # Renovate's schema lets unknown keys through: every key must be one of its options.
+    import check_jsonschema
+
+    schema = json.loads((pathlib.Path(check_jsonschema.__file__).parent / "builtin_schemas" / "vendor" / "renovate.json").read_text())
+    options = set(schema["definitions"])
+    for where in [config, config["lockFileMaintenance"], *config["packageRules"], *config["customManagers"]]:
+        unknown = {key for key in where if key != "$schema"} - options
+        assert not unknown, f"not Renovate options: {unknown}"
+    assert config["lockFileMaintenance"]["enabled"] is True  # uv.lock refreshed on a schedule, not left to age
+    # Each custom manager's patterns find one pin in each file it names, all the same version.
+    for manager in config["customManagers"]:
+        found = []
+        for pattern in manager["managerFilePatterns"]:
+            files = [p for p in project.iterdir() if p.is_file() and re.search(pattern.strip("/"), p.name)]
+            assert len(files) == 1, (pattern, files)
+            text = files[0].read_text()
+            # Renovate's named groups are JavaScript's, (?<name>...); Python writes (?P<name>...).
+            hits = [m["currentValue"] for s in manager["matchStrings"] for m in re.finditer(s.replace("(?<", "(?P<"), text)]
+            assert len(hits) == 1, (files[0].name, hits)
+            found += hits
+        assert len(set(found)) == 1, f"{manager['depNameTemplate']} pinned differently: {found}"
 
 
 def test_one_apache_kafka_version_in_the_tests_the_baked_ci_and_compose(cookies):

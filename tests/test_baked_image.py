@@ -10,29 +10,10 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 from dockerfile_parse.util import WordSplitter
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from test_bake import COMBINATIONS
 
-# pip's options that take a value (the next word), as the Dockerfile may use them.
-PIP_VALUED_OPTIONS = {
-    "-f",
-    "--find-links",
-    "-i",
-    "--index-url",
-    "--extra-index-url",
-    "-r",
-    "--requirement",
-    "-c",
-    "--constraint",
-    "-t",
-    "--target",
-    "--prefix",
-    "--root",
-    "--cache-dir",
-    "--no-binary",
-    "--only-binary",
-}
 SHELL_SEPARATORS = {"&&", "||", ";", "|"}
 
 
@@ -42,66 +23,61 @@ def bake(cookies, extra) -> pathlib.Path:
     return pathlib.Path(result.project_path)
 
 
-def pip_installs(dockerfile: pathlib.Path) -> list[list[str]]:
-    """The arguments of each `pip install` in the Dockerfile's RUN instructions, after Docker's own
-    quoting rules and with each ARG's default (or ENV) substituted, as the build's shell sees them."""
+def run_commands(dockerfile: pathlib.Path) -> list[list[str]]:
+    """Each simple command of the Dockerfile's RUN instructions, after Docker's own quoting rules and
+    with each ARG's default (or ENV) substituted, as the build's shell sees them."""
     parser = DockerfileParser(path=str(dockerfile), env_replace=True, build_args={})
-    installs = []
+    commands = []
     for instruction, context in zip(parser.structure, parser.context_structure, strict=True):
         if instruction["instruction"] != "RUN":
             continue
-        words = list(WordSplitter(instruction["value"], args=context.args, envs=context.envs).split())
         command: list[str] = []
-        for word in [*words, ";"]:
+        for word in [*WordSplitter(instruction["value"], args=context.args, envs=context.envs).split(), ";"]:
             if word not in SHELL_SEPARATORS:
                 command.append(word)
-                continue
-            for start in range(len(command) - 1):
-                if command[start].rsplit("/", 1)[-1] in ("pip", "pip3") and command[start + 1] == "install":
-                    installs.append(command[start + 2 :])
-            command = []
-    return installs
+            elif command:
+                commands.append(command)
+                command = []
+    return commands
 
 
-def requirements_in(arguments: list[str]) -> list[Requirement]:
-    """pip install's arguments: each is an option (with its value), a path, or a PEP 508 requirement."""
-    found = []
-    words = iter(arguments)
-    for word in words:
-        if word in PIP_VALUED_OPTIONS:
-            value = next(words, None)
-            assert value and not value.startswith("-"), f"pip option {word} lacks its value"
-        elif word.startswith("-") or word.startswith((".", "/")):
-            continue
-        else:
-            try:
-                found.append(Requirement(word))
-            except InvalidRequirement as error:
-                raise AssertionError(f"pip install {word!r}: not a requirement pip accepts ({error})") from None
-    return found
+def invocations(commands: list[list[str]], program: str, subcommand: str) -> list[list[str]]:
+    """The arguments after `program subcommand` (a path to the program counts) in each command."""
+    return [
+        command[start + 2 :]
+        for command in commands
+        for start in range(len(command) - 1)
+        if command[start].rsplit("/", 1)[-1] == program and command[start + 1] == subcommand
+    ]
 
 
 @pytest.mark.parametrize("extra", COMBINATIONS, ids=lambda e: e.get("service_name", "default"))
-def test_every_pip_install_in_the_baked_dockerfile_gets_valid_requirements(cookies, extra):
+def test_the_baked_image_installs_the_service_and_its_dependencies_exactly_as_locked(cookies, extra):
     project = bake(cookies, extra)
-    installs = pip_installs(project / "Dockerfile")
-    assert len(installs) >= 2, installs  # detectorkit, then the service itself
-    requirements = [r for arguments in installs for r in requirements_in(arguments)]
+    dockerfile = project / "Dockerfile"
+    commands = run_commands(dockerfile)
+    syncs = invocations(commands, "uv", "sync")
+    # The dependencies, then the service: every sync refuses a lock that pyproject.toml has outgrown,
+    # installs the service itself rather than a link to /app/src, and leaves the test tools out.
+    assert len(syncs) == 2 and syncs[0][-1] == "--no-install-project", syncs
+    for arguments in syncs:
+        assert "--locked" in arguments and "--no-editable" in arguments and "--extra" not in arguments, arguments
+    # Nothing installs around the lock: pip installs uv alone, at the Makefile's pin.
+    (uv,) = invocations(commands, "pip", "install")
+    pin = re.search(r"^UV_VERSION \?= (\S+)$", (project / "Makefile").read_text(), re.M)
+    assert [word for word in uv if not word.startswith("-")] == [f"uv=={pin[1]}"], uv
+    copies = [i["value"].split() for i in DockerfileParser(path=str(dockerfile)).structure if i["instruction"] == "COPY"]
+    assert any("uv.lock" in words[:-1] for words in copies), copies
+    # One source for the requirement on detectorkit: pyproject.toml, which the lock follows.
     answer = Requirement(extra.get("detectorkit_requirement", "detectorkit>=0.1,<0.2"))
-    assert answer in requirements, f"the image installs {[str(r) for r in requirements]}, not the answer {answer}"
-    # The same requirement as the service's own metadata: the image and `pip install .` agree.
     meta = tomllib.loads((project / "pyproject.toml").read_text())
     assert [Requirement(d) for d in meta["project"]["dependencies"]] == [answer]
-    # The service installs without build isolation (no index needed then): its build backend is installed first.
-    for needed in meta["build-system"]["requires"]:
-        assert Requirement(needed) in requirements, f"the image does not install the build backend {needed}"
+    assert str(answer) not in dockerfile.read_text() and "DETECTORKIT_SPEC" not in dockerfile.read_text()
     if answer.url and answer.url.startswith("git+"):
         apt = next(
-            i["value"]
-            for i in DockerfileParser(path=str(project / "Dockerfile")).structure
-            if i["instruction"] == "RUN" and "apt-get install" in i["value"]
+            i["value"] for i in DockerfileParser(path=str(dockerfile)).structure if i["instruction"] == "RUN" and "apt-get install" in i["value"]
         )
-        assert re.search(r"\bgit\b", apt), "pip needs git in the image to fetch a git reference"
+        assert re.search(r"\bgit\b", apt), "uv needs git in the image to fetch a git reference"
 
 
 def test_the_images_python_is_one_the_service_declares_and_ci_tests(cookies):
@@ -135,7 +111,7 @@ def test_the_build_context_leaves_out_secrets_and_local_state_but_keeps_what_the
         "dist/x.whl",
         f"src/{package}.egg-info/PKG-INFO",
     ]
-    for name in [*private, "tests/__pycache__/x.pyc", "wheels/detectorkit-0.1.0-py3-none-any.whl"]:
+    for name in [*private, "tests/__pycache__/x.pyc", "wheels/detectorkit-0.1.0-py3-none-any.whl", "uv.lock"]:
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         (project / name).write_text("x")
     patterns = [line.strip() for line in (project / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")]
@@ -146,6 +122,7 @@ def test_the_build_context_leaves_out_secrets_and_local_state_but_keeps_what_the
     for needed in (
         "Dockerfile",
         "pyproject.toml",
+        "uv.lock",
         f"src/{package}/__init__.py",
         f"src/{package}/detector.py",
         f"src/{package}/__main__.py",

@@ -13,7 +13,6 @@ into a container, a Spark job). The built image and its container are removed af
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import pathlib
@@ -131,46 +130,32 @@ def default_bake(cookies):
     return project
 
 
-def wheels(project: pathlib.Path, python: str) -> None:
-    """The bake's wheels/ as the Dockerfile documents it for a build without the team's index
-    (`pip wheel detectorkit "setuptools>=68" -w wheels/`), for the image's Python. detectorkit's own
-    wheel is built every run; its dependencies' wheels (half a gigabyte, mostly pyspark) are cached
-    until detectorkit's pyproject.toml changes, and hard-linked in."""
-    if f"{sys.version_info.major}.{sys.version_info.minor}" == python:
-        interpreter = sys.executable
-    elif (interpreter := shutil.which(f"python{python}")) is None:
-        pytest.skip(f"no python{python} here to build the wheels for the image's Python {python}")
-
-    def pip_wheel(*args: str) -> None:
-        built = subprocess.run([interpreter, "-m", "pip", "wheel", "-q", *args], capture_output=True, text=True, timeout=1800)
-        if built.returncode != 0:
-            unavailable(f"pip wheel {' '.join(args)} failed (offline? the dependencies come from PyPI): {built.stderr[-3000:]}")
-
-    meta = (REPO / "detectorkit" / "pyproject.toml").read_bytes()
-    cached = CACHE / f"wheels-{python}-{hashlib.sha256(meta).hexdigest()[:16]}"
-    if not cached.is_dir():
-        for stale in CACHE.glob("wheels-*"):
-            shutil.rmtree(stale)
-        partial = cached.with_name(cached.name + ".partial")
-        pip_wheel(str(REPO / "detectorkit"), "setuptools>=68", "-w", str(partial))
-        for own in partial.glob("detectorkit-*.whl"):
-            own.unlink()
-        partial.rename(cached)
-    target = project / "wheels"
-    for wheel in cached.iterdir():
-        try:
-            os.link(wheel, target / wheel.name)
-        except OSError:  # another file system
-            shutil.copy2(wheel, target / wheel.name)
-    pip_wheel("--no-deps", str(REPO / "detectorkit"), "-w", str(target))
+def lock(project: pathlib.Path) -> None:
+    """What a team without its own index does (the bake's README): `make lock DETECTORKIT=...` puts
+    detectorkit's wheel in wheels/ and locks every dependency, detectorkit from there, the rest from
+    PyPI."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("UV_", "PIP_INDEX_URL", "MAKE"))}
+    locked = subprocess.run(
+        ["make", "lock", f"DETECTORKIT={REPO / 'detectorkit'}", f"PYTHON={sys.executable}"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if locked.returncode != 0:
+        unavailable(f"make lock failed (offline? the dependencies come from PyPI): {locked.stdout[-1500:]}{locked.stderr[-1500:]}")
 
 
 def test_the_default_bakes_image_builds_and_runs_its_service_as_user_10001(default_bake):
     project = default_bake
     base = DockerfileParser(path=str(project / "Dockerfile")).baseimage
     image = f"localhost/{SERVICE}:image-test"
+    # A team adds a dependency of its own (a plain pyproject.toml edit, then `make lock`).
+    meta = project / "pyproject.toml"
+    meta.write_text(re.sub(r"^dependencies = \[(.*)\]$", r'dependencies = [\1, "tabulate>=0.9"]', meta.read_text(), count=1, flags=re.M))
+    lock(project)
     with cache_lock():
-        wheels(project, official_python(base)[0])
         stand_in(base)
         # Leftovers of an interrupted run (the storage is this test's alone): gigabytes each with vfs.
         buildah("rm", "--all")
@@ -199,11 +184,11 @@ def test_the_default_bakes_image_builds_and_runs_its_service_as_user_10001(defau
 
             assert ok(run("id", "-u"), "id -u in the image") == "10001"
             imported = ok(
-                run("python", "-c", f"import {PACKAGE}.detector, detectorkit; print({PACKAGE}.detector.__file__, detectorkit.__file__)"),
+                run("python", "-c", f"import {PACKAGE}.detector as d, detectorkit as k, tabulate as t; print(d.__file__, k.__file__, t.__file__)"),
                 "importing the service's detector in the image",
             )
-            # Installed (site-packages, or dist-packages on Debian's Python), not the copied source in /app.
-            assert all(re.search(r"/(site|dist)-packages/", path) for path in imported.split()), f"not installed in the image: {imported}"
+            # Installed (site-packages), not the copied source in /app/src; the team's own dependency with them.
+            assert all(re.search(r"/site-packages/", path) for path in imported.split()), f"not installed in the image: {imported}"
             helped = ok(run(*config["Entrypoint"], "--help"), f"{SERVICE} --help (the entrypoint) in the image")
             assert f"usage: {SERVICE}" in helped and "--input-topic" in helped, helped
             # Started without a broker, the service reads its baked settings and refuses clearly: the image
@@ -219,7 +204,6 @@ def test_the_default_bakes_image_builds_and_runs_its_service_as_user_10001(defau
             options = ok(run("python", "-c", "from detectorkit.runtime import jvm; print(jvm.driver_options())"), "the JVM's options in the image")
             assert "-XX:SharedArchiveFile=/opt/detectorkit/spark-" in options, options
         finally:
-            shutil.rmtree(project / "wheels", ignore_errors=True)
             if container:
                 buildah("rm", container)
             buildah("rmi", "--force", image)
