@@ -3,16 +3,17 @@
 Buildah (Debian's package) builds the baked Dockerfile as root without a daemon. Docker Hub may be out of
 reach, so the base image is a stand-in built here from Debian's own packages: `python:3.11-slim-bookworm`
 is Debian bookworm with CPython 3.11, and bookworm's python3 is 3.11. The stand-in is tagged with the
-Dockerfile's own FROM so the build resolves it locally and never pulls. detectorkit comes the way the
-baked Dockerfile documents for a build without the team's index: wheels in the bake's wheels/.
+Dockerfile's own FROM so the build resolves it locally and never pulls. The bake is locked as a team
+without its own index locks it (`make lock DETECTORKIT=...`: detectorkit's wheel in wheels/, the rest
+from PyPI), after adding a dependency of its own, and the image installs exactly that lock.
 
 Buildah's storage (vfs: no overlay mounts needed) lives in ${XDG_CACHE_HOME:-~/.cache}/detectorkit/image-build,
-with the stand-in it keeps (250 MB) and detectorkit's dependencies' wheels (530 MB), so a second run skips
-debootstrap and PyPI: here 2.5 min the first time, then 1.5 (the build itself, a copy of the built image
-into a container, a Spark job). The built image and its container are removed after the test."""
+with the stand-in it keeps (250 MB), so a second run skips debootstrap; the build's uv cache is a cache
+mount buildah keeps. The built image and its container are removed after the test."""
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import pathlib
@@ -83,13 +84,23 @@ def official_python(base: str) -> tuple[str, str]:
     return match[1], match[2]
 
 
+# Certificate authorities this machine adds to Debian's (a TLS-inspecting proxy's): the stand-in
+# trusts them too, so the build reaches PyPI as this machine does.
+LOCAL_CAS = sorted(pathlib.Path("/usr/local/share/ca-certificates").glob("**/*.crt"))
+CAS_LABEL = "org.detectorkit.stand-in.local-cas"
+
+
 def stand_in(base: str) -> str:
     """Build (once, then cached) a stand-in for the official `python:X.Y-slim-SUITE` image, named as
     the Dockerfile names it, from Debian SUITE's own packages."""
     python, suite = official_python(base)
     name = f"docker.io/library/python:{python}-slim-{suite}"
-    if buildah("inspect", "--type", "image", name).returncode == 0:
-        return name
+    cas = hashlib.sha256(b"".join(ca.read_bytes() for ca in LOCAL_CAS)).hexdigest()[:16]
+    found = buildah("inspect", "--type", "image", name)
+    if found.returncode == 0:
+        if (json.loads(found.stdout)["OCIv1"]["config"].get("Labels") or {}).get(CAS_LABEL) == cas:
+            return name
+        buildah("rmi", "--force", name)  # built before this machine's CAs were added, or with others
     container = ok(buildah("from", "scratch"), "buildah from scratch")
     try:
         root = ok(buildah("mount", container), "buildah mount")
@@ -104,7 +115,12 @@ def stand_in(base: str) -> str:
             unavailable(f"debootstrap {suite} from {DEBIAN_MIRROR} failed (offline?): {bootstrap.stdout[-1500:]}{bootstrap.stderr[-1500:]}")
         shutil.rmtree(pathlib.Path(root, "var/cache/apt/archives"), ignore_errors=True)
         pathlib.Path(root, "var/cache/apt/archives/partial").mkdir(parents=True)
+        local = pathlib.Path(root, "usr/local/share/ca-certificates")
+        local.mkdir(parents=True, exist_ok=True)
+        for ca in LOCAL_CAS:
+            shutil.copy(ca, local / ca.name)
         ok(buildah("umount", container), "buildah umount")
+        ok(buildah("run", "--isolation", "chroot", container, "--", "update-ca-certificates"), "update-ca-certificates in the stand-in")
         version = ok(
             buildah("run", "--isolation", "chroot", container, "--", "python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"),
             "python3 in the stand-in",
@@ -113,6 +129,8 @@ def stand_in(base: str) -> str:
             pytest.skip(f"Debian {suite}'s python3 is {version}, not the image's {python}: no stand-in for {base} from Debian's packages")
         # The official image's pip installs into its own Python; Debian's refuses (PEP 668) unless told.
         config = ["--env", f"PATH={PATH}", "--env", "LANG=C.UTF-8", "--env", "PIP_BREAK_SYSTEM_PACKAGES=1", "--cmd", "python3"]
+        # uv trusts its own roots unless told to read the system's, which hold the local CAs.
+        config += ["--env", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt", "--label", f"{CAS_LABEL}={cas}"]
         ok(buildah("config", *config, container), "buildah config")
         ok(buildah("commit", "--rm", container, name), "buildah commit of the stand-in")
     except BaseException:
