@@ -84,3 +84,30 @@ def test_a_producer_fenced_after_its_transaction_outlived_the_timeout_is_said_to
         early = transactions.describe(KafkaError(code), "g-t-0", "committing", open_seconds=0.3, timeout_seconds=2)
         assert "fenced while committing: a newer task" in early, early
     assert "fenced" in transactions.describe(KafkaError(KafkaError.PRODUCER_FENCED), "g-t-0", "starting the transactional producer")
+
+
+def test_a_partition_known_to_be_committed_at_its_start_is_not_read_back(transactional_kafka, monkeypatch):
+    """A slice continuing its predecessor knows where its partitions are committed: right after a
+    transaction commits them, a stable read would wait for the markers. Known, they are not read;
+    one partition unknown, all are (and a position moved elsewhere is refused again)."""
+    bs, t = transactional_kafka, topics(transactional_kafka)
+    assert run_range(bs, t, {0: (0, 10), 1: (0, 5)}) == set()
+    reads = []
+    real = transactions._committed
+    monkeypatch.setattr(transactions, "_committed", lambda *a, **k: reads.append(a[3]) or real(*a, **k))
+    base = clients.base(bs)
+
+    def begin(starts, known):
+        with transactions.for_task(base, clients.producer(base), t.group, t.input, starts, metadata(bs, t.group), 10_000, 30.0, known=known) as (
+            txns,
+            done,
+        ):
+            for p, (_, end) in starts.items():
+                txns.commit(p, end)
+        return done
+
+    assert begin({0: (10, 12), 1: (5, 6)}, frozenset({0, 1})) == set() and reads == []
+    assert committed(bs, t, [0, 1]) == {0: 12, 1: 6}
+    with pytest.raises(transactions.TransactionError, match="not where this batch starts"):
+        begin({0: (12, 13), 1: (4, 8)}, frozenset({0}))
+    assert reads == [[0, 1]] and committed(bs, t, [0, 1]) == {0: 12, 1: 6}

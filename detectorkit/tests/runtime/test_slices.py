@@ -137,3 +137,15 @@ def test_a_rebalance_mid_slice_hands_partitions_over_after_the_slices_checkpoint
     # The hand-over waited for a checkpoint, not for the slice's ten minutes.
     released = [json.loads(line) for line in first.output().splitlines() if '"partitions released"' in line]
     assert released and all(r["handover_seconds"] < 30 for r in released), released
+
+
+def test_only_a_slices_first_attempt_takes_its_partitions_as_committed_where_the_last_slice_left_them():
+    # A retried attempt's forerunner may have committed further before it failed: it reads them back.
+    from detectorkit.kafka.source_options import SourceOptions
+    from detectorkit.runtime import slices
+
+    source = SourceOptions(topic="in", client_conf={"bootstrap.servers": "127.0.0.1:9"}, group="g")
+    spec = slices.plan(source, {0: 10, 1: 5}, 1, 5.0, 0.1, None, ("127.0.0.1", 9), "t", frozenset({1, 7}))
+    assert spec.known == {1}  # a partition no longer this instance's is not carried
+    assert slices.known_committed(spec, attempt=0) == {1}
+    assert slices.known_committed(spec, attempt=1) == frozenset()

@@ -217,10 +217,15 @@ def for_task(
     timeout_ms: int,
     timeout: float,
     idle_seconds: float | None = None,
+    known: frozenset[int] = frozenset(),
 ) -> Iterator[tuple[TaskTransactions, set[int]]]:
     """The task's transactions, and the partitions of `starts` (partition -> (start, end) of its
     range) that an earlier attempt already committed: those are skipped. Every other partition's
     committed offset must be its range's start, else another member moved it on: TransactionError.
+    `known`: partitions whose committed offset the caller knows is their start, because the task
+    that committed it in this generation returned it (a slice continuing its predecessor). If they
+    are all of them, the group's offsets are not read: right after that commit a stable read waits
+    for the transaction's markers (UNSTABLE_OFFSET_COMMIT, then the client's backoff).
     An exception out of the block aborts the transactions still open."""
     generation = generation_of(metadata).hex()
     began, created = time.monotonic(), []
@@ -237,11 +242,13 @@ def for_task(
         # Only now, with every earlier producer of these ids fenced and its transaction aborted, is
         # the committed offset stable: nothing can move it but this task.
         ready = time.monotonic()
-        committed = _committed(base_conf, group, topic, list(starts), timeout, idle_seconds)
+        read = not set(starts) <= known
+        committed = _committed(base_conf, group, topic, list(starts), timeout, idle_seconds) if read else {p: s for p, (s, _) in starts.items()}
         log.debug(
             "transactions begin",
             partitions=sorted(starts),
             new_producers=created,
+            read_committed=read,
             producers_seconds=round(ready - began, 4),
             committed_seconds=round(time.monotonic() - ready, 4),
         )

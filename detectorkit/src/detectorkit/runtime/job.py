@@ -97,6 +97,7 @@ class StreamJob:
         # With SLICE_SECONDS: the line to the slices' tasks, where each partition is, and the slice running.
         self._control: SliceControl | None = None
         self._positions: dict[int, int] = {}
+        self._known: frozenset[int] = frozenset()  # exactly-once slices: committed where _positions says
         self._slice: str | None = None
         self._registered = False
         self._local = True
@@ -278,6 +279,7 @@ class StreamJob:
             self.source_options(), partitions=sorted(owned), start_offsets=start, group_metadata=metadata.hex() if metadata else None
         )
         self._positions = dict(start)
+        self._known = frozenset()
         if self._format is not None and not self._registered:
             self.spark.dataSource.register(task_source(self._format, SPARK_SCHEMA, partial(process_planned, self._task)))
             self._registered = True
@@ -315,17 +317,30 @@ class StreamJob:
         tasks = max(1, min(self.spark.sparkContext.defaultParallelism, len(self._positions)))
         token = uuid.uuid4().hex
         spec = plan_slice(
-            self._source, self._positions, tasks, plan.slice_seconds, plan.slice_commit_interval_seconds, plan.tick_seconds, control.address, token
+            self._source,
+            self._positions,
+            tasks,
+            plan.slice_seconds,
+            plan.slice_commit_interval_seconds,
+            plan.tick_seconds,
+            control.address,
+            token,
+            self._known,
         )
         control.begin(token, after=self._slice)
-        self._slice = token
+        self._slice, self._known = token, frozenset()
         try:
             rows = self.spark.range(0, tasks, 1, tasks).mapInArrow(partial(run_slice, self._task, spec), SPARK_SCHEMA).collect()
         finally:
             control.end(token)
+        returned = set()
         for row in rows:
             if row["partition"] != NO_PARTITION and not row["error"]:
                 self._positions[row["partition"]] = max(self._positions.get(row["partition"], -1), row["next_offset"])
+                returned.add(row["partition"])
+        # Exactly-once: each of these is committed at its position by a task that returned, so the
+        # next slice's tasks need not read it back (kafka.transactions.for_task).
+        self._known = frozenset(returned) if plan.exactly_once else frozenset()
         return rows
 
     def _count_dead_letter(self, reason: str) -> None:

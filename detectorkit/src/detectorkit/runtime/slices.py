@@ -64,6 +64,9 @@ class SliceSpec:
     control: tuple[str, int]
     token: str
     claims: tuple[Claim, ...] | None = None
+    # Exactly-once: partitions whose committed offset is their position here, committed in this
+    # generation by the previous slice's task, which returned (kafka.transactions.for_task).
+    known: frozenset[int] = frozenset()
 
 
 def plan(
@@ -75,6 +78,7 @@ def plan(
     tick_seconds: float | None,
     control: tuple[str, int],
     token: str,
+    known: frozenset[int] = frozenset(),
 ) -> SliceSpec:
     """The next slice's spec; with claims (a stateful or exactly-once job in local mode) each task
     claims its share as it starts, the partitions whose stores its worker holds first."""
@@ -84,7 +88,7 @@ def plan(
     if source.claims_dir and tasks > 1:
         sticky = source.group_metadata is not None
         found = tuple(claims.claims_for(source.claims_dir, ranges, tasks, sticky=sticky))
-    return SliceSpec(source, dict(positions), tasks, seconds, interval, tick, tick_seconds, control, token, found)
+    return SliceSpec(source, dict(positions), tasks, seconds, interval, tick, tick_seconds, control, token, found, known & set(positions))
 
 
 def _ranges(topic: str, positions: dict[int, int], tick: int) -> list[PartitionRange]:
@@ -121,7 +125,7 @@ def _mine(ctx: TaskContext, spec: SliceSpec, index: int) -> list[PartitionRange]
 
 def _run(ctx: TaskContext, spec: SliceSpec, ranges: list[PartitionRange], link: Link) -> Iterator[pa.RecordBatch]:
     source = spec.source
-    writer = TransactionalWriter(ctx, source, ranges) if ctx.exactly_once else AtLeastOnceWriter(ctx)
+    writer = TransactionalWriter(ctx, source, ranges, known_committed(spec)) if ctx.exactly_once else AtLeastOnceWriter(ctx)
     summaries: dict[int, PartitionSummary] = {}
     done = {r.partition: r.start for r in ranges}
     failed = None
@@ -140,6 +144,17 @@ def _run(ctx: TaskContext, spec: SliceSpec, ranges: list[PartitionRange], link: 
         if p not in lost:
             summaries.setdefault(p, PartitionSummary()).next_offset = position
     yield summary_batch(summaries, time.time() * 1000, None if failed is None else str(failed))
+
+
+def known_committed(spec: SliceSpec, attempt: int | None = None) -> frozenset[int]:
+    """What this task may take as committed without reading it: nothing in a retried attempt, whose
+    forerunner may have committed further before it failed."""
+    if attempt is None:
+        from pyspark import TaskContext as SparkTaskContext
+
+        found = SparkTaskContext.get()
+        attempt = found.attemptNumber() if found is not None else 0
+    return spec.known if attempt == 0 else frozenset()
 
 
 @dataclass

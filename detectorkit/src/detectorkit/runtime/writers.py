@@ -93,10 +93,10 @@ class TransactionalWriter(AbstractContextManager):
 
     splits_by_partition = True
 
-    def __init__(self, ctx: TaskContext, source: SourceOptions, ranges: list[PartitionRange]):
+    def __init__(self, ctx: TaskContext, source: SourceOptions, ranges: list[PartitionRange], known: frozenset[int] = frozenset()):
         if source.group_metadata is None:
             raise ValueError("exactly-once needs the group's metadata in the source options")
-        self.ctx, self.source = ctx, source
+        self.ctx, self.source, self._known = ctx, source, known
         self._starts = {r.partition: (r.start, r.end) for r in ranges}
         self.txns: TaskTransactions | None = None
         self.skipped: dict[int, int] = {}
@@ -113,6 +113,7 @@ class TransactionalWriter(AbstractContextManager):
             ctx.transaction_timeout_ms,
             ctx.flush_timeout,
             ctx.client_idle_seconds,
+            self._known,
         )
         self.txns, self._done = self._held.__enter__()
         self.skipped = {p: self._starts[p][1] for p in self._done}
