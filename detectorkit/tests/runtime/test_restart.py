@@ -76,8 +76,12 @@ def test_kill_9_and_restart_lose_nothing_and_replay_only_the_uncommitted_batch(k
     bs = kafka_bootstrap_servers
     # Slow batches: the two tasks that run first have written their detections a good second before
     # the other two finish and the batch commits. One task per few records, so a batch of 1,000 is
-    # not run as one task of four slow calls in a row.
-    topics, sent, env, job = start_mid_stream(bs, "kill9", detector_delay_seconds=1, min_records_per_task=1, slice_seconds=slice_seconds)
+    # not run as one task of four slow calls in a row. A slice calls the detector far more often per
+    # record (on each poll's pieces, ~60 calls a chunk of 1,000 here), and ends only between two
+    # chunks: a small delay stretches a chunk to about a slice of 3 s, so the backlog takes several
+    # slices, each writing for seconds before it commits.
+    delay = 1 if slice_seconds == 0 else 0.05
+    topics, sent, env, job = start_mid_stream(bs, "kill9", detector_delay_seconds=delay, min_records_per_task=1, slice_seconds=slice_seconds)
 
     def batch_in_flight_has_written():
         ends = committed(bs, topics, range(PARTITIONS))
