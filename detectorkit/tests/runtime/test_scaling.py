@@ -147,17 +147,21 @@ def setup(bs, name, partitions=PARTITIONS):
     return topics, metrics_topic
 
 
-@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
-def test_the_talks_scenario_processes_every_record_once(kafka_bootstrap_servers, real_kafka, guarantee):
-    """Instance 1 alone, instance 2 joins while records flow, instance 2 leaves, instance 1 ends."""
+@pytest.mark.parametrize(
+    ("guarantee", "slice_seconds"), [("at-least-once", 0), ("exactly-once", 0), ("at-least-once", 5)], ids=["at-least-once", "exactly-once", "slices"]
+)
+def test_the_talks_scenario_processes_every_record_once(kafka_bootstrap_servers, real_kafka, guarantee, slice_seconds):
+    """Instance 1 alone, instance 2 joins while records flow, instance 2 leaves, instance 1 ends.
+    With slices, each join and leave ends the slices in flight at their next checkpoint."""
     bs = kafka_bootstrap_servers
     topics, metrics_topic = setup(bs, "talk")
     feed = Feed(bs, topics.input, chunks=20, chunk=10_000, seed=100)  # 200,000 records
-    one = start(bs, topics, metrics_topic, STATEFUL, processing_guarantee=guarantee)
+    settings = {"processing_guarantee": guarantee, "slice_seconds": slice_seconds}
+    one = start(bs, topics, metrics_topic, STATEFUL, **settings)
     two = None
     try:
         wait_for(lambda: feed.chunks_sent >= 5 and owned(one) == set(range(PARTITIONS)), timeout=180, what="instance 1 reading")
-        two = start(bs, topics, metrics_topic, STATEFUL, processing_guarantee=guarantee)
+        two = start(bs, topics, metrics_topic, STATEFUL, **settings)
         wait_for(lambda: len(owned(two)) == 2 and len(owned(one)) == 2, timeout=180, what="the partitions split")
         # Kafka's own tool shows both members and who owns what.
         members = group_members(bs, topics.group)
@@ -205,10 +209,14 @@ class ScriptedInstances:
         return "".join(f"\n--- {p.name}\n" + p.read_text()[-3000:] for p in self.run_dir.glob("*.log"))
 
 
-@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
-def test_a_rolling_redeploy_loses_and_duplicates_nothing(kafka_bootstrap_servers, real_kafka, tmp_path, guarantee):
+@pytest.mark.parametrize(
+    ("guarantee", "slice_seconds"),
+    [("at-least-once", 0), ("exactly-once", 0), ("exactly-once", 5)],
+    ids=["at-least-once", "exactly-once", "exactly-once-slices"],
+)
+def test_a_rolling_redeploy_loses_and_duplicates_nothing(kafka_bootstrap_servers, real_kafka, tmp_path, guarantee, slice_seconds):
     """scripts/rolling-redeploy.sh: for each instance in turn, start the new version's instance,
-    then stop the old one gracefully."""
+    then stop the old one gracefully (with slices: its slices end at their next checkpoint)."""
     bs = kafka_bootstrap_servers
     topics, metrics_topic = setup(bs, "rolling")
     env = job_env(
@@ -220,6 +228,7 @@ def test_a_rolling_redeploy_loses_and_duplicates_nothing(kafka_bootstrap_servers
         group_session_timeout_seconds=SESSION,
         max_records_per_batch=10_000,
         processing_guarantee=guarantee,
+        slice_seconds=slice_seconds,
     )
     instances = ScriptedInstances(tmp_path / "run", env)
     feed = Feed(bs, topics.input, chunks=12, chunk=5_000, seed=300)
