@@ -730,3 +730,21 @@ def test_dockerfiles_run_on_any_architecture_as_a_non_root_user_with_a_health_ch
     (entrypoint,) = re.findall(r"^ENTRYPOINT\s+(\[.*\])$", text, re.M)
     assert json.loads(entrypoint)[:2] == ["/usr/bin/tini", "--"] and re.search(r"apt-get install .*\btini\b", text), entrypoint
     assert "org.opencontainers.image.title=" in text and "org.opencontainers.image.revision=" in text
+
+
+def test_the_dashboard_ships_as_a_configmap_grafanas_sidecar_loads(kustomize):
+    """deploy/grafana/ built as `kubectl apply -k` builds it: one ConfigMap with the sidecar's label,
+    holding dashboards/diamond.json byte for byte (the file stays the one source), small enough for
+    a client-side apply, which copies the object into an annotation of at most 256 KiB."""
+    import kubernetes_validate
+
+    built = subprocess.run([kustomize, "build", DEPLOY / "grafana"], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    (configmap,) = [doc for doc in yaml.load_all(built.stdout, Loader=KubeLoader) if doc]
+    kubernetes_validate.validate(configmap, KUBERNETES, strict=True)
+    assert configmap["kind"] == "ConfigMap" and configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["annotations"]["grafana_folder"] == "Detectors"
+    source = DEPLOY / "grafana" / "dashboards" / "diamond.json"
+    assert configmap["data"] == {"diamond.json": source.read_text()}
+    assert json.loads(configmap["data"]["diamond.json"])["title"] == "Diamond: detectors"
+    assert len(json.dumps(configmap)) < 262_144
