@@ -39,6 +39,7 @@ scale-demo: setup
 # recommends (crun, gnupg, the archive keyring), as on the machine where the test was made.
 # The Kubernetes manifests' Pod Security check is the Pod Security Admission's own code, built with
 # Go from the Go module proxy (about a minute the first time, then cached; tests/test_deploy.py).
+# Strimzi's resources are validated by Strimzi's schemas from npm, run by Node (Debian's nodejs).
 tools:
 	@{ command -v prometheus && command -v amtool; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; } || \
@@ -46,6 +47,9 @@ tools:
 	@{ command -v buildah && command -v debootstrap; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap >/dev/null; } || \
 		echo "buildah or debootstrap is not installed: the image build test will be skipped (apt-get install buildah debootstrap)"
+	@{ command -v node && command -v npm; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; } || \
+		echo "node or npm is not installed: the Strimzi resources' validation will be skipped (apt-get install nodejs npm)"
 	@if command -v go >/dev/null 2>&1; then \
 		cd tests/tools/psa-check && go build -trimpath -buildvcs=false -o "$${XDG_CACHE_HOME:-$$HOME/.cache}/detectorkit/psa-check" .; \
 	else echo "go is not installed: the Pod Security check and the kustomize build of the Kubernetes manifests will be skipped"; fi

@@ -98,6 +98,16 @@ def check_team(team: str) -> str | None:
     return f"team {team!r} labels the pods and routes the alerts: use lower-case letters, digits and single hyphens, e.g. {suggestion!r}"
 
 
+def check_kafka_cluster(cluster: str) -> str | None:
+    # The Strimzi Kafka resource's name: a Kubernetes name, and the prefix of the Secrets and the
+    # bootstrap Service Strimzi makes for it (<cluster>-cluster-ca-cert, <cluster>-kafka-bootstrap).
+    if SERVICE_SLUG.match(cluster) and len(cluster) <= 40:
+        return None
+    suggestion = re.sub(r"[^a-z0-9]+", "-", cluster.lower()).strip("-")
+    suggestion = re.sub(r"^[^a-z]+", "", suggestion)[:40].strip("-") or "my-cluster"
+    return f"kafka_cluster {cluster!r} is the name of your Strimzi Kafka resource: lower-case letters, digits and single hyphens, e.g. {suggestion!r}"
+
+
 def problems(answers: dict[str, str]) -> list[str]:
     found = [
         check_service_name(answers["service_name"]),
@@ -105,6 +115,7 @@ def problems(answers: dict[str, str]) -> list[str]:
         check_package_name(answers["package_name"]),
         check_email(answers["author_email"]),
         check_team(answers.get("team", "data-science")),
+        check_kafka_cluster(answers.get("kafka_cluster", "my-cluster")),
         check_detectorkit_requirement(answers.get("detectorkit_requirement", "detectorkit")),
     ]
     found += [check_topic(f, answers[f]) for f in ("input_topic", "output_topic", "dlq_topic")]
@@ -129,6 +140,7 @@ def rendered_answers() -> dict[str, str]:
         "dlq_topic": {{ cookiecutter.dlq_topic | tojson }},
         "consumer_group": {{ cookiecutter.consumer_group | tojson }},
         "team": {{ cookiecutter.team | tojson }},
+        "kafka_cluster": {{ cookiecutter.kafka_cluster | tojson }},
         "author_email": {{ cookiecutter.author_email | tojson }},
         "detectorkit_requirement": {{ cookiecutter.detectorkit_requirement | tojson }},
     }

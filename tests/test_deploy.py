@@ -7,6 +7,7 @@ makes them portable and safe."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -748,3 +749,139 @@ def test_the_dashboard_ships_as_a_configmap_grafanas_sidecar_loads(kustomize):
     assert configmap["data"] == {"diamond.json": source.read_text()}
     assert json.loads(configmap["data"]["diamond.json"])["title"] == "Diamond: detectors"
     assert len(json.dumps(configmap)) < 262_144
+
+
+# Strimzi's schemas, compiled from its CRDs by kubernetes-models (npm), run by Node: no Go module or
+# Maven artifact carries them. The package asks for Node 22 but runs on Debian's Node 20.
+STRIMZI_VALIDATE = REPO / "tests" / "tools" / "strimzi-validate"
+
+
+@pytest.fixture(scope="session")
+def strimzi_validate():
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        if os.environ.get("CI"):
+            pytest.fail("node and npm are not installed: CI must validate the Strimzi resources (apt-get install nodejs npm)")
+        pytest.skip("node and npm are not installed (apt-get install nodejs npm): the Strimzi resources are validated with them")
+    manifest = (STRIMZI_VALIDATE / "package.json").read_bytes()
+    folder = CACHE / f"strimzi-validate-{hashlib.sha256(manifest).hexdigest()[:12]}"
+    if not (folder / "node_modules").is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "package.json").write_bytes(manifest)
+        installed = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--loglevel=error"], cwd=folder, capture_output=True, text=True)
+        if installed.returncode != 0:
+            if os.environ.get("CI"):
+                pytest.fail(f"npm install of the Strimzi schemas failed: {installed.stderr}")
+            pytest.skip(f"npm install of the Strimzi schemas failed (offline?): {installed.stderr.strip()}")
+    shutil.copy(STRIMZI_VALIDATE / "validate.mjs", folder / "validate.mjs")
+
+    def validate(text: str) -> subprocess.CompletedProcess:
+        return subprocess.run([node, str(folder / "validate.mjs")], input=text, capture_output=True, text=True, cwd=folder)
+
+    return validate
+
+
+@pytest.mark.parametrize("kind", ["threshold", "burst"])
+def test_a_baked_services_kafka_resources_are_valid_strimzi_resources(tmp_path, strimzi_validate, kind):
+    """`<service> kafka-manifests`, run as a team runs it (the baked package, its Deployment's
+    guarantee), gives KafkaTopics and a KafkaUser that Strimzi's own schemas accept; a wrong
+    operation is refused. (Its ACLs are granted on a real broker in detectorkit's test_on_kafka.)"""
+    from cookiecutter.main import cookiecutter
+
+    project = pathlib.Path(cookiecutter(str(REPO), no_input=True, output_dir=str(tmp_path), extra_context={"detector_kind": kind}))
+    deployment = next(d for _, d in documents(project / "deploy" / "k8s") if d["kind"] == "Deployment")
+    guarantee = next(e["value"] for e in only_container(deployment)["env"] if e["name"] == "PROCESSING_GUARANTEE")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DETECTOR_", "KAFKA_", "MAKE"))}
+    # The bake's `make kafka-manifests` runs exactly this, with the Deployment's guarantee.
+    dry_run = ["make", "-n", "--no-print-directory", "kafka-manifests"]
+    planned = subprocess.run(dry_run, cwd=project, env=env, capture_output=True, text=True, check=True)
+    command = f"PROCESSING_GUARANTEE={guarantee} .venv/bin/python -m high_value_orders kafka-manifests --cluster my-cluster"
+    assert f"{command} > deploy/strimzi/strimzi.yaml" in planned.stdout
+    env.update(PYTHONPATH=str(project / "src"), PROCESSING_GUARANTEE=guarantee)
+    printed = subprocess.run(
+        [sys.executable, "-m", "high_value_orders", "kafka-manifests", "--cluster", "main"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(printed) if doc]
+    assert kinds == ["KafkaTopic", *(["KafkaTopic"] if kind == "burst" else []), "KafkaUser"], kinds
+    checked = strimzi_validate(printed)
+    assert checked.returncode == 0 and checked.stdout.count(": valid") == len(kinds), checked.stdout + checked.stderr
+    wrong = strimzi_validate(printed.replace("- Read\n", "- Reed\n", 1))
+    assert wrong.returncode == 1 and "must be equal to one of the allowed values" in wrong.stdout, wrong.stdout
+
+
+@pytest.fixture(scope="module")
+def strimzi_overlay(baked_manifests, kustomize, tmp_path_factory):
+    """The baked kit's Strimzi overlay (`kubectl apply -k deploy/strimzi/`), built into a folder of its own."""
+    built = subprocess.run([kustomize, "build", baked_manifests.parent / "strimzi"], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    folder = tmp_path_factory.mktemp("strimzi")
+    (folder / "strimzi.yaml").write_text(built.stdout)
+    return folder
+
+
+def test_the_strimzi_overlay_validates_and_its_pod_stays_restricted(strimzi_overlay, crd_schemas, psa_check, strimzi_validate):
+    import jsonschema
+    import kubernetes_validate
+
+    kinds = []
+    for _, doc in documents(strimzi_overlay):
+        kinds.append(doc["kind"])
+        if doc["apiVersion"].startswith("kafka.strimzi.io/"):
+            continue  # Strimzi's own schemas, below
+        if doc["kind"] in crd_schemas:
+            jsonschema.validate(doc, crd_schemas[doc["kind"]])
+        else:
+            kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+    assert {"KafkaTopic", "KafkaUser", "Deployment", "ScaledObject", "TriggerAuthentication"} <= set(kinds), kinds
+    checked = strimzi_validate((strimzi_overlay / "strimzi.yaml").read_text())
+    assert checked.returncode == 0 and checked.stdout.count(": valid") == 2, checked.stdout + checked.stderr
+    result = subprocess.run([psa_check, strimzi_overlay / "strimzi.yaml"], capture_output=True, text=True)
+    assert result.returncode == 0 and ": Deployment/high-value-orders: ok" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_strimzi_overlay_gives_the_job_and_keda_the_certificate_strimzi_makes_for_its_user(strimzi_overlay):
+    """The Secrets as Strimzi's operators make them (the KafkaUser's, named after it; the cluster
+    CA's), and nothing else: the job gets mutual TLS to the cluster's TLS listener from their keys,
+    makes no topic, and KEDA reads the lag with the same certificate."""
+    from detectorkit.settings import load
+
+    objects = manifests(strimzi_overlay)
+    (user,) = of_kind(objects, "KafkaUser")
+    cluster = user["metadata"]["labels"]["strimzi.io/cluster"]
+    made = {
+        user["metadata"]["name"]: {"user.crt": "CERT", "user.key": "KEY", "user.p12": "P12", "user.password": "PW", "ca.crt": "CLIENTS-CA"},
+        f"{cluster}-cluster-ca-cert": {"ca.crt": "CLUSTER-CA", "ca.p12": "P12", "ca.password": "PW"},
+    }
+    deployment = objects["Deployment", "high-value-orders"]
+    container = only_container(deployment)
+    configmaps = {doc["metadata"]["name"]: doc["data"] for doc in of_kind(objects, "ConfigMap")}
+    settings = load(environ=container_env(container, configmaps, made))
+    assert settings.topics_as_code and settings.kafka_bootstrap_servers == f"{cluster}-kafka-bootstrap:9093"
+    options = settings.kafka_options
+    assert options["security.protocol"] == "SSL" and not any(k.startswith("sasl.") for k in options), options
+
+    pod = deployment["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+
+    def mounted(path: str) -> tuple[str, str]:
+        """The Secret and key a file in the container comes from."""
+        for mount in container["volumeMounts"]:
+            prefix = mount["mountPath"].rstrip("/") + "/"
+            if path.startswith(prefix):
+                secret = volumes[mount["name"]]["secret"]
+                (key,) = [i["key"] for i in secret["items"] if i["path"] == path[len(prefix) :]]
+                assert key in made[secret["secretName"]], f"{path}: {secret['secretName']} has no {key}"
+                return secret["secretName"], key
+        raise AssertionError(f"{path} is on no mounted volume")
+
+    files = {name: mounted(options[f"ssl.{name}.location"]) for name in ("ca", "certificate", "key")}
+    assert files == {
+        "ca": (f"{cluster}-cluster-ca-cert", "ca.crt"),
+        "certificate": (user["metadata"]["name"], "user.crt"),
+        "key": (user["metadata"]["name"], "user.key"),
+    }
+    (auth,) = of_kind(objects, "TriggerAuthentication")
+    refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
+    assert refs == {"ca": files["ca"], "cert": files["certificate"], "key": files["key"]}
+    keda = {r["parameter"]: configmaps[r["name"]][r["key"]] for r in auth["spec"]["configMapTargetRef"]}
+    assert keda == {"tls": "enable", "sasl": ""}

@@ -166,4 +166,12 @@ def test_a_bake_holds_its_kinds_files_under_the_usual_names_and_no_other_kinds(c
         rendered = template.replace("{{ cookiecutter.service_name }}", f"svc-{kind}").replace("{{ cookiecutter.package_name }}", f"svc_{kind}")
         assert (project / place).read_text() == rendered, place
     assert sorted(p.name for p in (project / "src" / f"svc_{kind}").iterdir()) == ["__init__.py", "__main__.py", "detector.py"]
-    assert sorted(p.name for p in (project / "tests").iterdir()) == ["test_detector.py", "test_integration.py"]
+    # The kind's two tests, and the one every kind has (its Strimzi resources are current).
+    assert sorted(p.name for p in (project / "tests").iterdir()) == ["test_detector.py", "test_integration.py", "test_kafka_manifests.py"]
+
+
+@pytest.mark.parametrize(("cluster", "suggestion"), [("Prod Kafka", "prod-kafka"), ("kafka_eu", "kafka-eu"), ("", "my-cluster")])
+def test_a_kafka_cluster_that_is_no_kubernetes_name_says_what_to_type(cluster, suggestion):
+    (problem,) = hook.problems({**GOOD, "kafka_cluster": cluster})
+    assert problem.startswith(f"kafka_cluster {cluster!r}") and f"e.g. {suggestion!r}" in problem
+    assert hook.problems({**GOOD, "kafka_cluster": "prod-kafka"}) == []

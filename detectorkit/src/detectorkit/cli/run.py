@@ -99,6 +99,10 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
         from detectorkit.cli.backtest import backtest_main
 
         return backtest_main(detector, argv[1:], defaults)
+    if argv[:1] == ["kafka-manifests"] and isinstance(detector, Detector):
+        from detectorkit.cli.manifests import manifests_main
+
+        return manifests_main(detector, argv[1:], defaults)
     stage = as_stage(detector)
     parser = argparse.ArgumentParser(prog=stage.name, description=f"Run the {stage.name} job.")
     settings_mod.add_arguments(parser)

@@ -1,0 +1,90 @@
+"""The Kafka resources a job needs, as Strimzi's custom resources: the topics the service owns
+(`KafkaTopic`: its dead letters, its state's changelog) and its user with exactly the rights the job
+uses (`KafkaUser`, simple authorization). Written from the job's own settings and detector, so they
+name what the job will ask for; with TOPICS_AS_CODE=true the job creates nothing and stops at start
+if one is missing.
+
+The input, output and metrics topics are shared (the upstream's, the downstream's, the platform's):
+their owners declare them; the user only gets the rights on them."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from detectorkit.settings import Settings
+from detectorkit.state.changelog import TOPIC_CONFIG
+
+API_VERSION = "kafka.strimzi.io/v1"
+# Strimzi's label naming the Kafka cluster a resource belongs to.
+CLUSTER_LABEL = "strimzi.io/cluster"
+# What Strimzi's User Operator makes for each kind of authentication: a Secret named after the
+# user with the client certificate and key (tls), or the password (scram-sha-512).
+AUTHENTICATIONS = ("tls", "scram-sha-512")
+
+
+def manifests(
+    settings: Settings, service: str, changelog: str | None, cluster: str, authentication: str = "tls", replicas: int = 3
+) -> list[dict[str, Any]]:
+    """The service's KafkaTopics and its KafkaUser (named for the service); `changelog`: its state's
+    changelog topic, if any."""
+    if authentication not in AUTHENTICATIONS:
+        raise ValueError(f"authentication {authentication!r}: one of {', '.join(AUTHENTICATIONS)}")
+    labels = {CLUSTER_LABEL: cluster, "app.kubernetes.io/name": service}
+    owned = [topic(settings.dlq_topic, settings.topic_partitions, replicas, {}, labels)]
+    if changelog is not None:
+        # The input's partition count: a key's state lives in the partition its records come from.
+        owned.append(topic(changelog, settings.topic_partitions, replicas, dict(TOPIC_CONFIG), labels))
+    return [*owned, user(service, settings, changelog, authentication, labels)]
+
+
+def topic(name: str, partitions: int, replicas: int, config: dict[str, str], labels: dict[str, str]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"topicName": name, "partitions": partitions, "replicas": replicas}
+    if config:
+        spec["config"] = config
+    return {"apiVersion": API_VERSION, "kind": "KafkaTopic", "metadata": {"name": resource_name(name), "labels": dict(labels)}, "spec": spec}
+
+
+def acls(settings: Settings, changelog: str | None) -> list[dict[str, Any]]:
+    """Exactly what the job does: reads the input as a member of its group, writes detections, dead
+    letters and metrics, reads and writes its changelog, and (exactly-once) runs transactions under
+    ids that start with the group's name (kafka.transactions.transactional_id)."""
+
+    def rule(kind: str, name: str, operations: list[str], pattern: str = "literal") -> dict[str, Any]:
+        resource: dict[str, Any] = {"type": kind}
+        if kind != "cluster":
+            resource |= {"name": name, "patternType": pattern}
+        return {"resource": resource, "operations": operations, "host": "*"}
+
+    rules = [
+        rule("topic", settings.input_topic, ["Read", "Describe"]),
+        rule("group", settings.consumer_group, ["Read", "Describe"]),
+        rule("topic", settings.output_topic, ["Write", "Describe"]),
+        rule("topic", settings.dlq_topic, ["Write", "Describe"]),
+    ]
+    if not settings.metrics_bootstrap_servers:  # on another cluster, that cluster's user
+        rules.append(rule("topic", settings.metrics_topic, ["Write", "Describe"]))
+    if changelog is not None:
+        rules.append(rule("topic", changelog, ["Read", "Write", "Describe"]))
+    if settings.processing_guarantee == "exactly-once":
+        rules.append(rule("transactionalId", f"{settings.consumer_group}-", ["Write", "Describe"], pattern="prefix"))
+    # Idempotent producers (librdkafka's default for the job's), and the brokers' settings the job
+    # reads to check a topic's (its changelog's compaction).
+    rules.append(rule("cluster", "", ["IdempotentWrite", "DescribeConfigs"]))
+    return rules
+
+
+def user(service: str, settings: Settings, changelog: str | None, authentication: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "KafkaUser",
+        "metadata": {"name": resource_name(service), "labels": dict(labels)},
+        "spec": {"authentication": {"type": authentication}, "authorization": {"type": "simple", "acls": acls(settings, changelog)}},
+    }
+
+
+def resource_name(topic_name: str) -> str:
+    """A Kubernetes name for a topic's resource (lower case, digits, '-' and '.'), as Strimzi's Topic
+    Operator names the ones it finds; the topic's own name stays in spec.topicName."""
+    name = re.sub(r"[^a-z0-9.-]", "-", topic_name.lower()).strip(".-")
+    return name[:253] or "topic"
