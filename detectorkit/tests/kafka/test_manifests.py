@@ -4,6 +4,7 @@ runtime/test_on_kafka.py; validated against Strimzi's schemas in the template's 
 
 import pytest
 
+from detectorkit.cli.manifests import service_of
 from detectorkit.cli.run import run_detector
 from detectorkit.kafka import manifests, transactions
 from detectorkit.runtime.stage import as_stage
@@ -24,7 +25,7 @@ def rights(user):
 
 def test_a_stateful_exactly_once_service_owns_its_dead_letters_and_changelog_and_may_use_its_transactional_ids():
     changelog = as_stage(COUNT).state.changelog_topic("svc")
-    docs = manifests.manifests(settings(processing_guarantee="exactly-once"), "svc", changelog, "main")
+    docs = manifests.manifests(service_of(settings(processing_guarantee="exactly-once"), "svc", as_stage(COUNT).state), "main")
     topics = {d["spec"]["topicName"]: d for d in docs if d["kind"] == "KafkaTopic"}
     assert set(topics) == {"svc.dlq", changelog}
     assert topics[changelog]["spec"]["config"] == TOPIC_CONFIG and topics[changelog]["spec"]["partitions"] == 6
@@ -43,13 +44,14 @@ def test_a_stateful_exactly_once_service_owns_its_dead_letters_and_changelog_and
 
 
 def test_a_stateless_at_least_once_service_gets_no_changelog_and_no_transactions_and_no_metrics_on_another_cluster():
-    docs = manifests.manifests(settings(metrics_bootstrap_servers="metrics:9092"), "svc", None, "main", authentication="scram-sha-512")
+    stateless = service_of(settings(metrics_bootstrap_servers="metrics:9092"), "svc", None)
+    docs = manifests.manifests(stateless, "main", authentication="scram-sha-512")
     assert [d["spec"]["topicName"] for d in docs if d["kind"] == "KafkaTopic"] == ["svc.dlq"]
     (user,) = [d for d in docs if d["kind"] == "KafkaUser"]
     assert user["spec"]["authentication"] == {"type": "scram-sha-512"}
     assert not [k for k in rights(user) if k[0] == "transactionalId" or k[1] == "metrics"]
     with pytest.raises(ValueError, match="one of tls, scram-sha-512"):
-        manifests.manifests(settings(), "svc", None, "main", authentication="plain")
+        manifests.manifests(stateless, "main", authentication="plain")
 
 
 def test_a_topic_name_kubernetes_refuses_is_kept_in_the_spec_and_its_resource_renamed():

@@ -12,7 +12,26 @@ from detectorkit import settings as settings_mod
 from detectorkit.cli.exits import fail
 from detectorkit.detector import Detector
 from detectorkit.kafka import manifests
-from detectorkit.settings import SettingsError
+from detectorkit.settings import Settings, SettingsError
+from detectorkit.state import State
+
+
+def service_of(settings: Settings, name: str, state: State | None) -> manifests.Service:
+    """The job as its Kafka resources see it: its settings, and its state's changelog."""
+    from detectorkit.state.changelog import TOPIC_CONFIG
+
+    return manifests.Service(
+        name=name,
+        input_topic=settings.input_topic,
+        output_topic=settings.output_topic,
+        dlq_topic=settings.dlq_topic,
+        consumer_group=settings.consumer_group,
+        partitions=settings.topic_partitions,
+        exactly_once=settings.exactly_once,
+        metrics_topic=None if settings.metrics_bootstrap_servers else settings.metrics_topic,
+        changelog=state.changelog_topic(settings.consumer_group) if state is not None else None,
+        changelog_config=dict(TOPIC_CONFIG),
+    )
 
 
 def manifests_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str, Any] | None = None) -> int:
@@ -38,8 +57,7 @@ def manifests_main(detector: Detector, argv: Sequence[str], defaults: Mapping[st
         import yaml
     except ImportError:
         return fail("kafka-manifests writes YAML with PyYAML: pip install 'detectorkit[dev]'")
-    changelog = state.changelog_topic(settings.consumer_group) if state is not None else None
-    docs = manifests.manifests(settings, detector.name, changelog, args.cluster, args.authentication, args.replicas)
+    docs = manifests.manifests(service_of(settings, detector.name, state), args.cluster, args.authentication, args.replicas)
     sys.stdout.write(f"# Written by `{prog} --cluster {args.cluster}`; the service's own test compares them with what it would write.\n")
     sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True))
     return 0

@@ -10,10 +10,8 @@ their owners declare them; the user only gets the rights on them."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Any
-
-from detectorkit.settings import Settings
-from detectorkit.state.changelog import TOPIC_CONFIG
 
 API_VERSION = "kafka.strimzi.io/v1"
 # Strimzi's label naming the Kafka cluster a resource belongs to.
@@ -23,19 +21,32 @@ CLUSTER_LABEL = "strimzi.io/cluster"
 AUTHENTICATIONS = ("tls", "scram-sha-512")
 
 
-def manifests(
-    settings: Settings, service: str, changelog: str | None, cluster: str, authentication: str = "tls", replicas: int = 3
-) -> list[dict[str, Any]]:
-    """The service's KafkaTopics and its KafkaUser (named for the service); `changelog`: its state's
-    changelog topic, if any."""
+@dataclass(frozen=True)
+class Service:
+    """What the resources are written from: the job's settings and its state's changelog."""
+
+    name: str
+    input_topic: str
+    output_topic: str
+    dlq_topic: str
+    consumer_group: str
+    partitions: int  # the input's, and so its changelog's
+    exactly_once: bool
+    metrics_topic: str | None  # None: on another cluster, whose user writes it
+    changelog: str | None = None
+    changelog_config: dict[str, str] = field(default_factory=dict)
+
+
+def manifests(service: Service, cluster: str, authentication: str = "tls", replicas: int = 3) -> list[dict[str, Any]]:
+    """The service's KafkaTopics and its KafkaUser (named for the service)."""
     if authentication not in AUTHENTICATIONS:
         raise ValueError(f"authentication {authentication!r}: one of {', '.join(AUTHENTICATIONS)}")
-    labels = {CLUSTER_LABEL: cluster, "app.kubernetes.io/name": service}
-    owned = [topic(settings.dlq_topic, settings.topic_partitions, replicas, {}, labels)]
-    if changelog is not None:
+    labels = {CLUSTER_LABEL: cluster, "app.kubernetes.io/name": service.name}
+    owned = [topic(service.dlq_topic, service.partitions, replicas, {}, labels)]
+    if service.changelog is not None:
         # The input's partition count: a key's state lives in the partition its records come from.
-        owned.append(topic(changelog, settings.topic_partitions, replicas, dict(TOPIC_CONFIG), labels))
-    return [*owned, user(service, settings, changelog, authentication, labels)]
+        owned.append(topic(service.changelog, service.partitions, replicas, dict(service.changelog_config), labels))
+    return [*owned, user(service, authentication, labels)]
 
 
 def topic(name: str, partitions: int, replicas: int, config: dict[str, str], labels: dict[str, str]) -> dict[str, Any]:
@@ -45,7 +56,7 @@ def topic(name: str, partitions: int, replicas: int, config: dict[str, str], lab
     return {"apiVersion": API_VERSION, "kind": "KafkaTopic", "metadata": {"name": resource_name(name), "labels": dict(labels)}, "spec": spec}
 
 
-def acls(settings: Settings, changelog: str | None) -> list[dict[str, Any]]:
+def acls(service: Service) -> list[dict[str, Any]]:
     """Exactly what the job does: reads the input as a member of its group, writes detections, dead
     letters and metrics, reads and writes its changelog, and (exactly-once) runs transactions under
     ids that start with the group's name (kafka.transactions.transactional_id)."""
@@ -57,29 +68,29 @@ def acls(settings: Settings, changelog: str | None) -> list[dict[str, Any]]:
         return {"resource": resource, "operations": operations, "host": "*"}
 
     rules = [
-        rule("topic", settings.input_topic, ["Read", "Describe"]),
-        rule("group", settings.consumer_group, ["Read", "Describe"]),
-        rule("topic", settings.output_topic, ["Write", "Describe"]),
-        rule("topic", settings.dlq_topic, ["Write", "Describe"]),
+        rule("topic", service.input_topic, ["Read", "Describe"]),
+        rule("group", service.consumer_group, ["Read", "Describe"]),
+        rule("topic", service.output_topic, ["Write", "Describe"]),
+        rule("topic", service.dlq_topic, ["Write", "Describe"]),
     ]
-    if not settings.metrics_bootstrap_servers:  # on another cluster, that cluster's user
-        rules.append(rule("topic", settings.metrics_topic, ["Write", "Describe"]))
-    if changelog is not None:
-        rules.append(rule("topic", changelog, ["Read", "Write", "Describe"]))
-    if settings.processing_guarantee == "exactly-once":
-        rules.append(rule("transactionalId", f"{settings.consumer_group}-", ["Write", "Describe"], pattern="prefix"))
+    if service.metrics_topic is not None:
+        rules.append(rule("topic", service.metrics_topic, ["Write", "Describe"]))
+    if service.changelog is not None:
+        rules.append(rule("topic", service.changelog, ["Read", "Write", "Describe"]))
+    if service.exactly_once:
+        rules.append(rule("transactionalId", f"{service.consumer_group}-", ["Write", "Describe"], pattern="prefix"))
     # Idempotent producers (librdkafka's default for the job's), and the brokers' settings the job
     # reads to check a topic's (its changelog's compaction).
     rules.append(rule("cluster", "", ["IdempotentWrite", "DescribeConfigs"]))
     return rules
 
 
-def user(service: str, settings: Settings, changelog: str | None, authentication: str, labels: dict[str, str]) -> dict[str, Any]:
+def user(service: Service, authentication: str, labels: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "KafkaUser",
-        "metadata": {"name": resource_name(service), "labels": dict(labels)},
-        "spec": {"authentication": {"type": authentication}, "authorization": {"type": "simple", "acls": acls(settings, changelog)}},
+        "metadata": {"name": resource_name(service.name), "labels": dict(labels)},
+        "spec": {"authentication": {"type": authentication}, "authorization": {"type": "simple", "acls": acls(service)}},
     }
 
 
