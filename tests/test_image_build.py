@@ -1,8 +1,8 @@
 """The default bake's image, built by a real image builder and then run.
 
 Buildah (Debian's package) builds the baked Dockerfile as root without a daemon. Docker Hub may be out of
-reach, so the base image is a stand-in built here from Debian's own packages: `python:3.11-slim-bookworm`
-is Debian bookworm with CPython 3.11, and bookworm's python3 is 3.11. The stand-in is tagged with the
+reach, so the base image is a stand-in built here from Debian's own packages: `python:3.13-slim-trixie`
+is Debian trixie with CPython 3.13, and trixie's python3 is 3.13. The stand-in is tagged with the
 Dockerfile's own FROM so the build resolves it locally and never pulls. The bake is locked as a team
 without its own index locks it (`make lock DETECTORKIT=...`: detectorkit's wheel in wheels/, the rest
 from PyPI), after adding a dependency of its own, and the image installs exactly that lock.

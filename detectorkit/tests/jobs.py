@@ -95,3 +95,17 @@ def aggregator_command(bootstrap_servers, metrics_topic, port=0, *extra):
         "--interval-seconds", "1",
         *extra,
     ]  # fmt: skip
+
+
+def command_lines(processes) -> list[str]:
+    """The command lines of the psutil processes still running: one may exit (or be a zombie not yet
+    reaped) between the listing and the reading, and is left out."""
+    import psutil
+
+    lines = []
+    for process in processes:
+        try:
+            lines.append(" ".join(process.cmdline()))
+        except psutil.Error:
+            continue
+    return lines

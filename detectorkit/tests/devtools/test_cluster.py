@@ -18,7 +18,7 @@ from detectorkit.devtools.cluster import LocalCluster, make_workers_env
 from detectorkit.samples import samples
 from detectorkit.testing import create_test_topics, produce, read_all
 
-from ..jobs import Job, committed, job_env, wait_for
+from ..jobs import Job, command_lines, committed, job_env, wait_for
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 SERVICE, PACKAGE = "cluster-orders", "cluster_orders"
@@ -189,7 +189,7 @@ def test_cluster_command_prints_the_master_url_and_stops_every_process_on_sigter
         url = process.stdout.readline().strip()
         assert url.startswith("spark://127.0.0.1:"), process.stderr.read()
         spawned = psutil.Process(process.pid).children(recursive=True)
-        assert any("deploy.worker.Worker" in " ".join(p.cmdline()) for p in spawned)
+        assert any("deploy.worker.Worker" in line for line in command_lines(spawned))
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0, process.stderr.read()
         _, alive = psutil.wait_procs(spawned, timeout=30)

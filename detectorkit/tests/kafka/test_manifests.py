@@ -39,8 +39,10 @@ def test_a_stateful_exactly_once_service_owns_its_dead_letters_and_changelog_and
     ((_, prefix, _),) = [k for k in granted if k[0] == "transactionalId"]
     assert transactions.transactional_id("svc", "in", 5).startswith(prefix)
     assert granted[("transactionalId", prefix, "prefix")] == ["Write", "Describe"]
-    # Nothing it does not do: no Create (the topics are made elsewhere), no Delete, no Alter.
+    # Nothing it does not do: no Create (the topics are made elsewhere), no Delete, no Alter, nothing
+    # on the cluster (a job with only these rights runs: runtime/test_on_kafka.py).
     assert not {op for ops in granted.values() for op in ops} & {"Create", "Delete", "Alter", "All"}
+    assert not [k for k in granted if k[0] == "cluster"]
 
 
 def test_a_stateless_at_least_once_service_gets_no_changelog_and_no_transactions_and_no_metrics_on_another_cluster():

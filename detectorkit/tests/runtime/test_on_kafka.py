@@ -3,6 +3,7 @@ restart, and Kafka's own tools reading the job's group. Each scenario runs the j
 
 import collections
 import json
+import re
 import signal
 import uuid
 
@@ -17,7 +18,7 @@ from detectorkit.pytest_plugin import _kafka_can_start
 from detectorkit.samples import samples
 from detectorkit.testing import CONTAINER, EXTERNAL, KAFKA, create_test_topics, produce, read_all
 
-from ..jobs import Job, committed, job_env, run, wait_for
+from ..jobs import Job, committed, job_env, job_settings, run, wait_for
 
 needs_own_broker = pytest.mark.skipif(not _kafka_can_start(), reason="starting Apache Kafka needs Java and Maven (or the cached jars)")
 
@@ -49,10 +50,11 @@ PASSWORD = f"pw-{uuid.uuid4().hex}"
 
 @pytest.fixture(scope="module")
 def secured_kafka():
-    """A second broker with a SASL/PLAIN listener and ACLs on; user "svc" is granted nothing."""
+    """A second broker with ACLs on, a SASL/PLAIN listener (user "svc") and a TLS listener that
+    requires a client certificate (its CA issues them); no user is granted anything."""
     if not _kafka_can_start():
         pytest.skip("starting Apache Kafka needs Java and Maven (or the cached jars)")
-    with KafkaBroker(sasl_users={"svc": PASSWORD}, authorizer=True, heap="512m") as broker:
+    with KafkaBroker(sasl_users={"svc": PASSWORD}, tls_clients=True, authorizer=True, heap="512m") as broker:
         yield broker
 
 
@@ -119,6 +121,78 @@ def test_with_read_and_write_granted_the_secured_job_runs(secured_kafka):
     errors = error_lines(output)
     assert len(errors) == 1 and "refused transaction" in errors[0] and "transactional id" in errors[0], output
     assert PASSWORD not in output and "Traceback" not in output
+
+
+# Strimzi's names for what its simple authorization grants, as the Admin API names them.
+STRIMZI_RESOURCES = {
+    "topic": ResourceType.TOPIC,
+    "group": ResourceType.GROUP,
+    "cluster": ResourceType.BROKER,
+    "transactionalId": ResourceType.TRANSACTIONAL_ID,
+}
+STRIMZI_PATTERNS = {"literal": ResourcePatternType.LITERAL, "prefix": ResourcePatternType.PREFIXED}
+
+
+def strimzi_acls(kafka_user, principal):
+    """A KafkaUser's ACLs as the AclBindings Strimzi's User Operator creates for them."""
+    bindings = []
+    for rule in kafka_user["spec"]["authorization"]["acls"]:
+        resource = rule["resource"]
+        kind = STRIMZI_RESOURCES[resource["type"]]
+        name = "kafka-cluster" if kind == ResourceType.BROKER else resource["name"]
+        pattern = STRIMZI_PATTERNS[resource.get("patternType", "literal")]
+        for operation in rule["operations"]:
+            op = AclOperation[re.sub(r"(?<!^)(?=[A-Z])", "_", operation).upper()]
+            bindings.append(AclBinding(kind, name, pattern, principal, rule.get("host", "*"), op, AclPermissionType.ALLOW))
+    return bindings
+
+
+def test_a_job_with_strimzis_tls_user_and_its_generated_rights_runs_stateful_and_exactly_once(secured_kafka, tmp_path):
+    """`<service> kafka-manifests`' KafkaUser, granted as Strimzi's User Operator grants it, to the
+    principal of the client certificate it makes (User:CN=<user>), in the files the Secret holds
+    (user.crt, user.key; the cluster CA's ca.crt): a stateful job with exactly-once on topics made
+    from its KafkaTopics (TOPICS_AS_CODE) runs, so every right it uses is there, the changelog's
+    and the transactional ids' included."""
+    from detectorkit.cli.manifests import service_of
+    from detectorkit.kafka import manifests
+    from detectorkit.runtime.stage import as_stage
+
+    from ..detectors import COUNT, every_nth_reference
+    from ..state.test_state_on_kafka import keyed
+    from .test_exactly_once import COUNT_COMMAND, outputs
+
+    bs = secured_kafka.bootstrap_servers
+    topics = create_test_topics(bs, "strimzi", partitions=2)
+    metrics_topic = f"metrics.{uuid.uuid4().hex[:8]}"
+    settings = {"processing_guarantee": "exactly-once", "metrics_topic": metrics_topic, "topic_partitions": 2}
+    docs = manifests.manifests(service_of(job_settings(bs, topics, **settings), COUNT.name, as_stage(COUNT).state), "test")
+    for doc in docs:  # the Topic Operator makes these; the shared ones exist
+        if doc["kind"] == "KafkaTopic":
+            spec = doc["spec"]
+            clients.create_topics(clients.base(bs), {spec["topicName"]: spec["partitions"]}, config=spec.get("config", {}))
+    clients.create_topics(clients.base(bs), {metrics_topic: 1})
+    (user,) = [doc for doc in docs if doc["kind"] == "KafkaUser"]
+    assert user["spec"]["authentication"]["type"] == "tls"
+    secret = tmp_path / "user-secret"
+    secured_kafka.tls.issue(user["metadata"]["name"], secret)
+    admin = clients.new_admin(clients.base(bs))
+    for future in admin.create_acls(strimzi_acls(user, f"User:CN={user['metadata']['name']}")).values():
+        future.result()
+    sent = produce(bs, topics.input, keyed(600, seed=3))
+    env = job_env(
+        secured_kafka.ssl_bootstrap_servers, topics, starting_offsets="earliest", stop_after_idle_seconds=3, topics_as_code="true", **settings
+    )
+    env.update(
+        KAFKA_SECURITY_PROTOCOL="SSL",
+        KAFKA_SSL_CA_LOCATION=str(secured_kafka.tls.ca_location),
+        KAFKA_SSL_CERTIFICATE_LOCATION=str(secret / "user.crt"),
+        KAFKA_SSL_KEY_LOCATION=str(secret / "user.key"),
+    )
+    code, output = run(env, timeout=300, command=COUNT_COMMAND)
+    assert code == 0, output
+    assert "BEGIN PRIVATE KEY" not in output
+    found = outputs(bs, topics)
+    assert set(found) == every_nth_reference(sent) and set(found.values()) == {1}
 
 
 # ---- transactions and Kafka's own tools ---------------------------------------------------------

@@ -16,7 +16,7 @@ from detectorkit.samples import samples
 from detectorkit.testing import create_test_topics, produce, read_all
 
 from ..detectors import COUNT, THRESHOLD, Config, every_nth_reference
-from ..jobs import Job, committed, job_env, wait_for
+from ..jobs import Job, command_lines, committed, job_env, wait_for
 from ..jobs import job_settings as settings
 from ..state.test_state_on_kafka import keyed
 
@@ -122,7 +122,7 @@ def test_a_rebalance_mid_slice_hands_partitions_over_after_the_slices_checkpoint
         more = produce(bs, topics.input, samples(1_000, seed=46, bad_every=0, high_share=0.3))
         wait_for(lambda: len(detections(bs, topics.output)) == len(expected(sent + more)), timeout=120, what="both instances' detections")
         # No Python data source plans a slice: no session process looks them up.
-        spawned = [" ".join(c.cmdline()) for c in psutil.Process(first.process.pid).children(recursive=True)]
+        spawned = command_lines(psutil.Process(first.process.pid).children(recursive=True))
         assert any("worker_daemon" in c for c in spawned) and not any("lookup_data_sources" in c for c in spawned), spawned
     finally:
         for job in (first, second):

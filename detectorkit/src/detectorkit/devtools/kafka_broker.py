@@ -133,14 +133,18 @@ class KafkaBroker:
     """A single-node Apache Kafka (KRaft) on loopback. Use as a context manager or start()/stop().
 
     `sasl_users` adds a SASL_PLAINTEXT listener with PLAIN users ({name: password}) at
-    `sasl_bootstrap_servers`; `authorizer` turns ACLs on (the PLAINTEXT listener stays a super
-    user, so tests can administer); `overrides` are server properties (e.g. offsets.retention.minutes).
+    `sasl_bootstrap_servers`; `tls_clients` adds an SSL listener at `ssl_bootstrap_servers` that
+    requires a client certificate signed by `tls` (devtools.tls.Authority: its `issue` makes one,
+    whose principal is User:CN=<name>, as Strimzi's TLS users'); `authorizer` turns ACLs on (the
+    PLAINTEXT listener stays a super user, so tests can administer); `overrides` are server
+    properties (e.g. offsets.retention.minutes).
     """
 
     data_dir: str | None = None
     port: int | None = None
     sasl_users: Mapping[str, str] | None = None
     authorizer: bool = False
+    tls_clients: bool = False
     overrides: Mapping[str, str] = field(default_factory=dict)
     heap: str = "1g"
     startup_timeout: float = 90.0
@@ -148,6 +152,8 @@ class KafkaBroker:
     process: subprocess.Popen | None = field(default=None, init=False, repr=False)
     bootstrap_servers: str = field(default="", init=False)
     sasl_bootstrap_servers: str = field(default="", init=False)
+    ssl_bootstrap_servers: str = field(default="", init=False)
+    tls: Any = field(default=None, init=False, repr=False)
     _tmp: str | None = field(default=None, init=False, repr=False)
     _log: Any = field(default=None, init=False, repr=False)
 
@@ -163,6 +169,14 @@ class KafkaBroker:
                 raise BrokerError(f"cannot start Apache Kafka: its {name} port 127.0.0.1:{port} is taken")
         self.bootstrap_servers = f"127.0.0.1:{ports['broker']}"
         self.sasl_bootstrap_servers = f"127.0.0.1:{ports['sasl']}" if "sasl" in ports else ""
+        self.ssl_bootstrap_servers = f"127.0.0.1:{ports['ssl']}" if "ssl" in ports else ""
+        if self.tls_clients:
+            from detectorkit.devtools.tls import Authority
+
+            self.tls = Authority(data / "tls")
+            cert, key = self.tls.issue("broker", data / "tls" / "broker", host="127.0.0.1")
+            # Kafka's PEM key store: the private key, then the certificate chain, in one file.
+            (data / "tls" / "broker.pem").write_bytes(key.read_bytes() + cert.read_bytes())
         config = data / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in self._properties(data / "log", ports).items()))
         if not (data / "log" / "meta.properties").exists():
@@ -192,6 +206,8 @@ class KafkaBroker:
         ports = {"broker": self.port or free_port(), "controller": free_port()}
         if self.sasl_users:
             ports["sasl"] = free_port()
+        if self.tls_clients:
+            ports["ssl"] = free_port()
         state.write_text(json.dumps(ports))
         return ports
 
@@ -236,6 +252,20 @@ class KafkaBroker:
             props["sasl.enabled.mechanisms"] = "PLAIN"
             props["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = (
                 f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+            )
+        if self.tls_clients:
+            listeners.append(f"SSL://127.0.0.1:{ports['ssl']}")
+            advertised.append(f"SSL://127.0.0.1:{ports['ssl']}")
+            protocols.append("SSL:SSL")
+            tls = log_dir.parent / "tls"
+            props.update(
+                {
+                    "listener.name.ssl.ssl.keystore.type": "PEM",
+                    "listener.name.ssl.ssl.keystore.location": str(tls / "broker.pem"),
+                    "listener.name.ssl.ssl.truststore.type": "PEM",
+                    "listener.name.ssl.ssl.truststore.location": str(tls / "ca.crt"),
+                    "listener.name.ssl.ssl.client.auth": "required",
+                }
             )
         if self.authorizer:
             props["authorizer.class.name"] = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"

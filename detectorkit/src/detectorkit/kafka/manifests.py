@@ -62,10 +62,7 @@ def acls(service: Service) -> list[dict[str, Any]]:
     ids that start with the group's name (kafka.transactions.transactional_id)."""
 
     def rule(kind: str, name: str, operations: list[str], pattern: str = "literal") -> dict[str, Any]:
-        resource: dict[str, Any] = {"type": kind}
-        if kind != "cluster":
-            resource |= {"name": name, "patternType": pattern}
-        return {"resource": resource, "operations": operations, "host": "*"}
+        return {"resource": {"type": kind, "name": name, "patternType": pattern}, "operations": operations, "host": "*"}
 
     rules = [
         rule("topic", service.input_topic, ["Read", "Describe"]),
@@ -79,9 +76,8 @@ def acls(service: Service) -> list[dict[str, Any]]:
         rules.append(rule("topic", service.changelog, ["Read", "Write", "Describe"]))
     if service.exactly_once:
         rules.append(rule("transactionalId", f"{service.consumer_group}-", ["Write", "Describe"], pattern="prefix"))
-    # Idempotent producers (librdkafka's default for the job's), and the brokers' settings the job
-    # reads to check a topic's (its changelog's compaction).
-    rules.append(rule("cluster", "", ["IdempotentWrite", "DescribeConfigs"]))
+    # Nothing on the cluster: idempotent producers need only Write on their topics (Kafka 3.0,
+    # KIP-679), and with the topics made elsewhere the job describes no configuration.
     return rules
 
 

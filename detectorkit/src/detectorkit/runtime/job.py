@@ -162,6 +162,7 @@ class StreamJob:
             s.input_topic,
             plan.state_isolation,
             plan.flush_interval_seconds,
+            s.consumer_group,
         )
 
     def start(self):

@@ -57,6 +57,9 @@ class StateContext:
     # then carries how far the changelog reflects the input (`durable`), a restore reads it up to
     # there and the records after it are replayed (runtime.processing).
     flush_interval_seconds: float = 0.0
+    # The group a restore's consumer names: the service's own, whose Read right a user with only the
+    # service's rights (kafka.manifests) has; it never subscribes or commits, only assigns.
+    group: str = "detectorkit-restore"
 
 
 def create(base_conf: Mapping[str, Any], topic: str, input_topic: str, kind: str, timeout: float) -> None:
@@ -162,7 +165,7 @@ class Part(NamedTuple):
 def _conf(ctx: StateContext) -> dict[str, Any]:
     return clients.consumer(
         ctx.client_conf,
-        "detectorkit-restore",  # never subscribes or commits: assigned only
+        ctx.group,  # never subscribes or commits: assigned only
         **{
             "enable.partition.eof": True,
             "isolation.level": ctx.isolation,
