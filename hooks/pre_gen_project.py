@@ -89,12 +89,17 @@ def check_detectorkit_requirement(requirement: str) -> str | None:
     )
 
 
+def slug_suggestion(answer: str, longest: int, fallback: str) -> str:
+    """A lower-case, hyphenated slug close to `answer`, at most `longest` long."""
+    suggestion = re.sub(r"[^a-z0-9]+", "-", answer.lower()).strip("-")
+    return re.sub(r"^[^a-z]+", "", suggestion)[:longest].strip("-") or fallback
+
+
 def check_team(team: str) -> str | None:
     # A Kubernetes label value and an Alertmanager matcher: the slug rules a service name follows.
     if SERVICE_SLUG.match(team) and len(team) <= 63:
         return None
-    suggestion = re.sub(r"[^a-z0-9]+", "-", team.lower()).strip("-")
-    suggestion = re.sub(r"^[^a-z]+", "", suggestion)[:63].strip("-") or "data-science"
+    suggestion = slug_suggestion(team, 63, "data-science")
     return f"team {team!r} labels the pods and routes the alerts: use lower-case letters, digits and single hyphens, e.g. {suggestion!r}"
 
 
@@ -103,8 +108,7 @@ def check_kafka_cluster(cluster: str) -> str | None:
     # bootstrap Service Strimzi makes for it (<cluster>-cluster-ca-cert, <cluster>-kafka-bootstrap).
     if SERVICE_SLUG.match(cluster) and len(cluster) <= 40:
         return None
-    suggestion = re.sub(r"[^a-z0-9]+", "-", cluster.lower()).strip("-")
-    suggestion = re.sub(r"^[^a-z]+", "", suggestion)[:40].strip("-") or "my-cluster"
+    suggestion = slug_suggestion(cluster, 40, "my-cluster")
     return f"kafka_cluster {cluster!r} is the name of your Strimzi Kafka resource: lower-case letters, digits and single hyphens, e.g. {suggestion!r}"
 
 

@@ -225,14 +225,19 @@ def baked_manifests(tmp_path_factory):
     return project / "deploy" / "k8s"
 
 
+def built_overlay(kustomize, overlay: pathlib.Path, tmp_path_factory) -> pathlib.Path:
+    """`kubectl apply -k <overlay>`'s objects, built by kustomize into a folder of their own."""
+    built = subprocess.run([kustomize, "build", overlay], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    folder = tmp_path_factory.mktemp(overlay.name)
+    (folder / f"{overlay.name}.yaml").write_text(built.stdout)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def shadow_manifests(baked_manifests, kustomize, tmp_path_factory):
-    """The baked kit's shadow (`kubectl apply -k deploy/shadow/`), built into a folder of its own."""
-    built = subprocess.run([kustomize, "build", baked_manifests.parent / "shadow"], capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
-    folder = tmp_path_factory.mktemp("shadow")
-    (folder / "shadow.yaml").write_text(built.stdout)
-    return folder
+    """The baked kit's shadow (`kubectl apply -k deploy/shadow/`)."""
+    return built_overlay(kustomize, baked_manifests.parent / "shadow", tmp_path_factory)
 
 
 def documents(folder: pathlib.Path):
@@ -811,12 +816,8 @@ def test_a_baked_services_kafka_resources_are_valid_strimzi_resources(tmp_path, 
 
 @pytest.fixture(scope="module")
 def strimzi_overlay(baked_manifests, kustomize, tmp_path_factory):
-    """The baked kit's Strimzi overlay (`kubectl apply -k deploy/strimzi/`), built into a folder of its own."""
-    built = subprocess.run([kustomize, "build", baked_manifests.parent / "strimzi"], capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
-    folder = tmp_path_factory.mktemp("strimzi")
-    (folder / "strimzi.yaml").write_text(built.stdout)
-    return folder
+    """The baked kit's Strimzi overlay (`kubectl apply -k deploy/strimzi/`)."""
+    return built_overlay(kustomize, baked_manifests.parent / "strimzi", tmp_path_factory)
 
 
 def test_the_strimzi_overlay_validates_and_its_pod_stays_restricted(strimzi_overlay, crd_schemas, psa_check, strimzi_validate):
