@@ -801,7 +801,8 @@ def test_a_baked_services_kafka_resources_are_valid_strimzi_resources(tmp_path, 
     dry_run = ["make", "-n", "--no-print-directory", "kafka-manifests"]
     planned = subprocess.run(dry_run, cwd=project, env=env, capture_output=True, text=True, check=True)
     command = f"PROCESSING_GUARANTEE={guarantee} .venv/bin/python -m high_value_orders kafka-manifests --cluster my-cluster"
-    assert f"{command} > deploy/strimzi/strimzi.yaml" in planned.stdout
+    # Written beside the file, then moved over it: a failed run leaves the committed one whole.
+    assert f"{command} > deploy/strimzi/strimzi.yaml.new\nmv deploy/strimzi/strimzi.yaml.new deploy/strimzi/strimzi.yaml" in planned.stdout
     env.update(PYTHONPATH=str(project / "src"), PROCESSING_GUARANTEE=guarantee)
     printed = subprocess.run(
         [sys.executable, "-m", "high_value_orders", "kafka-manifests", "--cluster", "main"], env=env, capture_output=True, text=True, check=True
