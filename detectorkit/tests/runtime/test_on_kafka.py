@@ -127,7 +127,6 @@ def test_with_read_and_write_granted_the_secured_job_runs(secured_kafka):
 STRIMZI_RESOURCES = {
     "topic": ResourceType.TOPIC,
     "group": ResourceType.GROUP,
-    "cluster": ResourceType.BROKER,
     "transactionalId": ResourceType.TRANSACTIONAL_ID,
 }
 STRIMZI_PATTERNS = {"literal": ResourcePatternType.LITERAL, "prefix": ResourcePatternType.PREFIXED}
@@ -138,12 +137,10 @@ def strimzi_acls(kafka_user, principal):
     bindings = []
     for rule in kafka_user["spec"]["authorization"]["acls"]:
         resource = rule["resource"]
-        kind = STRIMZI_RESOURCES[resource["type"]]
-        name = "kafka-cluster" if kind == ResourceType.BROKER else resource["name"]
-        pattern = STRIMZI_PATTERNS[resource.get("patternType", "literal")]
+        kind, pattern = STRIMZI_RESOURCES[resource["type"]], STRIMZI_PATTERNS[resource["patternType"]]
         for operation in rule["operations"]:
             op = AclOperation[re.sub(r"(?<!^)(?=[A-Z])", "_", operation).upper()]
-            bindings.append(AclBinding(kind, name, pattern, principal, rule.get("host", "*"), op, AclPermissionType.ALLOW))
+            bindings.append(AclBinding(kind, resource["name"], pattern, principal, rule.get("host", "*"), op, AclPermissionType.ALLOW))
     return bindings
 
 
