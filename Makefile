@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup tools demo diamond scale-demo test test-fast test-runtime test-template test-tansu lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
+.PHONY: setup tools chart demo diamond scale-demo test test-fast test-runtime test-template test-tansu lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -51,8 +51,19 @@ tools:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; } || \
 		echo "node or npm is not installed: the Strimzi resources' validation will be skipped (apt-get install nodejs npm)"
 	@if command -v go >/dev/null 2>&1; then \
-		cd tests/tools/psa-check && go build -trimpath -buildvcs=false -o "$${XDG_CACHE_HOME:-$$HOME/.cache}/detectorkit/psa-check" .; \
-	else echo "go is not installed: the Pod Security check and the kustomize build of the Kubernetes manifests will be skipped"; fi
+		cd tests/tools/psa-check && go build -trimpath -buildvcs=false -o "$(TOOLS)/psa-check" . && \
+		{ [ -x $(HELM) ] || { GOBIN=$(TOOLS) go install $(HELM_MODULE) && mv $(TOOLS)/helm $(HELM); }; }; \
+	else echo "go is not installed: helm, the Pod Security check and the kustomize build of the dashboard will be skipped"; fi
+
+# detectorkit's Helm chart, the fleet's deploy base (deploy/helm/detectorkit-job): linted and packaged
+# into dist/, for `helm push dist/detectorkit-job-<version>.tgz oci://<registry>/charts`, where the
+# services' CHART points. helm is built with Go from the module proxy (`make tools`).
+TOOLS = $${XDG_CACHE_HOME:-$$HOME/.cache}/detectorkit
+HELM_MODULE = helm.sh/helm/v4/cmd/helm@v4.3.1
+HELM = $(TOOLS)/helm-v4.3.1
+chart: tools
+	$(HELM) lint --strict deploy/helm/detectorkit-job --values deploy/helm/values/kafka.yaml --values deploy/helm/values/normaliser.yaml
+	$(HELM) package deploy/helm/detectorkit-job --destination dist
 
 # The declared Pythons, then two pytest runs on Apache Kafka (the runtime's tests and the template's
 # each have a `tests` package), then the embedded broker's smoke: the demo and a graceful stop and

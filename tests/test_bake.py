@@ -70,11 +70,10 @@ def test_bake_renders_everything(cookies, extra):
         ".github/workflows/ci.yml",
         ".github/workflows/template-update.yml",
         "renovate.json",
-        "deploy/k8s/deployment.yaml",
-        "deploy/k8s/kustomization.yaml",
-        "deploy/k8s/podmonitor.yaml",
-        "deploy/k8s/prometheusrule.yaml",
-        "deploy/shadow/kustomization.yaml",
+        "deploy/values.yaml",
+        "deploy/shadow/values.yaml",
+        "deploy/strimzi/values.yaml",
+        "deploy/strimzi/strimzi.yaml",
     ):
         assert (project / name).is_file(), name
 

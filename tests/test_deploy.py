@@ -1,9 +1,10 @@
 """The deployment kit, checked by real tools since Docker and Kubernetes do not run here: the alert
 rules by promtool (checked and unit-tested), the Prometheus configurations by promtool, the Compose
-file against the Compose specification, the Kubernetes manifests (the repository's and a baked
-detector's) against the schemas of a pinned Kubernetes version and KEDA's own CRDs and against the
-restricted Pod Security Standard by the Pod Security Admission's own code, the Dockerfiles for what
-makes them portable and safe."""
+file against the Compose specification, detectorkit's Helm chart by helm itself (lint, and the
+manifests it renders for a baked detector, its shadow and Strimzi layers, and the shared jobs) and
+those manifests against the schemas of a pinned Kubernetes version and KEDA's own CRDs and against
+the restricted Pod Security Standard by the Pod Security Admission's own code, the Dockerfiles for
+what makes them portable and safe."""
 
 from __future__ import annotations
 
@@ -56,8 +57,12 @@ CRDS = {
 CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "detectorkit"
 # The Pod Security Admission's checks in a small Go program (`make tools` builds it first).
 PSA_CHECK_SOURCE = REPO / "tests" / "tools" / "psa-check"
-# kustomize builds the baked kit's shadow overlay (`kubectl apply -k` runs the same code).
+# kustomize builds the Grafana dashboard's ConfigMap (`kubectl apply -k` runs the same code).
 KUSTOMIZE = "sigs.k8s.io/kustomize/kustomize/v5@v5.7.1"
+# helm renders and lints the fleet's chart, deploy/helm/detectorkit-job, at the Makefile's pin.
+HELM = re.search(r"^HELM_MODULE = (\S+)$", (REPO / "Makefile").read_text(), re.M)[1]
+CHART = DEPLOY / "helm" / "detectorkit-job"
+SHARED_VALUES = DEPLOY / "helm" / "values"
 
 promtool = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool is not installed (apt-get install prometheus)")
@@ -187,15 +192,25 @@ def psa_check():
     return binary
 
 
+def go_installed(module: str) -> pathlib.Path:
+    """A Go command installed from the module proxy at a pinned version, and cached."""
+    # Go names the command after the path's last element that is not a major version (.../v5).
+    name = next(part for part in reversed(module.rsplit("@", 1)[0].split("/")) if not re.fullmatch(r"v\d+", part))
+    binary = CACHE / f"{name}-{module.rsplit('@', 1)[1]}"
+    if not binary.exists():
+        go_build(module, [go_tool(), "install", module], env={**os.environ, "GOBIN": str(CACHE)})
+        (CACHE / name).rename(binary)
+    return binary
+
+
 @pytest.fixture(scope="session")
 def kustomize():
-    """kustomize, installed with Go from the module proxy at a pinned version and cached."""
-    binary = CACHE / f"kustomize-{KUSTOMIZE.rsplit('@', 1)[1]}"
-    if not binary.exists():
-        env = {**os.environ, "GOBIN": str(CACHE)}
-        go_build(KUSTOMIZE, [go_tool(), "install", KUSTOMIZE], env=env)
-        (CACHE / "kustomize").rename(binary)
-    return binary
+    return go_installed(KUSTOMIZE)
+
+
+@pytest.fixture(scope="session")
+def helm():
+    return go_installed(HELM)
 
 
 def go_tool() -> str:
@@ -215,33 +230,61 @@ def go_build(what: str, command: list[str], **kwargs) -> None:
         pytest.skip(f"{what} did not build (offline? its modules come from the Go module proxy): {build.stderr.strip()}")
 
 
-@pytest.fixture(scope="module")
-def baked_manifests(tmp_path_factory):
+def bake(output: pathlib.Path, **answers) -> pathlib.Path:
     from cookiecutter.main import cookiecutter
 
-    project = pathlib.Path(
-        cookiecutter(str(REPO), no_input=True, output_dir=str(tmp_path_factory.mktemp("bake")), extra_context={"service_name": "high-value-orders"})
-    )
-    return project / "deploy" / "k8s"
+    return pathlib.Path(cookiecutter(str(REPO), no_input=True, output_dir=str(output), extra_context=answers))
 
 
-def built_overlay(kustomize, overlay: pathlib.Path, tmp_path_factory) -> pathlib.Path:
-    """`kubectl apply -k <overlay>`'s objects, built by kustomize into a folder of their own."""
-    built = subprocess.run([kustomize, "build", overlay], capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
-    folder = tmp_path_factory.mktemp(overlay.name)
-    (folder / f"{overlay.name}.yaml").write_text(built.stdout)
+def split_rendered(text: str, folder: pathlib.Path, prefix: str = "") -> pathlib.Path:
+    """helm's output as one file per template (`# Source: <chart>/templates/<file>`), comments kept."""
+    parts = re.split(r"^---\n# Source: [^/]+/templates/(\S+)\n", text, flags=re.M)
+    assert parts[0].strip() in ("", "---"), parts[0]
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        (folder / f"{prefix}{name}").write_text(body)
     return folder
 
 
+def rendered(project: pathlib.Path, helm, folder: pathlib.Path, layer: str = "") -> pathlib.Path:
+    """What the bake's `make manifests [LAYER=...]` renders, with the chart from this repository."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    command = ["make", "--no-print-directory", "manifests", f"CHART={CHART}", f"HELM={helm}", f"LAYER={layer}"]
+    made = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    return split_rendered(made.stdout, folder)
+
+
 @pytest.fixture(scope="module")
-def shadow_manifests(baked_manifests, kustomize, tmp_path_factory):
-    """The baked kit's shadow (`kubectl apply -k deploy/shadow/`)."""
-    return built_overlay(kustomize, baked_manifests.parent / "shadow", tmp_path_factory)
+def baked_project(tmp_path_factory):
+    return bake(tmp_path_factory.mktemp("bake"), service_name="high-value-orders")
+
+
+@pytest.fixture(scope="module")
+def baked_manifests(baked_project, helm, tmp_path_factory):
+    """The baked detector as `make deploy` would apply it."""
+    return rendered(baked_project, helm, tmp_path_factory.mktemp("live"))
+
+
+@pytest.fixture(scope="module")
+def shadow_manifests(baked_project, helm, tmp_path_factory):
+    """The baked detector's shadow (`make deploy LAYER=shadow`)."""
+    return rendered(baked_project, helm, tmp_path_factory.mktemp("shadow"), layer="shadow")
+
+
+@pytest.fixture(scope="module")
+def shared_manifests(helm, tmp_path_factory):
+    """The diamond's shared jobs (normaliser, notifier, metrics-aggregator), from the same chart."""
+    folder = tmp_path_factory.mktemp("shared")
+    for values in sorted(SHARED_VALUES.glob("*.yaml")):
+        if values.stem == "kafka":
+            continue
+        command = [helm, "template", values.stem, CHART, "-f", SHARED_VALUES / "kafka.yaml", "-f", values]
+        split_rendered(run(*command), folder, prefix=f"{values.stem}.")
+    return folder
 
 
 def documents(folder: pathlib.Path):
-    for path in sorted(p for p in folder.glob("*.yaml") if p.name != "kustomization.yaml"):
+    for path in sorted(folder.glob("*.yaml")):
         for doc in yaml.load_all(path.read_text(), Loader=KubeLoader):
             if doc:
                 yield path.name, doc
@@ -259,7 +302,7 @@ def manifests(*folders: pathlib.Path) -> dict[tuple[str, str], dict]:
 
 
 def shown(folder: pathlib.Path) -> str:
-    return "deploy/k8s" if folder == DEPLOY / "k8s" else "the bake's deploy/k8s"
+    return f"rendered {folder.name}"
 
 
 def of_kind(objects: dict, kind: str) -> list[dict]:
@@ -307,12 +350,12 @@ def keda_spelling(security_protocol: str, sasl_mechanism: str | None) -> tuple[s
     return tls, {"PLAIN": "plaintext", "SCRAM-SHA-256": "scram_sha256", "SCRAM-SHA-512": "scram_sha512"}[sasl_mechanism]
 
 
-def test_kubernetes_manifests_validate_against_pinned_schemas(baked_manifests, shadow_manifests, crd_schemas):
+def test_kubernetes_manifests_validate_against_pinned_schemas(baked_manifests, shadow_manifests, shared_manifests, crd_schemas):
     import jsonschema
     import kubernetes_validate
 
     seen = []
-    for name, doc in [*documents(DEPLOY / "k8s"), *documents(baked_manifests), *documents(shadow_manifests)]:
+    for name, doc in [*documents(shared_manifests), *documents(baked_manifests), *documents(shadow_manifests)]:
         if doc["kind"] in crd_schemas:
             jsonschema.validate(doc, crd_schemas[doc["kind"]])
         else:
@@ -326,7 +369,7 @@ def test_kubernetes_manifests_validate_against_pinned_schemas(baked_manifests, s
 
 def test_each_pod_monitor_scrapes_its_own_pods_metrics_where_the_job_serves_them(baked_manifests, shadow_manifests, crd_schemas):
     """Per pod, on the port the probes use, at /metrics (runtime/health.py): the live service's
-    PodMonitor its pods only, the shadow's its own (kustomize's selector labels miss a PodMonitor)."""
+    PodMonitor its pods only, the shadow's its own."""
     import jsonschema
 
     pods, monitors = {}, {}
@@ -347,13 +390,13 @@ def test_each_pod_monitor_scrapes_its_own_pods_metrics_where_the_job_serves_them
         assert scraped == [folder], f"{folder.name}'s PodMonitor selects the pods of {[f.name for f in scraped]}"
 
 
-def test_a_wrong_manifest_is_refused(baked_manifests, crd_schemas):
+def test_a_wrong_manifest_is_refused(baked_manifests, shared_manifests, crd_schemas):
     # The checks above can fail: a misspelt field, a lag threshold of the wrong type, a misspelt
     # TriggerAuthentication field and one without the key it reads.
     import jsonschema
     import kubernetes_validate
 
-    deployment = next(doc for _, doc in documents(DEPLOY / "k8s") if doc["kind"] == "Deployment")
+    deployment = next(doc for _, doc in documents(shared_manifests) if doc["kind"] == "Deployment")
     deployment["spec"]["template"]["spec"]["terminationGracePeriod"] = 180
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, KUBERNETES, strict=True)
@@ -393,7 +436,7 @@ def test_each_detector_deployment_is_wired_to_its_group_probes_and_budget(baked_
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
 
-def test_every_job_gets_settings_detectorkit_accepts_as_a_dynamic_group_member(baked_manifests, monkeypatch):
+def test_every_job_gets_settings_detectorkit_accepts_as_a_dynamic_group_member(baked_manifests, shared_manifests, monkeypatch):
     """Each streaming job's environment, resolved from its ConfigMap and a secured cluster's Secret:
     every name one detectorkit reads (a misspelt one would be ignored without a word), values it
     accepts, and no INSTANCE_ID: a Deployment's pods get new names at every rollout, and a static
@@ -401,7 +444,7 @@ def test_every_job_gets_settings_detectorkit_accepts_as_a_dynamic_group_member(b
     timeout at every rolling update."""
     from detectorkit.settings import Settings, kafka_options_from_env, load
 
-    for folder in (baked_manifests, DEPLOY / "k8s"):
+    for folder in (baked_manifests, shared_manifests):
         objects = manifests(folder)
         configmaps = {doc["metadata"]["name"]: doc["data"] for doc in of_kind(objects, "ConfigMap")}
         secured = {
@@ -438,7 +481,7 @@ def test_every_job_gets_settings_detectorkit_accepts_as_a_dynamic_group_member(b
     # to, and on a secured cluster the same security settings and credentials as the jobs.
     from detectorkit.metrics import aggregator_service
 
-    objects = manifests(DEPLOY / "k8s")
+    objects = manifests(shared_manifests)
     configmaps = {doc["metadata"]["name"]: doc["data"] for doc in of_kind(objects, "ConfigMap")}
     container = only_container(objects["Deployment", "metrics-aggregator"])
     secrets = {ref["secretKeyRef"]["name"]: CREDENTIALS for e in container["env"] if (ref := e.get("valueFrom", {})).get("secretKeyRef")}
@@ -452,7 +495,7 @@ def test_every_job_gets_settings_detectorkit_accepts_as_a_dynamic_group_member(b
     monkeypatch.setattr(aggregator_service, "AggregatorService", Recorded)
     monkeypatch.setattr(aggregator_service.logs, "setup", lambda *a, **k: None)
     assert aggregator_service.main(container["args"][1:], environ=container_env(container, secured, secrets)) == 0
-    assert built["bootstrap.servers"] == configmaps["diamond-kafka"]["KAFKA_BOOTSTRAP_SERVERS"]
+    assert built["bootstrap.servers"] == configmaps["metrics-aggregator-kafka"]["KAFKA_BOOTSTRAP_SERVERS"]
     assert {k: getattr(v, "get_secret_value", lambda v=v: v)() for k, v in built.items() if "." in k and k != "bootstrap.servers"} == {
         "security.protocol": "SASL_SSL",
         "sasl.mechanism": "SCRAM-SHA-512",
@@ -463,9 +506,9 @@ def test_every_job_gets_settings_detectorkit_accepts_as_a_dynamic_group_member(b
     assert "s3cret" not in repr(built)  # wrapped: revealed to the Kafka clients only
 
 
-def test_a_scaled_deployment_leaves_its_replica_count_to_keda(baked_manifests):
+def test_a_scaled_deployment_leaves_its_replica_count_to_keda(baked_manifests, shared_manifests):
     # A count in the Deployment would reset KEDA's at every `kubectl apply`.
-    for folder in (baked_manifests, DEPLOY / "k8s"):
+    for folder in (baked_manifests, shared_manifests):
         objects = manifests(folder)
         for scaled in of_kind(objects, "ScaledObject"):
             target = objects["Deployment", scaled["spec"]["scaleTargetRef"]["name"]]
@@ -614,15 +657,12 @@ def test_the_services_alerts_fire_from_the_brokers_side_when_no_instance_reads(b
     assert "SUCCESS" in run(promtool, "test", "rules", "rules_test.yml", cwd=tmp_path)
 
 
-def test_the_team_answer_labels_the_pods_their_series_and_alerts_and_routes_them_to_the_team(tmp_path):
+def test_the_team_answer_labels_the_pods_their_series_and_alerts_and_routes_them_to_the_team(helm, tmp_path):
     """`team` from the bake: on the pods (and through the PodMonitor on their series), on every
     alert of the service, and in the AlertmanagerConfig that routes exactly those to the team."""
-    from cookiecutter.main import cookiecutter
-
-    project = pathlib.Path(
-        cookiecutter(str(REPO), no_input=True, output_dir=str(tmp_path), extra_context={"service_name": "card-bursts", "team": "fraud-ops"})
-    )
-    objects = manifests(project / "deploy" / "k8s")
+    project = bake(tmp_path, service_name="card-bursts", team="fraud-ops")
+    (tmp_path / "rendered").mkdir()
+    objects = manifests(rendered(project, helm, tmp_path / "rendered"))
     (deployment,) = of_kind(objects, "Deployment")
     assert deployment["spec"]["template"]["metadata"]["labels"]["team"] == "fraud-ops"
     (monitor,) = of_kind(objects, "PodMonitor")
@@ -636,13 +676,47 @@ def test_the_team_answer_labels_the_pods_their_series_and_alerts_and_routes_them
     assert route["receiver"] in {r["name"] for r in routing["spec"]["receivers"]}
 
 
-def test_the_kits_kustomization_lists_every_manifest(baked_manifests, kustomize):
-    """`kubectl apply -k deploy/k8s/` applies exactly the folder's manifests: one left out of the
-    kustomization would never be applied, nor reach the shadow."""
-    built = subprocess.run([kustomize, "build", baked_manifests], capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
-    applied = {(doc["kind"], doc["metadata"]["name"]): doc for doc in yaml.load_all(built.stdout, Loader=KubeLoader) if doc}
-    assert applied == manifests(baked_manifests)
+def test_the_chart_passes_helms_lint_with_every_values_file_that_uses_it(baked_project, helm):
+    """`helm lint --strict` (templates, Chart.yaml, values against values.schema.json) for each way
+    the chart is used: a baked detector, its shadow and Strimzi layers, and the shared jobs."""
+    baked = baked_project / "deploy"
+    uses = {
+        "detector": [baked / "values.yaml"],
+        "shadow": [baked / "values.yaml", baked / "shadow" / "values.yaml"],
+        "strimzi": [baked / "values.yaml", baked / "strimzi" / "values.yaml"],
+        **{p.stem: [SHARED_VALUES / "kafka.yaml", p] for p in SHARED_VALUES.glob("*.yaml") if p.stem != "kafka"},
+    }
+    assert {"normaliser", "notifier", "aggregator"} <= set(uses)
+    for name, values in uses.items():
+        linted = subprocess.run([helm, "lint", "--strict", CHART, *(f"--values={v}" for v in values)], capture_output=True, text=True)
+        assert linted.returncode == 0 and "0 chart(s) failed" in linted.stdout, f"{name}: {linted.stdout}{linted.stderr}"
+
+
+def test_a_bake_pins_the_charts_version_it_was_tested_with(baked_project):
+    """The bake's CHART_VERSION is this repository's chart: what its deploy tests rendered is what
+    the service deploys until Renovate proposes the next one."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    makefile = (baked_project / "Makefile").read_text()
+    assert re.search(r"^CHART_VERSION \?= (\S+)$", makefile, re.M)[1] == chart["version"]
+    assert re.search(r"^CHART \?= (\S+)$", makefile, re.M)[1].endswith(f"/{chart['name']}")
+
+
+@pytest.mark.parametrize(
+    ("wrong", "said"),
+    [
+        ("autoscalling: {enabled: false}", "additional properties 'autoscalling' not allowed"),
+        ("processingGuarantee: exactly-twice", "processingGuarantee"),
+        ("autoscaling: {maxReplicas: 12}", "autoscaling.maxReplicas (12) is more than inputPartitions (8)"),
+        ("kafka: {saslMechanism: SCRAM}", "saslMechanism"),
+    ],
+)
+def test_the_chart_refuses_a_wrong_value_saying_which(baked_project, helm, tmp_path, wrong, said):
+    """A misspelt key or a wrong value stops `helm template` (and so `make deploy`) with a line that
+    names it, before anything reaches the cluster."""
+    (tmp_path / "wrong.yaml").write_text(wrong + "\n")
+    values = ["-f", baked_project / "deploy" / "values.yaml", "-f", tmp_path / "wrong.yaml"]
+    result = subprocess.run([str(c) for c in (helm, "template", "x", CHART, *values)], capture_output=True, text=True)
+    assert result.returncode == 1 and said in result.stderr, result.stderr
 
 
 def test_a_shadow_runs_beside_the_live_service_on_its_own_group_topics_pods_and_scaling(baked_manifests, shadow_manifests):
@@ -677,15 +751,15 @@ def test_a_shadow_runs_beside_the_live_service_on_its_own_group_topics_pods_and_
 
 
 def workload_files(*folders) -> list[pathlib.Path]:
-    return sorted(p for folder in (DEPLOY / "k8s", *folders) for p in folder.glob("*.yaml") if p.name != "kustomization.yaml")
+    return sorted(p for folder in folders for p in folder.glob("*.yaml"))
 
 
-def test_every_pod_meets_the_restricted_pod_security_standard(baked_manifests, shadow_manifests, psa_check):
-    result = subprocess.run([psa_check, *workload_files(baked_manifests, shadow_manifests)], capture_output=True, text=True)
+def test_every_pod_meets_the_restricted_pod_security_standard(baked_manifests, shadow_manifests, shared_manifests, psa_check):
+    result = subprocess.run([psa_check, *workload_files(shared_manifests, baked_manifests, shadow_manifests)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     # It saw every Deployment: a manifest it could not read would not pass unseen.
     passed = set(re.findall(r": Deployment/(\S+): ok$", result.stdout, re.M))
-    deployments = {name for (kind, name) in manifests(DEPLOY / "k8s", baked_manifests, shadow_manifests) if kind == "Deployment"}
+    deployments = {name for (kind, name) in manifests(shared_manifests, baked_manifests, shadow_manifests) if kind == "Deployment"}
     assert passed == deployments, result.stdout
 
 
@@ -701,11 +775,11 @@ def test_the_pod_security_check_refuses_a_weakened_pod(baked_manifests, psa_chec
     assert "privileged" in result.stdout and "seccompProfile" in result.stdout, result.stdout
 
 
-def test_every_container_writes_only_to_its_scratch_volume(baked_manifests):
+def test_every_container_writes_only_to_its_scratch_volume(baked_manifests, shared_manifests):
     """A read-only root filesystem, and every place a job writes on an emptyDir: Spark's local
     directory, Python's and the JVM's temporary files (java.io.tmpdir and hsperfdata are /tmp
     whatever TMPDIR says), the checkpoint (a temporary directory) and the home directory."""
-    for folder in (baked_manifests, DEPLOY / "k8s"):
+    for folder in (baked_manifests, shared_manifests):
         for deployment in of_kind(manifests(folder), "Deployment"):
             pod = deployment["spec"]["template"]["spec"]
             volumes = {v["name"]: v for v in pod.get("volumes", [])}
@@ -788,16 +862,14 @@ def strimzi_validate():
 
 @pytest.mark.parametrize("kind", ["threshold", "burst"])
 def test_a_baked_services_kafka_resources_are_valid_strimzi_resources(tmp_path, strimzi_validate, kind):
-    """`<service> kafka-manifests`, run as a team runs it (the baked package, its Deployment's
-    guarantee), gives KafkaTopics and a KafkaUser that Strimzi's own schemas accept; a wrong
+    """`<service> kafka-manifests`, run as a team runs it (the baked package, the guarantee it is
+    deployed with), gives KafkaTopics and a KafkaUser that Strimzi's own schemas accept; a wrong
     operation is refused. (Its ACLs are granted on a real broker in detectorkit's test_on_kafka.)"""
-    from cookiecutter.main import cookiecutter
 
-    project = pathlib.Path(cookiecutter(str(REPO), no_input=True, output_dir=str(tmp_path), extra_context={"detector_kind": kind}))
-    deployment = next(d for _, d in documents(project / "deploy" / "k8s") if d["kind"] == "Deployment")
-    guarantee = next(e["value"] for e in only_container(deployment)["env"] if e["name"] == "PROCESSING_GUARANTEE")
+    project = bake(tmp_path, detector_kind=kind)
+    guarantee = yaml.safe_load((project / "deploy" / "values.yaml").read_text())["processingGuarantee"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DETECTOR_", "KAFKA_", "MAKE"))}
-    # The bake's `make kafka-manifests` runs exactly this, with the Deployment's guarantee.
+    # The bake's `make kafka-manifests` runs exactly this, with deploy/values.yaml's guarantee.
     dry_run = ["make", "-n", "--no-print-directory", "kafka-manifests"]
     planned = subprocess.run(dry_run, cwd=project, env=env, capture_output=True, text=True, check=True)
     command = f"PROCESSING_GUARANTEE={guarantee} .venv/bin/python -m high_value_orders kafka-manifests --cluster my-cluster"
@@ -816,9 +888,12 @@ def test_a_baked_services_kafka_resources_are_valid_strimzi_resources(tmp_path, 
 
 
 @pytest.fixture(scope="module")
-def strimzi_overlay(baked_manifests, kustomize, tmp_path_factory):
-    """The baked kit's Strimzi overlay (`kubectl apply -k deploy/strimzi/`)."""
-    return built_overlay(kustomize, baked_manifests.parent / "strimzi", tmp_path_factory)
+def strimzi_overlay(baked_project, helm, tmp_path_factory):
+    """The baked detector on Strimzi: its topics and user (`kubectl apply -f deploy/strimzi/strimzi.yaml`)
+    and the service with the Strimzi layer (`make deploy LAYER=strimzi`)."""
+    folder = rendered(baked_project, helm, tmp_path_factory.mktemp("strimzi"), layer="strimzi")
+    shutil.copy(baked_project / "deploy" / "strimzi" / "strimzi.yaml", folder / "strimzi.yaml")
+    return folder
 
 
 def test_the_strimzi_overlay_validates_and_its_pod_stays_restricted(strimzi_overlay, crd_schemas, psa_check, strimzi_validate):
@@ -837,7 +912,7 @@ def test_the_strimzi_overlay_validates_and_its_pod_stays_restricted(strimzi_over
     assert {"KafkaTopic", "KafkaUser", "Deployment", "ScaledObject", "TriggerAuthentication"} <= set(kinds), kinds
     checked = strimzi_validate((strimzi_overlay / "strimzi.yaml").read_text())
     assert checked.returncode == 0 and checked.stdout.count(": valid") == 2, checked.stdout + checked.stderr
-    result = subprocess.run([psa_check, strimzi_overlay / "strimzi.yaml"], capture_output=True, text=True)
+    result = subprocess.run([psa_check, strimzi_overlay / "deployment.yaml"], capture_output=True, text=True)
     assert result.returncode == 0 and ": Deployment/high-value-orders: ok" in result.stdout, result.stdout + result.stderr
 
 

@@ -1,10 +1,9 @@
 """deploy/strimzi/strimzi.yaml is what the service would ask Strimzi for now: its topics and its
-user's rights follow its detector (the state's changelog), its topics and its Deployment's
-guarantee. After changing any of them, `make kafka-manifests` writes the file again."""
+user's rights follow its detector (the state's changelog), its topics and the guarantee
+deploy/values.yaml deploys it with. After changing any of them, `make kafka-manifests` writes the file again."""
 
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -16,8 +15,7 @@ PROJECT = pathlib.Path(__file__).resolve().parents[1]
 def test_the_strimzi_resources_are_what_the_service_would_write_now():
     committed = list(yaml.safe_load_all((PROJECT / "deploy" / "strimzi" / "strimzi.yaml").read_text()))
     cluster = committed[0]["metadata"]["labels"]["strimzi.io/cluster"]
-    deployment = (PROJECT / "deploy" / "k8s" / "deployment.yaml").read_text()
-    guarantee = re.search(r"name: PROCESSING_GUARANTEE\n\s+value: (\S+)", deployment)[1]
+    guarantee = yaml.safe_load((PROJECT / "deploy" / "values.yaml").read_text())["processingGuarantee"]
     settings = ("DETECTOR_", "KAFKA_", "PROCESSING_", "INPUT_", "OUTPUT_", "DLQ_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(settings)}
     env["PROCESSING_GUARANTEE"] = guarantee
