@@ -872,7 +872,7 @@ def test_a_baked_services_kafka_resources_are_valid_strimzi_resources(tmp_path, 
     # The bake's `make kafka-manifests` runs exactly this, with deploy/values.yaml's guarantee.
     dry_run = ["make", "-n", "--no-print-directory", "kafka-manifests"]
     planned = subprocess.run(dry_run, cwd=project, env=env, capture_output=True, text=True, check=True)
-    command = f"PROCESSING_GUARANTEE={guarantee} .venv/bin/python -m high_value_orders kafka-manifests --cluster my-cluster"
+    command = f"PROCESSING_GUARANTEE={guarantee} .venv/bin/python -m high_value_orders kafka-manifests --cluster my-cluster --authentication tls"
     # Written beside the file, then moved over it: a failed run leaves the committed one whole.
     assert f"{command} > deploy/strimzi/strimzi.yaml.new\nmv deploy/strimzi/strimzi.yaml.new deploy/strimzi/strimzi.yaml" in planned.stdout
     env.update(PYTHONPATH=str(project / "src"), PROCESSING_GUARANTEE=guarantee)
@@ -887,12 +887,21 @@ def test_a_baked_services_kafka_resources_are_valid_strimzi_resources(tmp_path, 
     assert wrong.returncode == 1 and "must be equal to one of the allowed values" in wrong.stdout, wrong.stdout
 
 
-@pytest.fixture(scope="module")
-def strimzi_overlay(baked_project, helm, tmp_path_factory):
-    """The baked detector on Strimzi: its topics and user (`kubectl apply -f deploy/strimzi/strimzi.yaml`)
-    and the service with the Strimzi layer (`make deploy LAYER=strimzi`)."""
-    folder = rendered(baked_project, helm, tmp_path_factory.mktemp("strimzi"), layer="strimzi")
-    shutil.copy(baked_project / "deploy" / "strimzi" / "strimzi.yaml", folder / "strimzi.yaml")
+@pytest.fixture(scope="module", params=["tls", "scram-sha-512"])
+def strimzi_overlay(request, baked_project, helm, tmp_path_factory):
+    """The baked detector on Strimzi, with each authentication a KafkaUser can have: its topics and
+    user as `make kafka-manifests` writes them (`kubectl apply -f deploy/strimzi/strimzi.yaml`) and
+    the service with the Strimzi layer (`make deploy LAYER=strimzi`)."""
+    authentication = request.param
+    project = tmp_path_factory.mktemp("project") / baked_project.name
+    shutil.copytree(baked_project, project)
+    layer = project / "deploy" / "strimzi" / "values.yaml"
+    layer.write_text(layer.read_text().replace("strimziAuthentication: tls", f"strimziAuthentication: {authentication}"))
+    folder = rendered(project, helm, tmp_path_factory.mktemp("strimzi"), layer="strimzi")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DETECTOR_", "KAFKA_"))}
+    env.update(PYTHONPATH=str(project / "src"), PROCESSING_GUARANTEE="exactly-once")
+    command = [sys.executable, "-m", "high_value_orders", "kafka-manifests", "--cluster", "my-cluster", "--authentication", authentication]
+    (folder / "strimzi.yaml").write_text(subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout)
     return folder
 
 
@@ -916,17 +925,23 @@ def test_the_strimzi_overlay_validates_and_its_pod_stays_restricted(strimzi_over
     assert result.returncode == 0 and ": Deployment/high-value-orders: ok" in result.stdout, result.stdout + result.stderr
 
 
-def test_the_strimzi_overlay_gives_the_job_and_keda_the_certificate_strimzi_makes_for_its_user(strimzi_overlay):
+def test_the_strimzi_overlay_gives_the_job_and_keda_the_credentials_strimzi_makes_for_its_user(strimzi_overlay):
     """The Secrets as Strimzi's operators make them (the KafkaUser's, named after it; the cluster
-    CA's), and nothing else: the job gets mutual TLS to the cluster's TLS listener from their keys,
-    makes no topic, and KEDA reads the lag with the same certificate."""
+    CA's), and nothing else: the job reaches the cluster's TLS listener with their keys (mutual TLS,
+    or SCRAM-SHA-512 with the user's name and password), makes no topic, and KEDA reads the lag as
+    the same user."""
     from detectorkit.settings import load
 
     objects = manifests(strimzi_overlay)
     (user,) = of_kind(objects, "KafkaUser")
     cluster = user["metadata"]["labels"]["strimzi.io/cluster"]
+    scram = user["spec"]["authentication"]["type"] == "scram-sha-512"
     made = {
-        user["metadata"]["name"]: {"user.crt": "CERT", "user.key": "KEY", "user.p12": "P12", "user.password": "PW", "ca.crt": "CLIENTS-CA"},
+        user["metadata"]["name"]: (
+            {"password": "PW", "sasl.jaas.config": "JAAS"}
+            if scram
+            else {"user.crt": "CERT", "user.key": "KEY", "user.p12": "P12", "user.password": "PW", "ca.crt": "CLIENTS-CA"}
+        ),
         f"{cluster}-cluster-ca-cert": {"ca.crt": "CLUSTER-CA", "ca.p12": "P12", "ca.password": "PW"},
     }
     deployment = objects["Deployment", "high-value-orders"]
@@ -935,7 +950,11 @@ def test_the_strimzi_overlay_gives_the_job_and_keda_the_certificate_strimzi_make
     settings = load(environ=container_env(container, configmaps, made))
     assert settings.topics_as_code and settings.kafka_bootstrap_servers == f"{cluster}-kafka-bootstrap:9093"
     options = settings.kafka_options
-    assert options["security.protocol"] == "SSL" and not any(k.startswith("sasl.") for k in options), options
+    if scram:
+        sasl = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user["metadata"]["name"], "sasl.password": "PW"}
+        assert sasl.items() <= options.items() and "ssl.certificate.location" not in options, options
+    else:
+        assert options["security.protocol"] == "SSL" and not any(k.startswith("sasl.") for k in options), options
 
     pod = deployment["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -951,14 +970,17 @@ def test_the_strimzi_overlay_gives_the_job_and_keda_the_certificate_strimzi_make
                 return secret["secretName"], key
         raise AssertionError(f"{path} is on no mounted volume")
 
-    files = {name: mounted(options[f"ssl.{name}.location"]) for name in ("ca", "certificate", "key")}
+    files = {name: mounted(options[f"ssl.{name}.location"]) for name in ("ca", *(() if scram else ("certificate", "key")))}
     assert files == {
         "ca": (f"{cluster}-cluster-ca-cert", "ca.crt"),
-        "certificate": (user["metadata"]["name"], "user.crt"),
-        "key": (user["metadata"]["name"], "user.key"),
+        **({} if scram else {"certificate": (user["metadata"]["name"], "user.crt"), "key": (user["metadata"]["name"], "user.key")}),
     }
     (auth,) = of_kind(objects, "TriggerAuthentication")
     refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
-    assert refs == {"ca": files["ca"], "cert": files["certificate"], "key": files["key"]}
     keda = {r["parameter"]: configmaps[r["name"]][r["key"]] for r in auth["spec"]["configMapTargetRef"]}
-    assert keda == {"tls": "enable", "sasl": ""}
+    if scram:
+        assert refs == {"ca": files["ca"], "password": (user["metadata"]["name"], "password")}
+        assert keda == {"tls": "enable", "sasl": "scram_sha512", "username": user["metadata"]["name"]}
+    else:
+        assert refs == {"ca": files["ca"], "cert": files["certificate"], "key": files["key"]}
+        assert keda == {"tls": "enable", "sasl": ""}

@@ -34,3 +34,11 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 team: {{ . }}
 {{- end }}
 {{- end }}
+
+{{/* With Strimzi, how the user authenticates: mutual TLS, or SCRAM over TLS. */}}
+{{- define "dk.scram" -}}
+{{- if and .Values.kafka.strimziCluster (eq .Values.kafka.strimziAuthentication "scram-sha-512") }}true{{ end -}}
+{{- end }}
+{{- define "dk.mtls" -}}
+{{- if and .Values.kafka.strimziCluster (eq .Values.kafka.strimziAuthentication "tls") }}true{{ end -}}
+{{- end }}
