@@ -73,9 +73,12 @@ class Diamond:
     jobs: list[Job] = field(default_factory=list)
     aggregator_port: int = 0
     final_metrics: dict = field(default_factory=dict)  # the aggregate when the diamond had drained
+    # The jobs that run in slices of this many seconds (SLICE_SECONDS); the others in micro-batches.
+    sliced: frozenset[str] = frozenset()
+    slice_seconds: float = 5.0
 
-    def env(self, **settings: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DETECTOR_", "NOTIFIER_"))}
+    def env(self, job: str | None = None, **settings: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DETECTOR_", "NOTIFIER_", "SLICE_"))}
         env.update(
             {
                 "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
@@ -86,6 +89,8 @@ class Diamond:
                 "CREATE_TOPICS": "true",
             }
         )
+        if job in self.sliced:
+            env["SLICE_SECONDS"] = f"{self.slice_seconds:g}"
         env.update({k.upper(): v for k, v in settings.items()})
         return env
 
@@ -133,12 +138,12 @@ class Diamond:
                 self.env(),
                 self.work / "aggregator.log",
             ),
-            Job("normaliser", [*dk, "normalise"], self.env(input_topic=RAW, output_topic=NORMALISED), self.work / "normaliser.log"),
-            *(Job(name, command, self.env(), self.work / f"{name}.log") for name, command in detector_commands.items()),
+            Job("normaliser", [*dk, "normalise"], self.env("normaliser", input_topic=RAW, output_topic=NORMALISED), self.work / "normaliser.log"),
+            *(Job(name, command, self.env(name), self.work / f"{name}.log") for name, command in detector_commands.items()),
             Job(
                 "notifier",
                 [*dk, "notify"],
-                self.env(input_topic=DETECTIONS, output_topic=NOTIFICATIONS, notifier_window_seconds=str(WINDOW_SECONDS)),
+                self.env("notifier", input_topic=DETECTIONS, output_topic=NOTIFICATIONS, notifier_window_seconds=str(WINDOW_SECONDS)),
                 self.work / "notifier.log",
             ),
         ]
@@ -193,7 +198,7 @@ class Joining:
             probe.close()
         self.had_offsets = any(o is not None for o in self._committed().values())
         # Its default STARTING_OFFSETS (latest), not the others' earliest.
-        env = diamond.env(output_topic=JOINING_OUTPUT)
+        env = diamond.env(self.name, output_topic=JOINING_OUTPUT)
         env.pop("STARTING_OFFSETS")
         self.job = Job(self.name, self.command, env, diamond.work / f"{self.name}.log").start()
         diamond.jobs.append(self.job)
@@ -292,7 +297,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--join-detector", action="store_true", help="halfway through, deploy a third detector generated from the template into the running diamond"
     )
+    parser.add_argument(
+        "--sliced",
+        default="",
+        help="comma-separated jobs (normaliser, notifier, a detector's name, or all) that run in slices (SLICE_SECONDS), the others in micro-batches",
+    )
+    parser.add_argument("--slice-seconds", type=float, default=5.0, help="the sliced jobs' SLICE_SECONDS (default: 5)")
     args = parser.parse_args(argv)
+    names = {"normaliser", "notifier", *(n for n, _ in (*DETECTORS, JOINING))}
+    sliced = {n.strip() for n in args.sliced.split(",") if n.strip()}
+    if sliced - names - {"all"}:
+        parser.error(f"--sliced: no job named {', '.join(sorted(sliced - names - {'all'}))} (one of {', '.join(sorted(names))}, or all)")
+    sliced = names if "all" in sliced else sliced
     work = pathlib.Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     stopping = threading.Event()
@@ -300,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stopping.set())
 
     broker = _Given(args.bootstrap_servers) if args.bootstrap_servers else start_broker(args.engine)
-    diamond = Diamond(work, broker.bootstrap_servers, pathlib.Path(args.template).resolve())
+    diamond = Diamond(
+        work, broker.bootstrap_servers, pathlib.Path(args.template).resolve(), sliced=frozenset(sliced), slice_seconds=args.slice_seconds
+    )
     try:
         diamond.create_topics(args.partitions)
         detectors = diamond.bake_detectors()

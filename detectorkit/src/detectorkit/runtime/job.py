@@ -49,7 +49,7 @@ from detectorkit.runtime.query_runner import QueryRunner
 from detectorkit.runtime.slice_control import SliceControl
 from detectorkit.runtime.slices import plan as plan_slice
 from detectorkit.runtime.slices import run_slice
-from detectorkit.runtime.stage import Relay, Stage, as_stage
+from detectorkit.runtime.stage import Relay, Stage, as_stage, reading_input
 from detectorkit.runtime.supervisor import Supervisor
 from detectorkit.runtime.task_context import TaskContext
 from detectorkit.runtime.task_result import NO_PARTITION, SPARK_SCHEMA, TaskResult
@@ -75,7 +75,7 @@ class StreamJob:
         self.settings = settings if settings.consumer_group and settings.dlq_topic else settings.for_service(self.stage.name)
         self._spark = spark
         self.config = self.stage.load_config() if config is None else config
-        self.stage = self.stage.configured(self.config)
+        self.stage = reading_input(self.stage.configured(self.config), self.settings)
         s = self.settings
         self._base = clients.base(s.kafka_bootstrap_servers, s.kafka_options)
         self.broker_kind = s.kafka_broker_kind
@@ -257,6 +257,7 @@ class StreamJob:
             starting_offsets=s.starting_offsets,
             broker_kind=self.broker_kind,
             processing_guarantee=plan.guarantee.value,
+            slice_seconds=plan.slice_seconds,  # 0: micro-batches
         )
         self._serving = threading.Thread(target=assignment.serve, name="consumer-group", daemon=True)
         self._serving.start()
