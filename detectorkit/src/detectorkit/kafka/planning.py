@@ -18,6 +18,11 @@ class DataLossError(RuntimeError):
     """Records the job was planned to read are gone (retention, a deleted or re-created topic)."""
 
 
+def data_loss(problem: str) -> DataLossError:
+    """The error that stops a job whose records are gone, saying what to do about it."""
+    return DataLossError(f"{problem}. Some records were never processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.")
+
+
 class NoCommittedOffsetsError(RuntimeError):
     """STARTING_OFFSETS=error and the consumer group has no committed offset for a partition."""
 
@@ -106,7 +111,7 @@ def reconcile(start: Mapping[int, int], latest: Mapping[int, int], fail_on_data_
             planned[partition] = 0
             from_earliest.add(partition)
     if problems and fail_on_data_loss:
-        raise DataLossError("; ".join(problems) + ". Some records were never processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.")
+        raise data_loss("; ".join(problems))
     return planned, from_earliest, problems
 
 

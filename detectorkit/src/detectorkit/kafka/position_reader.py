@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from detectorkit.kafka import clients
-from detectorkit.kafka.planning import DataLossError
+from detectorkit.kafka.planning import data_loss
 from detectorkit.kafka.range_reader import CHUNK_RECORDS, Chunk
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class PositionReader:
             return  # transient: librdkafka retries by itself
         problem = f"records {self.topic}-{p} from offset {self.position[p]} are no longer on the broker ({error.str()})"
         if self.fail_on_data_loss:
-            raise DataLossError(problem + ". Some records were never processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.")
+            raise data_loss(problem)
         log.warning("skipping lost records: %s", problem)
         low, _ = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout, cached=False)
         self.position[p] = max(self.position[p], low)

@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from detectorkit.kafka import broker_kind as kinds
 from detectorkit.kafka import clients
-from detectorkit.kafka.planning import DataLossError, PartitionRange
+from detectorkit.kafka.planning import PartitionRange, data_loss
 from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.kafka.worker_clients import WorkerClients
 
@@ -195,7 +195,7 @@ def _handle_error(consumer, r: PartitionRange, position: int, error: KafkaError,
 
 def _lost(r: PartitionRange, problem: str, fail_on_data_loss: bool) -> None:
     if fail_on_data_loss and not r.from_earliest:
-        raise DataLossError(problem + ". Some records were never processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.")
+        raise data_loss(problem)
     log.warning("skipping lost records: %s", problem)
 
 

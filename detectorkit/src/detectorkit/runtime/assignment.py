@@ -18,6 +18,7 @@ import structlog
 from detectorkit.kafka import clients, transactions
 from detectorkit.kafka.end_offsets import start_positions
 from detectorkit.kafka.membership import GroupMember
+from detectorkit.kafka.planning import data_loss
 from detectorkit.metrics.registry import JobMetrics
 from detectorkit.runtime.batch_committer import BatchCommitter
 from detectorkit.runtime.health import Progress
@@ -55,7 +56,7 @@ class Assignment:
         self.ends = None
         self.running: frozenset[int] | None = None  # what the query reads; None: nothing runs
         self.metadata: bytes | None = None  # with exactly-once: the group metadata the query's tasks commit with
-        self._admin = None  # a stateful job's, for the metadata request of each assignment
+        self._admin = None  # for the metadata request of an assignment that needs one
 
     # ---- the serving loop ---------------------------------------------------------------------
 
@@ -110,6 +111,8 @@ class Assignment:
     def apply(self, owned: frozenset[int]) -> None:
         """Read exactly `owned`, each from the group's committed offset."""
         self._check_state_partitions(owned)
+        if not owned:
+            self._check_input_is_there()
         began = self.member.changed_at
         before = self.running or frozenset()
         self.stop_query()
@@ -145,6 +148,22 @@ class Assignment:
         if self._admin is None:
             self._admin = clients.new_admin(self._base)
         changelog.check_assignment(self._admin, self._state_topic, self.plan.input_topic, owned, self.plan.timeout)
+
+    def _check_input_is_there(self) -> None:
+        """The group gives no partition when there are more members than partitions, and when the
+        input topic was deleted: its partitions leave every member's assignment. A query's batch or
+        slice may have ended before its reads saw the deletion, so it is told here too: a
+        DataLossError, or with FAIL_ON_DATA_LOSS=false a warning, and the group assigns the topic's
+        partitions again once it is back."""
+        if self._admin is None:
+            self._admin = clients.new_admin(self._base)
+        try:
+            clients.topic_partitions(self._admin, self.plan.input_topic, self.plan.timeout)
+        except LookupError:
+            problem = f"topic {self.plan.input_topic!r} was deleted while the job read it"
+            if self.plan.fail_on_data_loss:
+                raise data_loss(problem) from None
+            log.warning("skipping lost records", problem=problem)
 
     def release(self, partitions: set[int], lost: bool) -> None:
         """The group takes `partitions` away (see membership.Owner). Revoked: the batch in flight

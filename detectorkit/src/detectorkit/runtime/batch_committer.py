@@ -19,7 +19,7 @@ from confluent_kafka import KafkaException
 
 from detectorkit.kafka import clients, offset_store, transactions
 from detectorkit.kafka.membership import CommitRefused, GroupMember
-from detectorkit.kafka.planning import DataLossError
+from detectorkit.kafka.planning import data_loss
 from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
 from detectorkit.runtime.job_plan import JobPlan
 from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
@@ -193,7 +193,7 @@ class BatchCommitter:
             # the source waits for the topic to come back.
             problem = f"topic {self.plan.input_topic!r} was deleted while the job read it"
             if self.plan.fail_on_data_loss:
-                raise DataLossError(f"{problem}. Some records may never have been processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.") from None
+                raise data_loss(problem) from None
             log.warning("skipping lost records", problem=problem)
 
     def _durable_metadata(self, offsets: dict[int, int]) -> dict[int, str] | None:
