@@ -676,6 +676,22 @@ def test_the_team_answer_labels_the_pods_their_series_and_alerts_and_routes_them
     assert route["receiver"] in {r["name"] for r in routing["spec"]["receivers"]}
 
 
+def test_the_teams_channel_given_as_alerts_receiver_is_where_its_alerts_go(baked_project, helm, crd_schemas, tmp_path):
+    """`alerts.receiver` in deploy/values.yaml: the receiver the team's route names, as the
+    Prometheus Operator's AlertmanagerConfig takes it."""
+    import jsonschema
+
+    channel = {"slackConfigs": [{"channel": "#fraud-alerts", "apiURL": {"name": "slack-webhook", "key": "url"}}]}
+    (tmp_path / "receiver.yaml").write_text(yaml.safe_dump({"alerts": {"receiver": channel}}))
+    values = ["-f", baked_project / "deploy" / "values.yaml", "-f", tmp_path / "receiver.yaml"]
+    (tmp_path / "rendered").mkdir()
+    objects = manifests(split_rendered(run(helm, "template", "high-value-orders", CHART, *values), tmp_path / "rendered"))
+    (routing,) = of_kind(objects, "AlertmanagerConfig")
+    jsonschema.validate(routing, crd_schemas["AlertmanagerConfig"])
+    (receiver,) = [r for r in routing["spec"]["receivers"] if r["name"] == routing["spec"]["route"]["receiver"]]
+    assert receiver == {"name": "data-science", **channel}
+
+
 def test_the_chart_passes_helms_lint_with_every_values_file_that_uses_it(baked_project, helm):
     """`helm lint --strict` (templates, Chart.yaml, values against values.schema.json) for each way
     the chart is used: a baked detector, its shadow and Strimzi layers, and the shared jobs."""
