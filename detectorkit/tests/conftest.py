@@ -12,7 +12,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), os.envi
 # STARTS_ITS_OWN says and its own marker; `make test-fast` runs the unit lane alone, so a test
 # left there by mistake costs every developer its broker or Spark.
 LANES = ("unit", "kafka", "e2e")
-BROKER_FIXTURES = {"kafka_broker", "kafka_bootstrap_servers", "kafka_broker_kind", "transactional_kafka"}
+# A Schema Registry is a server the tests start like a broker, and goes in the same lane.
+BROKER_FIXTURES = {"kafka_broker", "kafka_bootstrap_servers", "kafka_broker_kind", "transactional_kafka", "schema_registry"}
 
 # What the fixtures cannot tell: tests that start a broker, a Spark session or a job process
 # themselves. "path" is every test of the module, "path::name" one test (all its parameters).

@@ -136,3 +136,39 @@ def test_the_test_helpers_import_neither_pytest_nor_the_kafka_client():
         check=True,
     )
     assert probe.stdout.strip() == "[]"
+
+
+def test_a_json_service_needs_no_schema_registry_extra_and_another_format_says_what_to_install():
+    """The Schema Registry's libraries are the `schema-registry` extra's: a JSON job imports and
+    starts without them, and RECORD_FORMAT=avro without them stops at start saying what to install."""
+    extras = project()["optional-dependencies"]
+    assert any(Requirement(r).name == "confluent-kafka" and {"avro", "json", "protobuf"} <= Requirement(r).extras for r in extras["schema-registry"])
+    # A service's test tools stay without them; the repository's own setup installs them beside.
+    assert not any("schema-registry" in Requirement(r).extras for r in extras["test"])
+    assert "detectorkit[test,schema-registry]" in (KIT.parent / "Makefile").read_text()
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
+            import sys
+
+            # As if the extra were not installed.
+            for name in ("fastavro", "google.protobuf", "jsonschema", "cachetools", "authlib", "httpx2"):
+                sys.modules[name] = None
+            from detectorkit.runtime import job, processing
+            from detectorkit.settings import SettingsError, load
+
+            print(load(environ={}).record_format)
+            try:
+                load(environ={"RECORD_FORMAT": "avro", "SCHEMA_REGISTRY_URL": "http://registry:8081"})
+            except SettingsError as exc:
+                print(exc)
+        """),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    assert probe.stdout.splitlines() == ["json", "invalid setting RECORD_FORMAT=avro needs fastavro: pip install 'detectorkit[schema-registry]'"]

@@ -1,5 +1,6 @@
 import argparse
 
+import certifi
 import pytest
 
 from detectorkit import settings as s
@@ -190,3 +191,76 @@ def test_an_env_file_of_another_shape_is_one_line_that_never_shows_a_value(tmp_p
     assert str(raised.value) == f"--env-file {env_file}, line 2: not KEY=VALUE"
     with pytest.raises(SettingsError, match="No such file"):
         read_env_file(str(tmp_path / "missing.env"), {})
+
+
+# ---- record formats through a Schema Registry ------------------------------------------------------
+
+
+def test_json_is_the_default_record_format_and_needs_no_registry():
+    got = load(environ={})
+    assert got.record_format == "json" and got.schema_registry_url is None
+
+
+@pytest.mark.parametrize("record_format", ["avro", "protobuf", "json-schema"])
+def test_a_registry_format_without_a_registry_stops_at_start_in_one_line(record_format):
+    with pytest.raises(SettingsError) as info:
+        load(environ={"RECORD_FORMAT": record_format})
+    text = str(info.value)
+    assert f"RECORD_FORMAT={record_format}" in text and "set SCHEMA_REGISTRY_URL" in text and "\n" not in text
+
+
+def test_registry_settings_from_env_and_flags_and_their_secrets_never_show():
+    ca = certifi.where()  # the client reads its CA file at once
+    env = {
+        "RECORD_FORMAT": "AVRO",
+        "SCHEMA_REGISTRY_URL": "https://registry.example.com:8081",
+        "SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO": "svc:hunter2",
+        "SCHEMA_REGISTRY_SSL_CA_LOCATION": ca,
+    }
+    got = parse(["--schema-registry-option", "timeout=5"], env)
+    assert got.record_format == "avro"
+    assert got.schema_registry_options == {
+        "basic.auth.user.info": "svc:hunter2",
+        "ssl.ca.location": ca,
+        "timeout": "5",
+    }
+    for text in (repr(got), str(got), str(got.safe_dict()), repr(got.registry_conf())):
+        assert "hunter2" not in text
+        assert ca in text and "registry.example.com" in text
+    assert got.registry_conf()["timeout"] == 5
+    # The other way to authenticate: a bearer token, as secret.
+    assert s.is_secret("bearer.auth.token") and s.is_secret("bearer.auth.client.secret") and not s.is_secret("bearer.auth.client.id")
+
+
+def test_a_password_in_the_registry_url_is_masked_too():
+    got = load(environ={"RECORD_FORMAT": "json-schema", "SCHEMA_REGISTRY_URL": "https://svc:hunter2@registry.example.com"})
+    for text in (repr(got), str(got), str(got.safe_dict())):
+        assert "hunter2" not in text and "https://***@registry.example.com" in text
+
+
+def test_registry_settings_the_client_refuses_stop_at_start_in_one_line_without_their_values():
+    avro = {"RECORD_FORMAT": "avro", "SCHEMA_REGISTRY_URL": "http://registry:8081"}
+    for option, message in [
+        ("basic.auth.user.info=hunter2-without-a-user", "{username}:{password}"),
+        ("auto.register.schemas=true", "Unrecognized properties: auto.register.schemas"),
+        ("timeout=soon", "timeout must be a number"),
+    ]:
+        with pytest.raises(SettingsError) as info:
+            parse(["--schema-registry-option", option], avro)
+        text = str(info.value)
+        assert message in text and "hunter2" not in text and "\n" not in text, text
+
+
+def test_a_stage_that_reads_json_only_refuses_another_format_and_the_normaliser_reads_it():
+    from detectorkit.roles.normaliser import NORMALISER
+    from detectorkit.roles.notifier import Notifier
+    from detectorkit.runtime.stage import as_stage, reading_input
+
+    avro = load(environ={"RECORD_FORMAT": "avro", "SCHEMA_REGISTRY_URL": "http://registry:8081"})
+    assert reading_input(as_stage(THRESHOLD), avro).decode.record_format == "avro"
+    normaliser = reading_input(reading_input(NORMALISER, avro), avro)
+    assert normaliser.decode.record_format == "avro" and normaliser.reasons.count("undecodable") == 1
+    notifier = Notifier()
+    with pytest.raises(SettingsError, match="the notifier reads JSON records only"):
+        reading_input(notifier, avro)
+    assert reading_input(notifier, load(environ={})) is notifier

@@ -5,7 +5,8 @@ The `kafka_bootstrap_servers` fixture picks the broker: KAFKA_BOOTSTRAP_SERVERS 
 Apache Kafka started by `kafka_broker.KafkaBroker` where Java and Maven (or its cached jars) are
 there; else a Kafka container where a Docker engine answers; else the embedded broker (Tansu).
 DETECTORKIT_TEST_BROKER=kafka|container|tansu insists on one. `kafka_broker_kind` tells which, so a
-test that needs what Tansu lacks can skip with a reason.
+test that needs what Tansu lacks can skip with a reason. `schema_registry` gives a Schema Registry's
+URL, for records in Avro, Protobuf or JSON Schema.
 """
 
 from __future__ import annotations
@@ -84,3 +85,22 @@ def kafka_bootstrap_servers(kafka_broker) -> str:
 @pytest.fixture(scope="session")
 def kafka_broker_kind(kafka_broker) -> str:
     return kafka_broker[1]
+
+
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[str]:
+    """The URL of a Schema Registry with Confluent's API, for RECORD_FORMAT avro, protobuf and
+    json-schema: SCHEMA_REGISTRY_URL if set, else Apicurio Registry started for the session
+    (devtools.schema_registry); the test is skipped, saying why, where it cannot be started."""
+    if os.environ.get("SCHEMA_REGISTRY_URL"):
+        yield os.environ["SCHEMA_REGISTRY_URL"]
+        return
+    from detectorkit.devtools.kafka_broker import cache_dir
+    from detectorkit.devtools.schema_registry import APICURIO_VERSION, MIN_JAVA, SchemaRegistry, find_java
+
+    if find_java() is None:
+        pytest.skip(f"Apicurio Registry needs Java {MIN_JAVA} or later (JAVA_HOME, PATH or /usr/lib/jvm); none found")
+    if shutil.which("mvn") is None and not (cache_dir() / f"apicurio-registry-{APICURIO_VERSION}" / ".complete").exists():
+        pytest.skip("fetching Apicurio Registry from Maven Central needs Maven on PATH")
+    with SchemaRegistry() as registry:
+        yield registry.url

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,13 @@ MISSING_FIELD = "missing_field"
 DETECTOR_ERROR = "detector_error"
 BAD_EVENT_TIME = "bad_event_time"
 KEY_MISMATCH = "key_mismatch"
-REASONS = (MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, DETECTOR_ERROR, BAD_EVENT_TIME, KEY_MISMATCH)
+# RECORD_FORMAT avro, protobuf or json-schema: not in the Confluent wire format, an unknown schema id,
+# or a payload its schema does not read (kafka.schema_registry).
+UNDECODABLE = "undecodable"
+REASONS = (MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, DETECTOR_ERROR, BAD_EVENT_TIME, KEY_MISMATCH, UNDECODABLE)
+
+# One Kafka value as a record (a dict), or Refused: `parse_object` for JSON, a Schema Registry decoder.
+Decode = Callable[[bytes | None], dict]
 
 
 def dead_letter_headers(service: str, reason: str, message: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
@@ -63,14 +70,14 @@ def parse_object(value: bytes | None) -> dict:
     return record
 
 
-def parse(values: Sequence[bytes | None], required_fields: Sequence[str]) -> tuple[pd.DataFrame, list[Rejected]]:
-    """Parse JSON objects; the DataFrame's index is each record's position in `values`."""
+def parse(values: Sequence[bytes | None], required_fields: Sequence[str], decode: Decode = parse_object) -> tuple[pd.DataFrame, list[Rejected]]:
+    """Decode each value (JSON objects by default); the DataFrame's index is each record's position in `values`."""
     rows = []
     positions = []
     rejected = []
     for position, value in enumerate(values):
         try:
-            record = parse_object(value)
+            record = decode(value)
         except Refused as exc:
             rejected.append(Rejected(position, exc.reason, str(exc)))
             continue
@@ -90,10 +97,13 @@ def parse(values: Sequence[bytes | None], required_fields: Sequence[str]) -> tup
 _PLAIN_TYPES = (pa.types.is_boolean, pa.types.is_int64, pa.types.is_float64, pa.types.is_string, pa.types.is_null)
 
 
-def parse_arrow(values: pa.Array, required_fields: Sequence[str]) -> tuple[pd.DataFrame, list[Rejected]]:
+def parse_arrow(values: pa.Array, required_fields: Sequence[str], decode: Decode | None = None) -> tuple[pd.DataFrame, list[Rejected]]:
     """`parse` for an Arrow column of values: a whole batch of flat JSON objects is parsed at once
-    by Arrow's JSON reader (C++, no Python per record); anything else goes record by record."""
+    by Arrow's JSON reader (C++, no Python per record); anything else, and records of another
+    format (`decode`), goes record by record."""
     raw = values.to_pylist()  # once: both paths read the same Python values
+    if decode is not None:
+        return parse(raw, required_fields, decode)
     fast = _parse_all_at_once(raw, required_fields)
     return fast if fast is not None else parse(raw, required_fields)
 
@@ -141,10 +151,16 @@ def detections_of(out: Any, index: pd.Index, single: bool = False) -> list[tuple
 
 def event_times_ms(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """A field's values as event times in epoch milliseconds, and which cannot be one: a number is
-    epoch milliseconds, a string ISO 8601 (a time without a zone is UTC); anything else is refused."""
+    epoch milliseconds, a string ISO 8601, a datetime (an Avro timestamp) itself (a time without a
+    zone is UTC); anything else is refused."""
     ms = np.zeros(len(values), dtype=np.int64)
     bad = np.ones(len(values), dtype=bool)
     raw = values.to_numpy(dtype=object)
+    moments = np.array([isinstance(v, datetime) for v in raw], dtype=bool)  # pandas' Timestamp is one
+    if moments.any():
+        since = pd.to_datetime(pd.Series(raw[moments], dtype=object), utc=True) - pd.Timestamp(0, tz="UTC")
+        ms[moments] = (since // pd.Timedelta(milliseconds=1)).to_numpy(dtype=np.int64)
+        bad[moments] = False
     numbers = np.array([isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v) for v in raw], dtype=bool)
     if numbers.any():
         ms[numbers] = np.asarray(raw[numbers], dtype=np.float64).astype(np.int64)

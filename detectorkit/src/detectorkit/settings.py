@@ -4,7 +4,10 @@ Every field's environment variable is its name in upper case (``input_topic`` ->
 the flag is its name in kebab case (``--input-topic``). Flags win over the environment.
 librdkafka settings for real clusters pass through from ``KAFKA_SECURITY_PROTOCOL``,
 ``KAFKA_SASL_*`` and ``KAFKA_SSL_*`` (``KAFKA_SASL_USERNAME`` -> ``sasl.username``) or from
-``--kafka-option sasl.username=...``; their secrets never reach a log line.
+``--kafka-option sasl.username=...``; the Schema Registry client's likewise from
+``SCHEMA_REGISTRY_BASIC_AUTH_*``, ``SCHEMA_REGISTRY_BEARER_AUTH_*`` and ``SCHEMA_REGISTRY_SSL_*``
+(``SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO`` -> ``basic.auth.user.info``) or
+``--schema-registry-option``. Their secrets never reach a log line.
 """
 
 from __future__ import annotations
@@ -15,19 +18,25 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import socket
 import types
 import typing
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from detectorkit.kafka.planning import MIN_TASK_RECORDS
 from detectorkit.kafka.secrets import is_secret
 
 # The librdkafka keys a deployment may pass through: what a secured real cluster needs.
 PASS_THROUGH_PREFIXES = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "metadata.")
+# Where the Schema Registry client's settings come from in the environment, e.g.
+# SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO -> basic.auth.user.info.
+REGISTRY_ENV_PREFIXES = ("SCHEMA_REGISTRY_BASIC_AUTH_", "SCHEMA_REGISTRY_BEARER_AUTH_", "SCHEMA_REGISTRY_SSL_")
+# Settings that are dicts of client settings: from their own variables and repeatable flags, never shown.
+_OPTIONS = {"kafka_options": "--kafka-option", "schema_registry_options": "--schema-registry-option"}
 _TOPIC_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -52,6 +61,11 @@ def check_topic_name(name: str) -> str:
 def redact(conf: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a client configuration that is safe to log: the Kafka clients' list of secrets."""
     return {k: ("***" if is_secret(k) else v) for k, v in conf.items()}
+
+
+def redact_url(url: Any) -> Any:
+    """A URL safe to log: a user:password in it masked."""
+    return re.sub(r"//[^/@]*@", "//***@", url) if isinstance(url, str) else url
 
 
 def default_instance_id() -> str:
@@ -188,7 +202,24 @@ class Settings(BaseModel):
         "which until then holds back read_committed consumers of its topics. Above the longest batch a task runs.",
     )
 
-    @field_validator("log_level", "kafka_broker_kind", "starting_offsets", "group_protocol", "processing_guarantee", mode="before")
+    record_format: Literal["json", "avro", "protobuf", "json-schema"] = Field(
+        "json",
+        description="How the input's records are encoded: json (JSON objects, a batch read at once by Arrow), or avro, protobuf or "
+        "json-schema in the Confluent wire format (a 0 byte, the writer's schema id, the payload), read with that schema from "
+        "SCHEMA_REGISTRY_URL (pip install 'detectorkit[schema-registry]'). A record that cannot be read goes to the dead-letter topic "
+        "as undecodable; a registry that cannot be reached fails the batch, which is retried.",
+    )
+    schema_registry_url: str | None = Field(
+        None,
+        description="The Schema Registry of RECORD_FORMAT avro, protobuf and json-schema, by Confluent's API (Confluent's, Karapace, "
+        "Apicurio's /apis/ccompat/v7); several comma-separated. Credentials go in SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO.",
+    )
+    schema_registry_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="Schema Registry client settings passed through (basic.auth.user.info=user:password, bearer.auth.*, ssl.*, timeout).",
+    )
+
+    @field_validator("log_level", "kafka_broker_kind", "starting_offsets", "group_protocol", "processing_guarantee", "record_format", mode="before")
     @classmethod
     def _any_case(cls, value: Any, info) -> Any:
         # Only a known choice is normalised: a wrong one is reported as it was typed.
@@ -219,6 +250,22 @@ class Settings(BaseModel):
                 raise ValueError(f"{key!r} is not a pass-through librdkafka setting (allowed: {', '.join(p + '*' for p in PASS_THROUGH_PREFIXES)})")
         return value
 
+    @model_validator(mode="after")
+    def _registry(self) -> Settings:
+        if self.record_format != "json":
+            if not self.schema_registry_url:
+                raise ValueError(f"RECORD_FORMAT={self.record_format} reads each record with its schema from a registry: set SCHEMA_REGISTRY_URL")
+            from detectorkit.kafka import schema_registry
+
+            schema_registry.check(self.record_format, self.registry_conf())
+        return self
+
+    def registry_conf(self) -> dict[str, Any]:
+        """The Schema Registry client's settings, secrets as SecretStr."""
+        from detectorkit.kafka import schema_registry
+
+        return schema_registry.client_conf(self.schema_registry_url or "", self.schema_registry_options)
+
     def for_service(self, service: str) -> Settings:
         """Fill the defaults that depend on the service's name (a shadow's: beside the live ones)."""
         dlq, group, output = self.dlq_topic or check_topic_name(f"{service}.dlq"), self.consumer_group or service, self.output_topic
@@ -228,29 +275,40 @@ class Settings(BaseModel):
 
     def __repr_args__(self):
         for name, value in super().__repr_args__():
-            yield name, (redact(value) if name == "kafka_options" else value)
+            yield name, _shown(name, value)
 
     def safe_dict(self) -> dict[str, Any]:
         """The settings as a dict fit for a log line."""
-        data = self.model_dump()
-        data["kafka_options"] = redact(self.kafka_options)
-        return data
+        return {name: _shown(name, value) for name, value in self.model_dump().items()}
+
+
+def _shown(name: str, value: Any) -> Any:
+    if name in _OPTIONS:
+        return redact(value)
+    return redact_url(value) if name == "schema_registry_url" else value
 
 
 def kafka_options_from_env(environ: Mapping[str, str]) -> dict[str, str]:
+    return _options_from_env(environ, ("KAFKA_SECURITY_", "KAFKA_SASL_", "KAFKA_SSL_"), "KAFKA_")
+
+
+def registry_options_from_env(environ: Mapping[str, str]) -> dict[str, str]:
+    return _options_from_env(environ, REGISTRY_ENV_PREFIXES, "SCHEMA_REGISTRY_")
+
+
+def _options_from_env(environ: Mapping[str, str], prefixes: Sequence[str], strip: str) -> dict[str, str]:
     options = {}
     for name, value in environ.items():
         upper = name.upper()
-        for prefix in ("KAFKA_SECURITY_", "KAFKA_SASL_", "KAFKA_SSL_"):
-            if upper.startswith(prefix):
-                options[upper[len("KAFKA_") :].lower().replace("_", ".")] = value
+        if upper.startswith(tuple(prefixes)):
+            options[upper[len(strip) :].lower().replace("_", ".")] = value
     return options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting, with the field's description as help."""
     for name, field in Settings.model_fields.items():
-        if name == "kafka_options":
+        if name in _OPTIONS:
             continue
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=f"{field.description} (env {name.upper()})")
@@ -261,6 +319,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="librdkafka setting passed to every client, e.g. sasl.mechanism=PLAIN (repeatable)",
+    )
+    parser.add_argument(
+        "--schema-registry-option",
+        dest="schema_registry_options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Schema Registry client setting, e.g. ssl.ca.location=/etc/ca.pem (repeatable; env SCHEMA_REGISTRY_BASIC_AUTH_*, "
+        "SCHEMA_REGISTRY_BEARER_AUTH_*, SCHEMA_REGISTRY_SSL_*)",
     )
 
 
@@ -278,21 +345,21 @@ def load(
             "their consumer group, also partitions added later; remove it and start as many instances as you need"
         )
     overrides: dict[str, Any] = {}
-    options = kafka_options_from_env(environ)
+    options = {"kafka_options": kafka_options_from_env(environ), "schema_registry_options": registry_options_from_env(environ)}
     if args is not None:
         for name in Settings.model_fields:
             value = getattr(args, name, None)
-            if name == "kafka_options":
+            if name in _OPTIONS:
                 for item in value or []:
                     key, sep, val = item.partition("=")
                     if not sep:
-                        raise SettingsError(f"--kafka-option wants KEY=VALUE, got {item!r}")
-                    options[key.strip()] = val
+                        raise SettingsError(f"{_OPTIONS[name]} wants KEY=VALUE, got {item!r}")
+                    options[name][key.strip()] = val
             elif value is not None:
                 overrides[name] = value
-    overrides["kafka_options"] = options
+    overrides.update(options)
     env_values = {
-        name: environ[name.upper()] for name in Settings.model_fields if name.upper() in environ and name not in overrides and name != "kafka_options"
+        name: environ[name.upper()] for name in Settings.model_fields if name.upper() in environ and name not in overrides and name not in _OPTIONS
     }
     try:
         return Settings.model_validate({**(defaults or {}), **env_values, **overrides})
@@ -326,8 +393,11 @@ def read_env_file(path: str, environ: MutableMapping[str, str] | None = None) ->
 def describe(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors():
-        name = ".".join(str(x) for x in error["loc"]) or "settings"
-        shown = "***" if "option" in name else repr(error.get("input"))
+        if not error["loc"]:  # a check of several settings: its message names them, and no value is shown
+            parts.append(error["msg"].removeprefix("Value error, "))
+            continue
+        name = ".".join(str(x) for x in error["loc"])
+        shown = "***" if "option" in name else repr(redact_url(error.get("input")))
         parts.append(f"{name.upper()}={shown}: {error['msg']}")
     return "invalid setting " + "; ".join(parts)
 

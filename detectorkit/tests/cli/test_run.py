@@ -49,3 +49,14 @@ def test_the_start_path_specialises_the_settings_once(monkeypatch):
         run_mod.run_detector(THRESHOLD, [])
     assert calls == [THRESHOLD.name]
     assert (jobs[0].settings.consumer_group, jobs[0].settings.dlq_topic) == (THRESHOLD.name, f"{THRESHOLD.name}.dlq")
+
+
+def test_a_record_format_the_stage_cannot_read_stops_it_before_anything_starts(monkeypatch, capsys):
+    from detectorkit.roles.notifier import Notifier
+
+    monkeypatch.setattr(run_mod, "check_kafka", lambda settings: pytest.fail("the broker was checked"))
+    monkeypatch.setenv("RECORD_FORMAT", "avro")
+    monkeypatch.setenv("SCHEMA_REGISTRY_URL", "http://registry:8081")
+    assert run_mod.run_detector(Notifier(), []) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == ["error: the notifier reads JSON records only: unset RECORD_FORMAT (or set it to json)"]

@@ -119,6 +119,23 @@ def test_the_stage_keys_by_customer_and_dead_letters_the_rest():
     assert set(n.NORMALISER.reasons) >= {r.reason for r in rejected}
 
 
+def test_the_stage_reads_records_of_another_format_with_the_decoder_it_is_given():
+    """RECORD_FORMAT avro, protobuf or json-schema: the values come through the registry's decoder
+    (here one that stands for it), and an Avro timestamp is a time like any other."""
+    from datetime import UTC, datetime
+
+    def decode(value):
+        if value == b"avro":
+            return {"customer": "c-1", "amount": 12.5, "currency": "EUR", "created_at": datetime(2026, 11, 26, 12, 0, tzinfo=UTC)}
+        raise rec.Refused(rec.UNDECODABLE, "value is not in the Confluent wire format")
+
+    stage = n.NORMALISER.reading(decode)
+    outputs, rejected = stage.run(pa.array([b"avro", b"{}"], pa.binary()), None, lambda p: Source("raw", 0, p, KAFKA_MS), "normaliser")
+    assert [(o.key, o.value["amount"], o.value["timestamp"]) for o in outputs] == [("c-1", 12.5, "2026-11-26T12:00:00.000Z")]
+    assert [(r.position, r.reason) for r in rejected] == [(1, rec.UNDECODABLE)]
+    assert rec.UNDECODABLE in stage.reasons and rec.UNDECODABLE not in n.NORMALISER.reasons
+
+
 def test_generated_raw_records_normalise_to_the_truth_they_were_made_from():
     """The sample generator renders each record in a random spelling; the normaliser must recover
     the record the generator started from, and refuse exactly the spoiled ones with their kind."""

@@ -92,7 +92,7 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
     """Run `detector` (or any stage of the diamond, e.g. the normaliser) as a streaming job until
     SIGTERM/SIGINT (or idle, if configured). Exit code: 0 after a graceful stop, 1 when the job
     failed, 2 when it could not start."""
-    from detectorkit.runtime.stage import as_stage  # pandas and pyarrow: not for every command
+    from detectorkit.runtime.stage import as_stage, reading_input  # pandas and pyarrow: not for every command
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["backtest"] and isinstance(detector, Detector):
@@ -115,6 +115,7 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
         config = stage.load_config()
         if settings.shadow:
             stage = _shadow_of(detector, config)
+        stage = reading_input(stage, settings)  # here, so that a stage that reads JSON only stops before Spark starts
     except SettingsError as exc:
         return fail(str(exc))
     log = logs.setup(settings.log_level, service=stage.name, instance=settings.instance_id)

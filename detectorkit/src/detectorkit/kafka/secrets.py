@@ -1,5 +1,6 @@
-"""Which Kafka client settings are secrets: a module of its own, without the Kafka client, so the
-settings (and a notebook importing the test harness) can ask without importing librdkafka."""
+"""Which Kafka and Schema Registry client settings are secrets: a module of its own, without the
+Kafka client, so the settings (and a notebook importing the test harness) can ask without importing
+librdkafka."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import re
 # "token": sasl.oauthbearer.token.endpoint.url is a URL. Public material (sasl.username, the CA's and
 # the client's certificate PEM) stays readable, though librdkafka's own sensitive list has some of it.
 SECRET_WORDS = frozenset({"password", "passphrase", "secret", "jaas"})
-# Secrets by name that no word gives away: the OAUTHBEARER unsecured-JWT config holds SASL extensions.
-SECRET_NAMES = frozenset({"sasl.oauthbearer.config"})
+# Secrets by name that no word gives away: the OAUTHBEARER unsecured-JWT config holds SASL extensions;
+# the Schema Registry client's user:password and static bearer token.
+SECRET_NAMES = frozenset({"sasl.oauthbearer.config", "basic.auth.user.info", "bearer.auth.token"})
 
 
 def is_secret(key: str) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from detectorkit.detector import NoConfig
-from detectorkit.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Refused, Rejected, parse_object
+from detectorkit.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, UNDECODABLE, Decode, Refused, Rejected, parse_object
 from detectorkit.runtime.stage import Output, Source, StageBase
 
 # Dead-letter reasons beyond those of parsing (see detectorkit.records).
@@ -107,6 +107,8 @@ def parse_timestamp(value: Any) -> datetime:
     the day-first and year-first layouts source systems use."""
     if isinstance(value, bool):
         raise NotNormalisable(BAD_TIMESTAMP, f"timestamp {value!r} is not a time")
+    if isinstance(value, datetime):  # an Avro timestamp
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
     if isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?", value.strip()):
         value = float(value)
     if isinstance(value, int | float):
@@ -176,16 +178,21 @@ class Normaliser(StageBase):
     name: str = "normaliser"
     reasons: tuple[str, ...] = (MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, BAD_AMOUNT, BAD_CURRENCY, BAD_TIMESTAMP)
     counts_as_detection: bool = False
+    decode: Decode = parse_object  # each raw value as a dict: JSON, or RECORD_FORMAT's (`reading`)
 
     def load_config(self) -> NoConfig:
         return NoConfig()
+
+    def reading(self, decode: Decode) -> Normaliser:
+        reasons = self.reasons if UNDECODABLE in self.reasons else (*self.reasons, UNDECODABLE)
+        return dataclasses.replace(self, decode=decode, reasons=reasons)
 
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[Rejected]]:
         outputs, rejected = [], []
         for position, value in enumerate(values.to_pylist()):
             where = source(position)
             try:
-                record = normalise(parse_object(value), f"{where.topic}-{where.partition}-{where.offset}", where.timestamp_ms)
+                record = normalise(self.decode(value), f"{where.topic}-{where.partition}-{where.offset}", where.timestamp_ms)
             except Refused as exc:
                 rejected.append(Rejected(position, exc.reason, str(exc)))
                 continue

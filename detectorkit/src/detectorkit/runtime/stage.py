@@ -21,6 +21,7 @@ import pyarrow as pa
 from detectorkit import records as rec
 from detectorkit.detector import Detector
 from detectorkit.records import detections_of
+from detectorkit.settings import Settings, SettingsError
 from detectorkit.state.declaration import EVENT_TIME, KEY, State
 from detectorkit.state.runner import run_stateful
 from detectorkit.state.store import PartitionStore
@@ -91,6 +92,11 @@ class Stage(Protocol):
         """0. Once its config is read: the stage to run with it (a window sized by a setting)."""
         ...
 
+    def reading(self, decode: rec.Decode) -> Stage:
+        """0'. With RECORD_FORMAT other than json: the stage reading its input's values with `decode`
+        (kafka.schema_registry), or SettingsError if it reads JSON only."""
+        ...
+
     def prepare_job(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str) -> None:
         """1. At start, before the group is joined and before any batch: create what it needs
         (its topics) and take its configuration (the notifier: its state's TTL, its delivery)."""
@@ -118,6 +124,9 @@ class StageBase:
     def configured(self, config: Any) -> Stage:
         return self
 
+    def reading(self, decode: rec.Decode) -> Stage:
+        raise SettingsError(f"the {self.name} reads JSON records only: unset RECORD_FORMAT (or set it to json)")
+
     def prepare_job(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str) -> None:
         return None
 
@@ -136,6 +145,7 @@ class DetectorStage(StageBase):
     detector: Detector
     reasons: tuple[str, ...] = rec.REASONS
     counts_as_detection: bool = True
+    decode: rec.Decode | None = None  # None: JSON, Arrow's fast path first
 
     @property
     def name(self) -> str:
@@ -148,6 +158,9 @@ class DetectorStage(StageBase):
         detector = self.detector.configured(config)
         return self if detector is self.detector else replace(self, detector=detector)
 
+    def reading(self, decode: rec.Decode) -> DetectorStage:
+        return replace(self, decode=decode)
+
     @property
     def state(self) -> State | None:
         return self.detector.state
@@ -157,7 +170,7 @@ class DetectorStage(StageBase):
         return self.detector.on_timer is not None
 
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[rec.Rejected]]:
-        frame, rejected = rec.parse_arrow(values, self.detector.required_fields)
+        frame, rejected = rec.parse_arrow(values, self.detector.required_fields, self.decode)
         found, failed = run_detector(self.detector, config, frame)
         return self._outputs(found, source, service), rejected + failed
 
@@ -166,7 +179,7 @@ class DetectorStage(StageBase):
         Kafka keys and timestamps, and the partition's store. Detections of timers name no record:
         their key is the state's, their timestamp the timer's."""
         values, keys, stamps_ms, store = batch.values, batch.keys, batch.stamps_ms, batch.store
-        frame, rejected = rec.parse_arrow(values, self.detector.required_fields) if len(values) else (pd.DataFrame(), [])
+        frame, rejected = rec.parse_arrow(values, self.detector.required_fields, self.decode) if len(values) else (pd.DataFrame(), [])
         if keys.null_count:
             keyless = [int(i) for i in frame.index if not keys[int(i)].is_valid]
             rejected += [rec.Rejected(i, rec.MISSING_FIELD, "a detector with state needs the record's Kafka key (its state's key)") for i in keyless]
@@ -235,6 +248,16 @@ def _texts(keys: pa.Array) -> np.ndarray:
 
 def as_stage(job: Detector | Stage) -> Stage:
     return DetectorStage(job) if isinstance(job, Detector) else job
+
+
+def reading_input(stage: Stage, settings: Settings) -> Stage:
+    """The stage reading its input as RECORD_FORMAT says: JSON as it is, any other format decoded
+    with the registry's schemas; SettingsError for a stage that reads JSON only."""
+    if settings.record_format == "json":
+        return stage
+    from detectorkit.kafka import schema_registry
+
+    return stage.reading(schema_registry.decoder(settings.record_format, settings.registry_conf()))
 
 
 def run_detector(detector: Detector, config: Any, frame: pd.DataFrame) -> tuple[list[tuple[int, dict]], list[rec.Rejected]]:
