@@ -692,6 +692,31 @@ def test_the_teams_channel_given_as_alerts_receiver_is_where_its_alerts_go(baked
     assert receiver == {"name": "data-science", **channel}
 
 
+def test_a_service_on_avro_gets_its_registry_and_the_registrys_password_from_the_secret(baked_project, helm, tmp_path):
+    """recordFormat and schemaRegistryUrl in deploy/values.yaml: the job reads Avro with the
+    registry's schemas, logging in with the user:password the credentials Secret holds."""
+    from detectorkit.settings import load
+
+    (tmp_path / "avro.yaml").write_text("recordFormat: avro\nschemaRegistryUrl: https://registry.example.com\n")
+    values = ["-f", baked_project / "deploy" / "values.yaml", "-f", tmp_path / "avro.yaml"]
+    (tmp_path / "rendered").mkdir()
+    objects = manifests(split_rendered(run(helm, "template", "high-value-orders", CHART, *values), tmp_path / "rendered"))
+    (deployment,) = of_kind(objects, "Deployment")
+    configmaps = {doc["metadata"]["name"]: doc["data"] for doc in of_kind(objects, "ConfigMap")}
+    secrets = {"high-value-orders-kafka-credentials": {"SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO": "detector:s3cret"}}
+    settings = load(environ=container_env(only_container(deployment), configmaps, secrets))
+    assert (settings.record_format, settings.schema_registry_url) == ("avro", "https://registry.example.com")
+    assert settings.registry_conf()["basic.auth.user.info"].get_secret_value() == "detector:s3cret"
+    # A format that needs a registry, without one, is refused before anything is applied.
+    (tmp_path / "nourl.yaml").write_text("recordFormat: protobuf\n")
+    refused = subprocess.run(
+        [str(c) for c in (helm, "template", "x", CHART, "-f", baked_project / "deploy" / "values.yaml", "-f", tmp_path / "nourl.yaml")],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 1 and "set schemaRegistryUrl" in refused.stderr, refused.stderr
+
+
 def test_the_chart_passes_helms_lint_with_every_values_file_that_uses_it(baked_project, helm):
     """`helm lint --strict` (templates, Chart.yaml, values against values.schema.json) for each way
     the chart is used: a baked detector, its shadow and Strimzi layers, and the shared jobs."""
