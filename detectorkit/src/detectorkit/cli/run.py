@@ -92,8 +92,6 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
     """Run `detector` (or any stage of the diamond, e.g. the normaliser) as a streaming job until
     SIGTERM/SIGINT (or idle, if configured). Exit code: 0 after a graceful stop, 1 when the job
     failed, 2 when it could not start."""
-    from detectorkit.runtime.stage import as_stage, reading_input  # pandas and pyarrow: not for every command
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["backtest"] and isinstance(detector, Detector):
         from detectorkit.cli.backtest import backtest_main
@@ -103,15 +101,21 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
         from detectorkit.cli.manifests import manifests_main
 
         return manifests_main(detector, argv[1:], defaults)
-    stage = as_stage(detector)
-    parser = argparse.ArgumentParser(prog=stage.name, description=f"Run the {stage.name} job.")
+    parser = argparse.ArgumentParser(prog=detector.name, description=f"Run the {detector.name} job.")
     settings_mod.add_arguments(parser)
     parser.add_argument("--env-file", default=None, help="KEY=VALUE lines to take settings and DETECTOR_* config from (.env); the environment wins")
     args = parser.parse_args(argv)
     try:
         if args.env_file:
             settings_mod.read_env_file(args.env_file)
-        settings = settings_mod.load(args, defaults=defaults).for_service(stage.name)
+        settings = settings_mod.load(args, defaults=defaults).for_service(detector.name)
+    except SettingsError as exc:
+        return fail(str(exc))
+    spark = _start_session(detector, settings)
+    from detectorkit.runtime.stage import as_stage, reading_input  # pandas and pyarrow: not for every command
+
+    stage = as_stage(detector)
+    try:
         config = stage.load_config()
         if settings.shadow:
             stage = _shadow_of(detector, config)
@@ -139,10 +143,41 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
         if problem:
             log.error("cannot start", error=problem)
             return fail(problem)
-        return _run(stage, settings, config, log)
+        return _run(stage, settings, config, log, spark)
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _spark_master(settings: Settings) -> str | None:
+    """The master the session asks for; None when spark-submit started this process (its --master)."""
+    if "spark_master" not in settings.model_fields_set and os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    return settings.spark_master
+
+
+def _start_session(detector: Detector | Stage, settings: Settings) -> Future | None:
+    """With a local master, the JVM and the session start as soon as the settings are read, on a
+    thread of their own, while the stage's imports, the Kafka checks and the group join go on (the
+    README's start-up profile); a daemon thread, so a job that stops at start does not wait for
+    it. None for spark-submit's session and a cluster's, which ships the stage's packages: _run
+    starts those."""
+    master = _spark_master(settings)
+    if master is None or not master.startswith("local"):
+        return None
+    name = f"{detector.name}-shadow" if settings.shadow else detector.name
+    started: Future = Future()
+
+    def start() -> None:
+        from detectorkit.runtime.spark import session
+
+        try:
+            started.set_result(session(master, name, python_source=not settings.slice_seconds))
+        except BaseException as exc:  # noqa: BLE001 - the job's start raises it where it waits for the session
+            started.set_exception(exc)
+
+    threading.Thread(target=start, name="spark-session", daemon=True).start()
+    return started
 
 
 def _shadow_of(detector: Detector | Stage, config: Any) -> Stage:
@@ -157,7 +192,7 @@ def _shadow_of(detector: Detector | Stage, config: Any) -> Stage:
     return as_stage(dataclasses.replace(detector.configured(config), name=f"{detector.name}-shadow", configure=None))
 
 
-def _run(stage: Stage, settings: Settings, config, log) -> int:
+def _run(stage: Stage, settings: Settings, config, log, spark: Future | None = None) -> int:
     from detectorkit.runtime import jvm
     from detectorkit.runtime.health import HealthServer
     from detectorkit.runtime.job import StreamJob
@@ -172,22 +207,20 @@ def _run(stage: Stage, settings: Settings, config, log) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    master = settings.spark_master
-    if "spark_master" not in settings.model_fields_set and os.environ.get("PYSPARK_GATEWAY_PORT"):
-        master = None  # started by spark-submit: its --master
+    master = _spark_master(settings)
     if master is not None:  # spark-submit started its JVM already, with its own options
         archive = jvm.archive_path()
         if archive is None or not archive.is_file():
             log.info("Spark's classes are not archived for this machine; `detectorkit spark-archive` makes each start ~3 s faster")
-    if master is None:
+    if spark is None and master is None:
         spark = session(master, stage.name, ship=stage_packages(stage))  # spark-submit's: started already
         # SparkContext replaces the SIGINT handler with one that cancels every job at once; a Ctrl-C
         # must finish the batch in flight instead.
         signal.signal(signal.SIGINT, on_signal)
-    else:
-        # The JVM and the SparkContext start while the job joins its group and sets up its Kafka
-        # clients: neither waits for the other. (Started off the main thread, SparkContext leaves
-        # the SIGINT handler alone.)
+    elif spark is None:
+        # A cluster's: it starts while the job joins its group and sets up its Kafka clients (a local
+        # one started with the settings, _start_session). Off the main thread, SparkContext leaves the
+        # SIGINT handler alone.
         starting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-session")
         spark = starting.submit(session, master, stage.name, ship=stage_packages(stage), python_source=not settings.slice_seconds)
         starting.shutdown(wait=False)

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import resources
 
 import pyspark
 
@@ -79,6 +80,29 @@ def driver_options() -> list[str]:
         options += [f"-XX:SharedArchiveFile={archive}", *QUIET_CDS]
     # Last, so they win: the JVM takes the last of two settings of an option.
     return options + os.environ.get(EXTRA_OPTIONS, "").split()
+
+
+def log4j_option() -> str:
+    """The runtime's log4j2 configuration, for the driver's and a local executor's JVM."""
+    return f"-Dlog4j2.configurationFile=file:{resources.files('detectorkit.runtime').joinpath('log4j2.properties')}"
+
+
+def java_options() -> str:
+    """The driver's extraJavaOptions."""
+    return " ".join([log4j_option(), *driver_options()])
+
+
+def prepare_environment(local: bool) -> None:
+    """What the driver's JVM and its Python workers inherit from this process's environment, set
+    before the JVM starts."""
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if local:
+        # Workers must run this interpreter (the service's venv), not whatever `python3` is on PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        # Everything runs on this machine; this also spares a warning at every start.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # The local workers inherit the driver's environment (see runtime.spark on Arrow's pool).
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
 def build_archive(timeout: float = 300.0) -> tuple[pathlib.Path, float]:

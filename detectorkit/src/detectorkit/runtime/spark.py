@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterable
-from importlib import resources
 
 from pyspark.sql import SparkSession
 
@@ -25,21 +22,14 @@ def session(master: str | None = "local[2]", app_name: str = "detectorkit", ship
     local = master is not None and master.startswith("local")
     submitted = master is None
     zips = [] if local else shipping.zip_packages(ship)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if local:
-        # Workers must run this interpreter (the service's venv), not whatever `python3` is on PATH.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        # Everything runs on this machine; this also spares a warning at every start.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    log4j = resources.files("detectorkit.runtime").joinpath("log4j2.properties")
-    java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
+    jvm.prepare_environment(local)
     builder = SparkSession.builder if submitted else SparkSession.builder.master(master)
     builder = (
         builder.appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         # A detector's JVM, not an analytics one (see jvm): a small heap, C1, the class archive.
-        .config("spark.driver.extraJavaOptions", " ".join([java_opts, *jvm.driver_options()]))
+        .config("spark.driver.extraJavaOptions", jvm.java_options())
         .config("spark.driver.memory", jvm.DRIVER_MEMORY)
         # Arrow's default pool (jemalloc) kept ~45 MiB per Python worker after a backlog that
         # the system allocator returned (peak PSS of the two workers 623 -> 530 MiB, throughput
@@ -47,8 +37,7 @@ def session(master: str | None = "local[2]", app_name: str = "detectorkit", ship
         .config("spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL", "system")
     )
     if local:
-        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # the local workers inherit the driver's environment
-        builder = builder.config("spark.executor.extraJavaOptions", java_opts)
+        builder = builder.config("spark.executor.extraJavaOptions", jvm.log4j_option())
         # Workers import PySpark from its installed package, bytecode cached, not from its zip (see worker_daemon).
         builder = builder.config("spark.python.daemon.module", "detectorkit.runtime.worker_daemon")
     spark = (
