@@ -95,7 +95,7 @@ def schema_registry() -> Iterator[str]:
     if os.environ.get("SCHEMA_REGISTRY_URL"):
         yield os.environ["SCHEMA_REGISTRY_URL"]
         return
-    from detectorkit.devtools.kafka_broker import cache_dir
+    from detectorkit.devtools.maven_fetch import cache_dir
     from detectorkit.devtools.schema_registry import APICURIO_VERSION, MIN_JAVA, SchemaRegistry, find_java
 
     # In CI the record formats must be proven, not skipped: `make tools` installs what is missing.

@@ -1,13 +1,34 @@
-"""What the project's two brokers (embedded_broker's Tansu, kafka_broker's Apache Kafka) share: the
-error they raise when they cannot start, and the loopback ports they take and wait on."""
+"""What the servers the dev tools launch (embedded_broker's Tansu, kafka_broker's Apache Kafka,
+schema_registry's Apicurio) share: the error a broker raises when it cannot start, the loopback
+ports they take and wait on, and their stop."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
 
 
 class BrokerError(RuntimeError):
     """A broker could not be started."""
+
+
+def terminate(proc: subprocess.Popen | None, timeout: float) -> None:
+    """SIGTERM (a controlled shutdown), then after `timeout` SIGKILL: to the process's group when it
+    leads one of its own (started with start_new_session), else to the process."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            leads = os.getpgid(proc.pid) == proc.pid
+        except ProcessLookupError:
+            leads = False
+        os.killpg(proc.pid, signal.SIGKILL) if leads else proc.kill()
+        proc.wait()
 
 
 def free_port() -> int:

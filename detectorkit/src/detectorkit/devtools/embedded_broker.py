@@ -10,13 +10,12 @@ source only when the job runs on it. Apache Kafka itself is `kafka_broker.KafkaB
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 
-from detectorkit.devtools.broker_net import BrokerError, answers, free_port, port_taken
+from detectorkit.devtools.broker_net import BrokerError, answers, free_port, port_taken, terminate
 
 # Tansu reads these from the environment; a user's stray value must not change our broker.
 _TANSU_ENV = (
@@ -90,14 +89,7 @@ class EmbeddedBroker:
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc, timeout)
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

@@ -9,7 +9,6 @@ start; with a `data_dir` the log, the ports and so the bootstrap address survive
 from __future__ import annotations
 
 import base64
-import fcntl
 import json
 import os
 import pathlib
@@ -24,7 +23,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from detectorkit.devtools.broker_net import BrokerError, answers, free_port, port_taken
+from detectorkit.devtools.broker_net import BrokerError, answers, free_port, port_taken, terminate
+from detectorkit.devtools.maven_fetch import cache_dir, fetch_once, maven
 
 KAFKA_VERSION = "4.2.1"
 
@@ -43,11 +43,6 @@ TOOLS = {
 _STATE_FILE = "detectorkit-broker.json"
 
 
-def cache_dir() -> pathlib.Path:
-    root = os.environ.get("DETECTORKIT_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "detectorkit")
-    return pathlib.Path(root)
-
-
 def _resource(name: str) -> pathlib.Path:
     return pathlib.Path(str(resources.files("detectorkit.devtools.kafka_dist").joinpath(name)))
 
@@ -56,42 +51,17 @@ def kafka_libs(version: str = KAFKA_VERSION) -> pathlib.Path:
     """The directory of Kafka's runtime jars, fetched with Maven on first use."""
     target = cache_dir() / f"kafka-{version}"
     libs = target / "libs"
-    if (target / ".complete").exists():
-        return libs
-    if shutil.which("java") is None:
+    if not (target / ".complete").exists() and shutil.which("java") is None:
         raise BrokerError("Apache Kafka needs Java 17 or later on PATH (e.g. apt-get install openjdk-17-jre-headless)")
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise BrokerError("fetching Apache Kafka from Maven Central needs Maven on PATH (e.g. apt-get install maven)")
-    target.mkdir(parents=True, exist_ok=True)
-    # Test processes may start brokers at once: one fetches, the others wait for it.
-    with open(target / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / ".complete").exists():
-            return libs
-        work = pathlib.Path(tempfile.mkdtemp(prefix="fetch-", dir=target))
-        try:
-            shutil.copy(_resource("pom.xml"), work / "pom.xml")
-            command = [
-                mvn,
-                "-q",
-                "-B",
-                "-f",
-                str(work / "pom.xml"),
-                "dependency:copy-dependencies",
-                f"-Dkafka.version={version}",
-                "-DincludeScope=runtime",
-                f"-DoutputDirectory={work / 'libs'}",
-            ]
-            done = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=900)
-            if done.returncode != 0:
-                tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-                raise BrokerError(f"Maven could not fetch Apache Kafka {version}: {' | '.join(tail) or 'no message'}")
-            shutil.rmtree(libs, ignore_errors=True)
-            (work / "libs").rename(libs)
-            (target / ".complete").write_text(version)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+
+    def fetch(work: pathlib.Path) -> None:
+        shutil.copy(_resource("pom.xml"), work / "pom.xml")
+        arguments = ["-f", str(work / "pom.xml"), "dependency:copy-dependencies", f"-Dkafka.version={version}", "-DincludeScope=runtime"]
+        maven([*arguments, f"-DoutputDirectory={work / 'libs'}"], work, f"Apache Kafka {version}", BrokerError)
+        shutil.rmtree(libs, ignore_errors=True)
+        (work / "libs").rename(libs)
+
+    fetch_once(target, fetch, version)
     return libs
 
 
@@ -299,13 +269,7 @@ class KafkaBroker:
 
     def stop(self, timeout: float = 30.0) -> None:
         proc, self.process = self.process, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # a controlled shutdown
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        terminate(proc, timeout)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -9,13 +9,11 @@ in memory: every start is an empty registry.
 
 from __future__ import annotations
 
-import fcntl
 import glob
 import os
 import pathlib
 import re
 import shutil
-import signal
 import subprocess
 import tarfile
 import tempfile
@@ -24,8 +22,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectorkit.devtools.broker_net import free_port
-from detectorkit.devtools.kafka_broker import cache_dir
+from detectorkit.devtools.broker_net import free_port, terminate
+from detectorkit.devtools.maven_fetch import cache_dir, fetch_once, maven
 
 APICURIO_VERSION = "3.3.3"
 MIN_JAVA = 21
@@ -71,30 +69,14 @@ def find_java(minimum: int = MIN_JAVA) -> str | None:
 def registry_home(version: str = APICURIO_VERSION) -> pathlib.Path:
     """The unpacked application (its quarkus-run.jar), fetched with Maven on first use (158 MB)."""
     target = cache_dir() / f"apicurio-registry-{version}"
-    if (target / ".complete").exists():
-        return target
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise RegistryError("fetching Apicurio Registry from Maven Central needs Maven on PATH (e.g. apt-get install maven)")
-    target.mkdir(parents=True, exist_ok=True)
-    # Test processes may start registries at once: one fetches, the others wait for it.
-    with open(target / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / ".complete").exists():
-            return target
-        work = pathlib.Path(tempfile.mkdtemp(prefix="fetch-", dir=target))
-        try:
-            artifact = f"io.apicurio:apicurio-registry-app:{version}:tar.gz:all"
-            command = [mvn, "-q", "-B", "dependency:copy", f"-Dartifact={artifact}", f"-DoutputDirectory={work}"]
-            done = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=900)
-            if done.returncode != 0:
-                tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-                raise RegistryError(f"Maven could not fetch Apicurio Registry {version}: {' | '.join(tail) or 'no message'}")
-            with tarfile.open(next(work.glob("*.tar.gz"))) as archive:
-                archive.extractall(target, filter="data")
-            (target / ".complete").write_text(version)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+
+    def fetch(work: pathlib.Path) -> None:
+        artifact = f"io.apicurio:apicurio-registry-app:{version}:tar.gz:all"
+        maven(["dependency:copy", f"-Dartifact={artifact}", f"-DoutputDirectory={work}"], work, f"Apicurio Registry {version}", RegistryError)
+        with tarfile.open(next(work.glob("*.tar.gz"))) as archive:
+            archive.extractall(target, filter="data")
+
+    fetch_once(target, fetch, version)
     return target
 
 
@@ -161,13 +143,7 @@ class SchemaRegistry:
 
     def stop(self, timeout: float = 30.0) -> None:
         proc, self.process = self.process, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        terminate(proc, timeout)
         if self._log is not None:
             self._log.close()
             self._log = None
