@@ -1,6 +1,7 @@
 """deploy/strimzi/strimzi.yaml is what the service would ask Strimzi for now: its topics and its
 user's rights and authentication follow its detector (the state's changelog), its topics, and the
-guarantee and authentication it is deployed with (deploy/values.yaml, deploy/strimzi/values.yaml). After changing any of them, `make kafka-manifests` writes the file again."""
+guarantee and authentication it is deployed with (deploy/values.yaml, deploy/strimzi/values.yaml).
+After changing any of them, `make kafka-manifests` writes the file again."""
 
 import os
 import pathlib
@@ -16,12 +17,22 @@ def test_the_strimzi_resources_are_what_the_service_would_write_now():
     committed = list(yaml.safe_load_all((PROJECT / "deploy" / "strimzi" / "strimzi.yaml").read_text()))
     cluster = committed[0]["metadata"]["labels"]["strimzi.io/cluster"]
     guarantee = yaml.safe_load((PROJECT / "deploy" / "values.yaml").read_text())["processingGuarantee"]
-    authentication = yaml.safe_load((PROJECT / "deploy" / "strimzi" / "values.yaml").read_text())["kafka"]["strimziAuthentication"]
+    layer = yaml.safe_load((PROJECT / "deploy" / "strimzi" / "values.yaml").read_text())
+    authentication = layer["kafka"]["strimziAuthentication"]
     settings = ("DETECTOR_", "KAFKA_", "PROCESSING_", "INPUT_", "OUTPUT_", "DLQ_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(settings)}
     env["PROCESSING_GUARANTEE"] = guarantee
     printed = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "kafka-manifests", "--cluster", cluster, "--authentication", authentication],
+        [
+            sys.executable,
+            "-m",
+            "{{ cookiecutter.package_name }}",
+            "kafka-manifests",
+            "--cluster",
+            cluster,
+            "--authentication",
+            authentication,
+        ],
         env=env,
         capture_output=True,
         text=True,
