@@ -119,7 +119,8 @@ def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, 
         config = stage.load_config()
         if settings.shadow:
             stage = _shadow_of(detector, config)
-        stage = reading_input(stage, settings)  # here, so that a stage that reads JSON only stops before Spark starts
+        # A stage that reads JSON only is refused here, before the Kafka checks; the job reads as it says.
+        reading_input(stage, settings)
     except SettingsError as exc:
         return fail(str(exc))
     log = logs.setup(settings.log_level, service=stage.name, instance=settings.instance_id)
