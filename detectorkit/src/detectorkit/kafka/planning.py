@@ -23,6 +23,15 @@ def data_loss(problem: str) -> DataLossError:
     return DataLossError(f"{problem}. Some records were never processed. Set FAIL_ON_DATA_LOSS=false to skip ahead.")
 
 
+def deleted_input_topic(topic: str, fail_on_data_loss: bool) -> str:
+    """The input topic was deleted while the job read it: the DataLossError that stops the job, or
+    with FAIL_ON_DATA_LOSS=false the problem for the caller's warning as it skips ahead."""
+    problem = f"topic {topic!r} was deleted while the job read it"
+    if fail_on_data_loss:
+        raise data_loss(problem) from None
+    return problem
+
+
 class NoCommittedOffsetsError(RuntimeError):
     """STARTING_OFFSETS=error and the consumer group has no committed offset for a partition."""
 

@@ -18,7 +18,7 @@ import structlog
 from detectorkit.kafka import clients, transactions
 from detectorkit.kafka.end_offsets import start_positions
 from detectorkit.kafka.membership import GroupMember
-from detectorkit.kafka.planning import data_loss
+from detectorkit.kafka.planning import deleted_input_topic
 from detectorkit.metrics.registry import JobMetrics
 from detectorkit.runtime.batch_committer import BatchCommitter
 from detectorkit.runtime.health import Progress
@@ -160,10 +160,7 @@ class Assignment:
         try:
             clients.topic_partitions(self._admin, self.plan.input_topic, self.plan.timeout)
         except LookupError:
-            problem = f"topic {self.plan.input_topic!r} was deleted while the job read it"
-            if self.plan.fail_on_data_loss:
-                raise data_loss(problem) from None
-            log.warning("skipping lost records", problem=problem)
+            log.warning("skipping lost records", problem=deleted_input_topic(self.plan.input_topic, self.plan.fail_on_data_loss))
 
     def release(self, partitions: set[int], lost: bool) -> None:
         """The group takes `partitions` away (see membership.Owner). Revoked: the batch in flight

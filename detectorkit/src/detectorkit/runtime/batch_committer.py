@@ -19,7 +19,7 @@ from confluent_kafka import KafkaException
 
 from detectorkit.kafka import clients, offset_store, transactions
 from detectorkit.kafka.membership import CommitRefused, GroupMember
-from detectorkit.kafka.planning import data_loss
+from detectorkit.kafka.planning import deleted_input_topic
 from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
 from detectorkit.runtime.job_plan import JobPlan
 from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
@@ -191,10 +191,7 @@ class BatchCommitter:
                 raise
             # Deleted after the batch was planned: a deletion like any other. When skipping,
             # the source waits for the topic to come back.
-            problem = f"topic {self.plan.input_topic!r} was deleted while the job read it"
-            if self.plan.fail_on_data_loss:
-                raise data_loss(problem) from None
-            log.warning("skipping lost records", problem=problem)
+            log.warning("skipping lost records", problem=deleted_input_topic(self.plan.input_topic, self.plan.fail_on_data_loss))
 
     def _durable_metadata(self, offsets: dict[int, int]) -> dict[int, str] | None:
         """The metadata of a commit of `offsets`: where each partition's changelog is (a commit
