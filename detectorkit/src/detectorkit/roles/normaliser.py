@@ -184,7 +184,8 @@ class Normaliser(StageBase):
         return NoConfig()
 
     def reading(self, decode: Decode) -> Normaliser:
-        return dataclasses.replace(self, decode=decode, reasons=(*self.reasons, UNDECODABLE))
+        reasons = self.reasons if UNDECODABLE in self.reasons else (*self.reasons, UNDECODABLE)
+        return dataclasses.replace(self, decode=decode, reasons=reasons)
 
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[Rejected]]:
         outputs, rejected = [], []
