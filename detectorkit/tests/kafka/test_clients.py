@@ -70,3 +70,36 @@ def test_a_lasting_or_final_error_is_not_retried():
         clients.retrying(answers(KafkaError.TOPIC_AUTHORIZATION_FAILED), timeout=5)
     with pytest.raises(KafkaException):
         clients.retrying(answers(*[KafkaError.FENCED_LEADER_EPOCH] * 100), timeout=0.3)
+
+
+class NewTopicAdmin:
+    """An admin whose CreateTopics succeeds before the metadata shows the topic with its leaders,
+    as on Kafka, where the controller's answer runs ahead of the brokers' metadata."""
+
+    def __init__(self, lagging_answers):
+        self.listings = [{}, *lagging_answers]  # the listing before the creation, then after it
+
+    def list_topics(self, timeout):
+        topics = self.listings.pop(0) if len(self.listings) > 1 else self.listings[0]
+        return SimpleNamespace(topics=topics, orig_broker_name="b:9092/1")
+
+    def create_topics(self, wanted, **timeouts):
+        done = SimpleNamespace(result=lambda: None)
+        return {topic.topic: done for topic in wanted}
+
+
+def led(*leaders):
+    return SimpleNamespace(error=None, partitions={p: SimpleNamespace(leader=leader) for p, leader in enumerate(leaders)})
+
+
+def test_a_created_topic_is_returned_only_once_the_metadata_shows_every_partition_led(monkeypatch):
+    admin = NewTopicAdmin([{}, {"t": entry(KafkaError.LEADER_NOT_AVAILABLE)}, {"t": led(1, -1)}, {"t": led(1, 1)}])
+    monkeypatch.setattr(clients, "new_admin", lambda conf: admin)
+    assert clients.create_topics({}, {"t": 2}, timeout=5) == ["t"]
+    assert admin.listings == [{"t": led(1, 1)}]  # every lagging answer was read
+
+
+def test_a_created_topic_the_metadata_never_shows_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setattr(clients, "new_admin", lambda conf: NewTopicAdmin([{}]))
+    with pytest.raises(KafkaException, match="topic 't' was created but .* within 0.3 s"):
+        clients.create_topics({}, {"t": 1}, timeout=0.3)

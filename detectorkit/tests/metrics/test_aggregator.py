@@ -4,6 +4,7 @@ histogram merge, malformed snapshots."""
 import json
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import CollectorRegistry, generate_latest
 
 from detectorkit.metrics import snapshot as snap
@@ -243,3 +244,25 @@ def test_the_bind_address_and_port_are_settings():
     args = parser.parse_args([])
     assert (args.host, args.port) == ("0.0.0.0", 9200)
     assert parser.parse_args(["--host", "::"]).host == "::"
+
+
+class FreshChangelogConsumer:
+    """A consumer asked for the ends of a changelog created a moment ago, whose partition's leader
+    Kafka has not yet settled: NOT_LEADER_FOR_PARTITION first, then the (empty) changelog's ends."""
+
+    def __init__(self):
+        self.refusals = 1
+
+    def get_watermark_offsets(self, tp, timeout):
+        if self.refusals:
+            self.refusals -= 1
+            raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+        return 0, 0
+
+
+def test_a_changelog_whose_leader_is_still_settling_is_waited_for_not_a_crash_at_start():
+    from detectorkit.metrics.aggregator_service import AggregatorService
+
+    consumer = FreshChangelogConsumer()
+    assert AggregatorService("b:9092", connect_timeout=5).restore(consumer) == {}
+    assert consumer.refusals == 0

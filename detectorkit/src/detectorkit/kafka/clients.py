@@ -188,4 +188,30 @@ def create_topics(
         except KafkaException as exc:
             if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                 raise
+    _await_leaders(admin, {name: topics[name] for name in created}, timeout)
     return created
+
+
+def _await_leaders(admin, topics: Mapping[str, int], timeout: float) -> None:
+    """Until the metadata shows each topic's partitions with a leader: CreateTopics answers once the
+    controller has the topic, before the brokers do, and a client asking at once (for its offsets,
+    say) is told _UNKNOWN_PARTITION."""
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while topics:
+        listed = admin.list_topics(timeout=timeout).topics
+        topics = {name: n for name, n in topics.items() if not _led(listed.get(name), n)}
+        if not topics:
+            return
+        if time.monotonic() + delay > deadline:
+            name = next(iter(topics))
+            why = f"topic {name!r} was created but the metadata shows no leader for it within {timeout:g} s"
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, why))
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+def _led(entry, partitions: int) -> bool:
+    if entry is None or entry.error is not None or len(entry.partitions) < partitions:
+        return False
+    return all(p.leader >= 0 for p in entry.partitions.values())

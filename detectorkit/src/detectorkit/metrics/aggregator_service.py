@@ -98,7 +98,8 @@ class AggregatorService:
         """Read the changelog to its end into the table; returns the metrics topic's position."""
         began = time.monotonic()
         tp = TopicPartition(self.changelog_topic, 0, OFFSET_BEGINNING)
-        _, end = consumer.get_watermark_offsets(tp, timeout=self.timeout)
+        # Created a moment ago, its partition's leader may still be settling (NOT_LEADER_FOR_PARTITION).
+        _, end = clients.retrying(lambda: consumer.get_watermark_offsets(tp, timeout=self.timeout), self.timeout)
         position: dict[int, int] = {}
         records = 0
         if end > 0:
