@@ -5,6 +5,8 @@ and every way a value can fail to be one refused with the reason and a message t
 import datetime as dt
 import json
 import pickle
+import socket
+import time
 import uuid
 
 import pytest
@@ -44,7 +46,7 @@ ORDER_JSON_SCHEMA = {
 
 @pytest.fixture(scope="module")
 def client(schema_registry):
-    return SchemaRegistryClient({"url": schema_registry})
+    return SchemaRegistryClient({"url": schema_registry, "timeout": 30})
 
 
 def subject_context():
@@ -189,6 +191,18 @@ def test_a_registry_that_cannot_be_reached_fails_the_batch_instead_of_dead_lette
     with pytest.raises(Exception, match="Connection refused") as info:
         decode(value)
     assert not isinstance(info.value, rec.Refused)
+
+
+def test_a_registry_that_never_answers_fails_the_batch_within_the_timeout_instead_of_holding_it(avro_order):
+    value, _ = avro_order
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        assert sr.client_conf(url, {})["timeout"] > 0  # unless told, a request is not waited for for ever
+        decode = sr.decoder("avro", sr.client_conf(url, {"max.retries": "0", "timeout": "0.5"}))
+        began = time.monotonic()
+        with pytest.raises(Exception, match="timed out") as info:
+            decode(value)
+    assert time.monotonic() - began < 5 and not isinstance(info.value, rec.Refused)
 
 
 def test_a_decoder_travels_to_the_workers_without_its_client(schema_registry, avro_order):

@@ -25,7 +25,7 @@ PAYMENT = {
 def test_avro_records_reach_the_detector_and_undecodable_ones_the_dead_letters(spark, kafka_bootstrap_servers, schema_registry):
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "avro", partitions=2)
-    serialize = AvroSerializer(SchemaRegistryClient({"url": schema_registry}), json.dumps(PAYMENT))
+    serialize = AvroSerializer(SchemaRegistryClient({"url": schema_registry, "timeout": 30}), json.dumps(PAYMENT))
     context = SerializationContext(topics.input, MessageField.VALUE)
     records = []
     for i in range(200):

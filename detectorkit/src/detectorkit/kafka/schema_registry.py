@@ -33,13 +33,16 @@ _LIBRARIES = {"avro": "fastavro", "protobuf": "google.protobuf", "json-schema": 
 _SCHEMA_TYPES = {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}
 WIRE_FORMAT = "the Confluent wire format (a 0 byte, a 4-byte schema id, the payload)"
 # The client's settings it takes as numbers only; from the environment they come as text.
+DEFAULT_TIMEOUT_SECONDS = 30
 _NUMBERS = frozenset({"timeout", "cache.capacity", "cache.latest.ttl.sec", "max.retries", "retries.wait.ms", "retries.max.wait.ms"})
 
 
 def client_conf(url: str, options: Mapping[str, str]) -> dict[str, Any]:
     """SchemaRegistryClient's settings; secrets (basic.auth.user.info, ...) as SecretStr, revealed
     only to the client; ValueError for a number that is none."""
-    conf: dict[str, Any] = {"url": url}
+    # confluent-kafka's client waits for an answer for ever unless told: a registry that accepts and
+    # never answers would hold the batch, where an error fails it, to be retried.
+    conf: dict[str, Any] = {"url": url, "timeout": DEFAULT_TIMEOUT_SECONDS}
     for key, value in options.items():
         if key in _NUMBERS and isinstance(value, str):
             try:
