@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from detectorkit import records as rec
 from detectorkit.backtest.history import History, Slice, kafka_slices
 from detectorkit.detector import Detector
 from detectorkit.runtime.stage import DetectorStage, KeyedBatch, Output, Source
@@ -54,11 +55,17 @@ class Backtest:
 
 
 def run(
-    detector: Detector, history: History, config: Any = None, service: str | None = None, progress: Callable[[int], None] | None = None
+    detector: Detector,
+    history: History,
+    config: Any = None,
+    service: str | None = None,
+    progress: Callable[[int], None] | None = None,
+    decode: rec.Decode | None = None,
 ) -> Backtest:
-    """Runs `detector` (with `config`, else its config from DETECTOR_*) over `history`."""
+    """Runs `detector` (with `config`, else its config from DETECTOR_*) over `history`, whose values
+    `decode` reads where they are not JSON (kafka.schema_registry's decoder, as RECORD_FORMAT says)."""
     config = detector.load_config() if config is None else config
-    stage = DetectorStage(detector.configured(config))
+    stage = DetectorStage(detector.configured(config), decode=decode)
     service = service or stage.name
     result = Backtest(service)
     stores: dict[int, PartitionStore] = {}
@@ -73,7 +80,7 @@ def run(
             outputs, rejected = stage.run_keyed(batch, config, service)
             store.expire(tag)
             store.take_changes()  # what live writes to the changelog: nothing to keep here
-        _collect(result, part, outputs, rejected)
+        _collect(result, part, outputs, rejected, decode)
         if progress is not None:
             progress(result.records)
     result.pending_timers = sum(store.pending_timers() for store in stores.values())
@@ -91,7 +98,7 @@ def _source(part: Slice) -> Callable[[int], Source]:
     return source
 
 
-def _collect(result: Backtest, part: Slice, outputs: list[Output], rejected: list) -> None:
+def _collect(result: Backtest, part: Slice, outputs: list[Output], rejected: list, decode: rec.Decode | None) -> None:
     for r in rejected:
         result.dead_letters[r.reason] += 1
     for out in outputs:
@@ -100,16 +107,16 @@ def _collect(result: Backtest, part: Slice, outputs: list[Output], rejected: lis
             continue
         value = dict(out.value)
         if out.position >= 0:
-            result.record_ids.append(_record_id(part.values[out.position].as_py()))
+            result.record_ids.append(_record_id(part.values[out.position].as_py(), decode))
         else:
             result.record_ids.append(None)
         result.detections.append(value)
 
 
-def _record_id(value: bytes | None) -> str | None:
+def _record_id(value: bytes | None, decode: rec.Decode | None) -> str | None:
     try:
-        found = json.loads(value) if value is not None else None
-    except ValueError:
+        found = None if value is None else json.loads(value) if decode is None else decode(value)
+    except ValueError:  # rec.Refused is one
         return None
     return None if not isinstance(found, dict) or found.get("id") is None else str(found["id"])
 
@@ -121,6 +128,7 @@ def run_on_spark(
     config: Any = None,
     service: str | None = None,
     kafka: tuple[Mapping[str, Any], str, float] | None = None,
+    decode: rec.Decode | None = None,
 ) -> Backtest:
     """`run`, as a Spark batch job: one task per partition of a Kafka history (`kafka`: the client
     settings, the broker kind and the timeout), which reads its range and runs the stage in a
@@ -135,7 +143,8 @@ def run_on_spark(
 
     def task(items):
         for p, s, e in items:
-            yield run(detector, History(topic, e - s, kafka_slices(conf, topic, kind, {p: (s, e)}, timeout), {p: (s, e)}), config, name)
+            history = History(topic, e - s, kafka_slices(conf, topic, kind, {p: (s, e)}, timeout), {p: (s, e)})
+            yield run(detector, history, config, name, decode=decode)
 
     if not ranges:
         return Backtest(name)

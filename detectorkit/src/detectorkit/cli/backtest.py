@@ -58,6 +58,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
 
 def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str, Any] | None = None) -> int:
     from detectorkit import backtest
+    from detectorkit.runtime.stage import input_decoder
 
     args, rest = parser(f"{detector.name} backtest").parse_known_args(argv)
     job = argparse.ArgumentParser(prog=f"{detector.name} backtest")
@@ -85,6 +86,8 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
                 settings.kafka_broker_kind,
                 settings.connect_timeout_seconds,
             )
+        # The topic's values as the live job reads them; files are read by their own format.
+        decode = input_decoder(settings) if not args.files else None
     except (SettingsError, backtest.HistoryError) as exc:
         return fail(str(exc))
     if args.spark:
@@ -99,14 +102,14 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
                 result = run_files_on_spark(spark, detector, args.files, args.key_field, args.time_field, args.partitions, config, detector.name)
             else:
                 kafka = (conf, settings.kafka_broker_kind, settings.connect_timeout_seconds)
-                result = backtest.run_on_spark(spark, detector, history, config, detector.name, kafka=kafka)
+                result = backtest.run_on_spark(spark, detector, history, config, detector.name, kafka=kafka, decode=decode)
         except backtest.HistoryError as exc:
             return fail(str(exc))
     else:
         show = sys.stderr.isatty() and have_rich() if args.progress is None else args.progress and have_rich()
         with bar(history.records, "backtest", show) as advance:
             try:
-                result = backtest.run(detector, history, config, detector.name, progress=advance)
+                result = backtest.run(detector, history, config, detector.name, progress=advance, decode=decode)
             except backtest.HistoryError as exc:
                 return fail(str(exc), EXIT_FAILED)
     _write(result, out)
