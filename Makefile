@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup tools chart demo diamond scale-demo test test-fast test-runtime test-template test-tansu lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
+.PHONY: setup tools chart kafka-manifests demo diamond scale-demo test test-fast test-runtime test-template test-tansu lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -23,6 +23,11 @@ $(VENV)/.installed: detectorkit/pyproject.toml requirements-dev.txt
 
 demo: setup
 	bash scripts/demo.sh
+
+# The shared jobs' Strimzi KafkaTopics and KafkaUsers (deploy/strimzi/), from what each job's own
+# kafka-manifests command says with the settings the chart gives it, and the shared topics there.
+kafka-manifests: setup
+	$(PY) scripts/kafka_manifests.py
 
 # The whole diamond: raw records -> normaliser -> two generated detectors -> notifier, with a live
 # summary and a reconciliation at the end. DIAMOND_ARGS="--engine kafka" runs it on Apache Kafka.

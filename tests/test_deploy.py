@@ -8,6 +8,7 @@ what makes them portable and safe."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
 import json
@@ -63,6 +64,9 @@ KUSTOMIZE = "sigs.k8s.io/kustomize/kustomize/v5@v5.7.1"
 HELM = re.search(r"^HELM_MODULE = (\S+)$", (REPO / "Makefile").read_text(), re.M)[1]
 CHART = DEPLOY / "helm" / "detectorkit-job"
 SHARED_VALUES = DEPLOY / "helm" / "values"
+# Not jobs: where every shared job reaches Kafka, and how on Strimzi (layered under a job's values).
+SHARED_LAYERS = {"kafka", "strimzi"}
+SHARED_JOBS = ("normaliser", "notifier", "aggregator")
 
 promtool = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool is not installed (apt-get install prometheus)")
@@ -276,7 +280,7 @@ def shared_manifests(helm, tmp_path_factory):
     """The diamond's shared jobs (normaliser, notifier, metrics-aggregator), from the same chart."""
     folder = tmp_path_factory.mktemp("shared")
     for values in sorted(SHARED_VALUES.glob("*.yaml")):
-        if values.stem == "kafka":
+        if values.stem in SHARED_LAYERS:
             continue
         command = [helm, "template", values.stem, CHART, "-f", SHARED_VALUES / "kafka.yaml", "-f", values]
         split_rendered(run(*command), folder, prefix=f"{values.stem}.")
@@ -725,7 +729,8 @@ def test_the_chart_passes_helms_lint_with_every_values_file_that_uses_it(baked_p
         "detector": [baked / "values.yaml"],
         "shadow": [baked / "values.yaml", baked / "shadow" / "values.yaml"],
         "strimzi": [baked / "values.yaml", baked / "strimzi" / "values.yaml"],
-        **{p.stem: [SHARED_VALUES / "kafka.yaml", p] for p in SHARED_VALUES.glob("*.yaml") if p.stem != "kafka"},
+        **{p.stem: [SHARED_VALUES / "kafka.yaml", p] for p in SHARED_VALUES.glob("*.yaml") if p.stem not in SHARED_LAYERS},
+        **{f"{job} on strimzi": [SHARED_VALUES / "kafka.yaml", SHARED_VALUES / "strimzi.yaml", SHARED_VALUES / f"{job}.yaml"] for job in SHARED_JOBS},
     }
     assert {"normaliser", "notifier", "aggregator"} <= set(uses)
     for name, values in uses.items():
@@ -1025,3 +1030,88 @@ def test_the_strimzi_overlay_gives_the_job_and_keda_the_credentials_strimzi_make
     else:
         assert refs == {"ca": files["ca"], "cert": files["certificate"], "key": files["key"]}
         assert keda == {"tls": "enable", "sasl": ""}
+
+
+STRIMZI_RESOURCES = DEPLOY / "strimzi"
+
+
+def strimzi_files() -> list[pathlib.Path]:
+    return sorted(STRIMZI_RESOURCES.glob("*.yaml"))
+
+
+def kafka_user(job: str) -> dict:
+    (user,) = [d for d in yaml.safe_load_all((STRIMZI_RESOURCES / f"{job}.yaml").read_text()) if d and d["kind"] == "KafkaUser"]
+    return user
+
+
+def test_the_shared_jobs_kafka_resources_are_current_and_valid_strimzi_resources(strimzi_validate, tmp_path):
+    """deploy/strimzi/ (the shared topics, and each shared job's own topics and user as `make
+    kafka-manifests` writes them) is what the jobs would ask for now, and Strimzi's schemas accept it;
+    a partition count changed in topics.yaml makes the reading job's file stale, and says so."""
+    script = REPO / "scripts" / "kafka_manifests.py"
+    checked = subprocess.run([sys.executable, script, "--check"], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    text = "".join(path.read_text() for path in strimzi_files())
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(text) if doc]
+    assert kinds.count("KafkaUser") == len(SHARED_JOBS) and {"KafkaTopic", "KafkaUser"} == set(kinds), kinds
+    valid = strimzi_validate(text)
+    assert valid.returncode == 0 and valid.stdout.count(": valid") == len(kinds), valid.stdout + valid.stderr
+
+    copy = tmp_path / "repo"
+    for part in ("scripts", "deploy/strimzi", "deploy/helm/values"):
+        shutil.copytree(REPO / part, copy / part)
+    topics = copy / "deploy" / "strimzi" / "topics.yaml"
+    topics.write_text(topics.read_text().replace("topicName: detections\n  partitions: 8", "topicName: detections\n  partitions: 12"))
+    stale = subprocess.run([sys.executable, copy / "scripts" / "kafka_manifests.py", "--check"], capture_output=True, text=True)
+    assert stale.returncode == 1 and "notifier.yaml" in stale.stderr and "normaliser.yaml" not in stale.stderr, stale.stderr
+
+
+@pytest.fixture(scope="module")
+def shared_on_strimzi(helm, tmp_path_factory):
+    """The shared jobs with the Strimzi layer (deploy/helm/values/strimzi.yaml)."""
+    folder = tmp_path_factory.mktemp("shared-strimzi")
+    for job in SHARED_JOBS:
+        layers = [SHARED_VALUES / "kafka.yaml", SHARED_VALUES / "strimzi.yaml", SHARED_VALUES / f"{job}.yaml"]
+        split_rendered(run(helm, "template", job, CHART, *(f"--values={v}" for v in layers)), folder, prefix=f"{job}.")
+    return folder
+
+
+def test_each_shared_job_on_strimzi_runs_as_its_kafka_user_with_exactly_the_rights_its_settings_need(shared_on_strimzi):
+    """Each shared job's pod, with the settings the chart gives it, authenticates with the Secret of
+    its KafkaUser in deploy/strimzi/ (mutual TLS, the cluster's TLS listener, no topic made), and that
+    user's rights are what its own settings ask for: the chart and the resources cannot drift apart."""
+    from detectorkit.cli.manifests import service_of
+    from detectorkit.kafka import manifests as kafka_manifests
+    from detectorkit.metrics.aggregator_service import AggregatorService, add_arguments
+    from detectorkit.roles.normaliser import NORMALISER
+    from detectorkit.roles.notifier import Notifier
+    from detectorkit.settings import kafka_options_from_env, load
+
+    objects = manifests(shared_on_strimzi)
+    configmaps = {doc["metadata"]["name"]: doc["data"] for doc in of_kind(objects, "ConfigMap")}
+    cluster = yaml.safe_load((SHARED_VALUES / "strimzi.yaml").read_text())["kafka"]["strimziCluster"]
+    for job, stage in (("normaliser", NORMALISER), ("notifier", Notifier()), ("aggregator", None)):
+        user = kafka_user(job)
+        name = user["metadata"]["name"]
+        assert user["metadata"]["labels"]["strimzi.io/cluster"] == cluster and user["spec"]["authentication"] == {"type": "tls"}
+        service = yaml.safe_load((SHARED_VALUES / f"{job}.yaml").read_text())["service"]
+        deployment = objects["Deployment", service]
+        container = only_container(deployment)
+        made = {name: {"user.crt": "CERT", "user.key": "KEY"}, f"{cluster}-cluster-ca-cert": {"ca.crt": "CLUSTER-CA"}}
+        env = container_env(container, configmaps, made)
+        secrets = {v["secret"]["secretName"] for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v}
+        assert name in secrets, f"{job}: its pod mounts {secrets}, not its KafkaUser's Secret {name}"
+        assert env["KAFKA_BOOTSTRAP_SERVERS"] == f"{cluster}-kafka-bootstrap:9093" and env["TOPICS_AS_CODE"] == "true", env
+        assert kafka_options_from_env(env)["security.protocol"] == "SSL"
+        if stage is None:
+            parser = argparse.ArgumentParser()
+            add_arguments(parser, env)
+            args, _ = parser.parse_known_args(container["args"][1:])
+            assert args.topics_as_code
+            wanted = AggregatorService("unused", args.metrics_topic, args.aggregate_topic, changelog_topic=args.changelog_topic)
+            (expected,) = [d for d in wanted.kafka_manifests(cluster, "tls", 3) if d["kind"] == "KafkaUser"]
+            rights = expected["spec"]["authorization"]["acls"]
+        else:
+            settings = load(environ=env).for_service(stage.name)
+            rights = kafka_manifests.acls(service_of(settings, stage.name, stage.state, stage.also_reads(settings)))
+        assert user["spec"]["authorization"]["acls"] == rights, job

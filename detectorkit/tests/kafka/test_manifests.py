@@ -70,3 +70,16 @@ def test_the_service_prints_them_as_yaml_from_its_settings(capsys, monkeypatch):
     assert [d["kind"] for d in docs] == ["KafkaTopic", "KafkaUser"]
     assert docs[1]["metadata"]["name"] == THRESHOLD.name
     assert any(r["resource"]["type"] == "transactionalId" for r in docs[1]["spec"]["authorization"]["acls"])
+
+
+def test_the_notifier_may_read_its_own_output_in_its_relays_group_in_one_rule_per_topic():
+    from detectorkit.roles.notifier import Notifier
+
+    stage = Notifier()
+    s = settings().model_copy(update={"output_topic": "notifications"})
+    (user,) = [d for d in manifests.manifests(service_of(s, "notifier", stage.state, stage.also_reads(s)), "main") if d["kind"] == "KafkaUser"]
+    granted = rights(user)
+    assert granted[("topic", "notifications", "literal")] == ["Write", "Describe", "Read"]
+    assert granted[("group", "svc.delivery", "literal")] == ["Read", "Describe"]
+    resources = [tuple(r["resource"].values()) for r in user["spec"]["authorization"]["acls"]]
+    assert len(resources) == len(set(resources))  # Kafka refuses the same ACL twice

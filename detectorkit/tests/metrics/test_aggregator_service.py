@@ -23,11 +23,11 @@ DEAD = 50  # instances whose last snapshot is two days old
 
 
 class Aggregator:
-    def __init__(self, bootstrap, metrics_topic, *extra):
+    def __init__(self, bootstrap, metrics_topic, *extra, env=None):
         self.log = tempfile.NamedTemporaryFile(prefix="aggregator-", suffix=".log", delete=False)
         command = aggregator_command(bootstrap, metrics_topic, 0, *extra)
         self.started = time.monotonic()
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         wait_for(lambda: self.event("aggregator started") or self.process.poll() is not None, timeout=60, what="the aggregator")
         assert self.process.poll() is None, self.output()
         self.endpoint = self.event("aggregator started")["endpoint"]

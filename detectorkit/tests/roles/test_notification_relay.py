@@ -4,8 +4,12 @@ once per commit of the relay's position, from where the first start found the to
 import collections
 import json
 
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
 from detectorkit.kafka import broker_kind, clients
 from detectorkit.roles.notification_relay import DELIVERY_FAILED, NotificationRelay
+from detectorkit.settings import SettingsError
 from detectorkit.testing import create_test_topics, read_all, wait_for
 
 
@@ -84,3 +88,22 @@ def test_the_relay_delivers_what_was_committed_from_the_end_it_first_found_and_d
     again = Receiver()
     again.relay(bs, topics, kind).start().stop(timeout=60)
     assert again.delivered == ["d"] and again.failures == []
+
+
+class RefusedGroup:
+    """A consumer whose user may not use the relay's group (no Read on it in its KafkaUser)."""
+
+    def committed(self, partitions, timeout):
+        raise KafkaException(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED, "Broker: Group authorization failed"))
+
+    def close(self):
+        pass
+
+
+def test_a_relay_refused_its_group_stops_the_job_at_start_in_one_line_naming_it(monkeypatch):
+    monkeypatch.setattr(clients, "new_admin", lambda conf: None)
+    monkeypatch.setattr(clients, "topic_partitions", lambda admin, topic, timeout: [0])
+    monkeypatch.setattr(clients, "new_consumer", lambda conf: RefusedGroup())
+    relay = NotificationRelay(lambda n: None, {}, "notifications", "notifier", "notifier.dlq", "notifier", "kafka", print, print)
+    with pytest.raises(SettingsError, match=r"cannot read 'notifications' in its group 'notifier.delivery': .*authorization failed"):
+        relay.start()

@@ -3,9 +3,12 @@ restart, and Kafka's own tools reading the job's group. Each scenario runs the j
 
 import collections
 import json
+import os
 import re
 import signal
+import sys
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -190,6 +193,95 @@ def test_a_job_with_strimzis_tls_user_and_its_generated_rights_runs_stateful_and
     assert "BEGIN PRIVATE KEY" not in output
     found = outputs(bs, topics)
     assert set(found) == every_nth_reference(sent) and set(found.values()) == {1}
+
+
+def test_the_diamonds_shared_jobs_run_as_their_strimzi_users_with_only_their_generated_rights(secured_kafka, tmp_path):
+    """The normaliser, the notifier (its relay too) and the metrics-aggregator, each with the
+    KafkaUser its own `kafka-manifests` prints (deploy/strimzi/ holds them), granted as Strimzi grants
+    it to its certificate's principal, over mutual TLS, with topics as code: all three run and do
+    their work at once, the two jobs reporting their metrics to the aggregator's table."""
+    from detectorkit.cli.manifests import service_of
+    from detectorkit.kafka import manifests
+    from detectorkit.metrics.aggregator_service import AggregatorService
+    from detectorkit.roles.normaliser import NORMALISER
+    from detectorkit.roles.notifier import Notifier
+    from detectorkit.samples import raw_samples
+
+    from ..metrics.test_aggregator_service import Aggregator
+    from ..roles.test_notifier_job import T0, detection, per_window_keys, send
+
+    bs = secured_kafka.bootstrap_servers
+    run_id = uuid.uuid4().hex[:6]
+    shared = {name: f"{name}.{run_id}" for name in ("raw", "normalized", "detections", "notifications", "metrics")}
+    clients.create_topics(clients.base(bs), {**{t: 2 for t in shared.values()}, shared["metrics"]: 1})
+    admin = clients.new_admin(clients.base(bs))
+
+    def as_strimzi_would(docs):
+        """Its KafkaTopics made, its KafkaUser's certificate issued and its rights granted: the user's
+        client settings, as the pod reads the Secrets Strimzi makes."""
+        for doc in docs:
+            if doc["kind"] == "KafkaTopic":
+                spec = doc["spec"]
+                clients.create_topics(clients.base(bs), {spec["topicName"]: spec["partitions"]}, config=spec.get("config", {}))
+        (user,) = [doc for doc in docs if doc["kind"] == "KafkaUser"]
+        name = user["metadata"]["name"]
+        secured_kafka.tls.issue(name, tmp_path / name)
+        for future in admin.create_acls(strimzi_acls(user, f"User:CN={name}")).values():
+            future.result()
+        return {
+            "KAFKA_BOOTSTRAP_SERVERS": secured_kafka.ssl_bootstrap_servers,
+            "KAFKA_SECURITY_PROTOCOL": "SSL",
+            "KAFKA_SSL_CA_LOCATION": str(secured_kafka.tls.ca_location),
+            "KAFKA_SSL_CERTIFICATE_LOCATION": str(tmp_path / name / "user.crt"),
+            "KAFKA_SSL_KEY_LOCATION": str(tmp_path / name / "user.key"),
+            "TOPICS_AS_CODE": "true",
+        }
+
+    jobs = {}
+    for stage, command, (source, sink) in (
+        (NORMALISER, "normalise", ("raw", "normalized")),
+        (Notifier(), "notify", ("detections", "notifications")),
+    ):
+        group = f"{stage.name}-{run_id}"
+        topics = SimpleNamespace(input=shared[source], output=shared[sink], dlq=f"{group}.dlq", group=group)
+        settings = job_settings(bs, topics, processing_guarantee="exactly-once", metrics_topic=shared["metrics"], topic_partitions=2)
+        service = service_of(settings, stage.name, stage.state, stage.also_reads(settings))
+        env = job_env(bs, topics, starting_offsets="earliest", stop_after_idle_seconds=3, processing_guarantee="exactly-once")
+        env.update(METRICS_TOPIC=shared["metrics"], METRICS_INTERVAL_SECONDS="1")
+        env.update(as_strimzi_would(manifests.manifests(service, "test")))
+        jobs[stage.name] = (topics, env, [sys.executable, "-m", "detectorkit", command])
+
+    wanted = AggregatorService(bs, shared["metrics"], f"{shared['metrics']}-agg")
+    aggregator_env = {**os.environ, **as_strimzi_would(wanted.kafka_manifests("test", "tls", 1))}
+    aggregator = Aggregator(secured_kafka.ssl_bootstrap_servers, shared["metrics"], env=aggregator_env)
+
+    raw = list(raw_samples(300, seed=5, anomaly_share=0.05, malformed_share=0.05))
+    producer = clients.new_producer(clients.producer(clients.base(bs)))
+    for record in raw:
+        producer.produce(shared["raw"], key=record.key, value=record.value)
+    assert producer.flush(30) == 0
+    found = [(f"c-{i % 7}", detection("threshold", i, T0 + i * 1000)) for i in range(40)]
+    send(bs, shared["detections"], found)
+    running = {name: Job(env, command) for name, (_, env, command) in jobs.items()}
+    try:
+        for job in running.values():
+            assert job.wait(300) == 0, job.output()
+        normalised = read_all(bs, shared["normalized"], committed_only=True)
+        assert len(normalised) == sum(s.kind == "valid" for s in raw)
+        notifications = read_all(bs, shared["notifications"], committed_only=True)
+        assert len(notifications) == len(per_window_keys(found))
+        # The relay, reading the notifications in a group of its own, delivered each one.
+        delivered = [line for line in running["notifier"].output().splitlines() if '"event": "notification"' in line]
+        assert len(delivered) == len(notifications), running["notifier"].output()
+        read = lambda: {s: aggregator.scrape().get(("detector_records_read_total", s)) for s in ("normaliser", "notifier")}  # noqa: E731
+        wait_for(lambda: read() == {"normaliser": len(raw), "notifier": len(found)}, timeout=30, what=f"the aggregated counts, {read()}")
+    finally:
+        for job in running.values():
+            if job.process.poll() is None:
+                job.signal_group(signal.SIGKILL)
+        aggregator.stop()
+    # The table went to the aggregator's own topics, which only its user may write.
+    assert read_all(bs, f"{shared['metrics']}-agg") and read_all(bs, wanted.changelog_topic)
 
 
 # ---- transactions and Kafka's own tools ---------------------------------------------------------

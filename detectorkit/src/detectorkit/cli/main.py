@@ -217,11 +217,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "notify":
         from detectorkit.roles.notifier import Notifier
 
-        return run_detector(Notifier(), rest)
+        return run_detector(Notifier(), rest, command="detectorkit notify")
     if args.command == "normalise":
         from detectorkit.roles.normaliser import NORMALISER
 
-        return run_detector(NORMALISER, rest)
+        return run_detector(NORMALISER, rest, command="detectorkit normalise")
     if args.command == "kafka-tool":
         return _cmd_kafka_tool(args.tool, rest)
     if rest:

@@ -1,12 +1,13 @@
-"""`<service> kafka-manifests`: the Strimzi resources the service needs (kafka.manifests), as YAML on
-stdout, from the settings and the detector exactly as the live service reads them."""
+"""`<service> kafka-manifests` (and `detectorkit normalise|notify kafka-manifests`): the Strimzi
+resources the service needs (kafka.manifests), as YAML on stdout, from the settings and the detector
+or stage exactly as the live job reads them."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detectorkit import settings as settings_mod
 from detectorkit.cli.exits import fail
@@ -15,9 +16,13 @@ from detectorkit.kafka import manifests
 from detectorkit.settings import Settings, SettingsError
 from detectorkit.state import State
 
+if TYPE_CHECKING:
+    from detectorkit.runtime.stage import Stage
 
-def service_of(settings: Settings, name: str, state: State | None) -> manifests.Service:
-    """The job as its Kafka resources see it: its settings, and its state's changelog."""
+
+def service_of(settings: Settings, name: str, state: State | None, also_reads: tuple[tuple[str, str], ...] = ()) -> manifests.Service:
+    """The job as its Kafka resources see it: its settings, its state's changelog, and what its
+    relay reads (Stage.also_reads)."""
     from detectorkit.state.changelog import TOPIC_CONFIG
 
     return manifests.Service(
@@ -31,33 +36,32 @@ def service_of(settings: Settings, name: str, state: State | None) -> manifests.
         metrics_topic=None if settings.metrics_bootstrap_servers else settings.metrics_topic,
         changelog=state.changelog_topic(settings.consumer_group) if state is not None else None,
         changelog_config=dict(TOPIC_CONFIG),
+        also_reads=also_reads,
     )
 
 
-def manifests_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str, Any] | None = None) -> int:
+def manifests_main(detector: Detector | Stage, argv: Sequence[str], defaults: Mapping[str, Any] | None = None, prog: str | None = None) -> int:
     from detectorkit.runtime.stage import as_stage
 
-    prog = f"{detector.name} kafka-manifests"
+    prog = prog or f"{detector.name} kafka-manifests"
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Print the service's Strimzi KafkaTopics (its dead letters, its state's changelog) and its KafkaUser with "
         "the rights the job uses, for a deployment with TOPICS_AS_CODE=true.",
     )
-    parser.add_argument("--cluster", required=True, help="the Strimzi Kafka cluster's name (the strimzi.io/cluster label)")
-    parser.add_argument("--authentication", choices=manifests.AUTHENTICATIONS, default="tls", help="the user's authentication (default: tls)")
-    parser.add_argument("--replicas", type=int, default=3, help="replicas of the topics it owns (default: 3)")
+    manifests.add_arguments(parser)
     settings_mod.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         settings = settings_mod.load(args, defaults=defaults).for_service(detector.name)
-        state = as_stage(detector.configured(detector.load_config())).state
+        stage = as_stage(detector)
+        stage = stage.configured(stage.load_config())
     except SettingsError as exc:
         return fail(str(exc))
+    service = service_of(settings, detector.name, stage.state, stage.also_reads(settings))
     try:
-        import yaml
-    except ImportError:
-        return fail("kafka-manifests writes YAML with PyYAML: pip install 'detectorkit[dev]'")
-    docs = manifests.manifests(service_of(settings, detector.name, state), args.cluster, args.authentication, args.replicas)
-    sys.stdout.write(f"# Written by `{prog} --cluster {args.cluster}`; the service's own test compares them with what it would write.\n")
-    sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True))
+        text = manifests.as_yaml(manifests.manifests(service, args.cluster, args.authentication, args.replicas), f"{prog} --cluster {args.cluster}")
+    except ImportError as exc:
+        return fail(str(exc))
+    sys.stdout.write(text)
     return 0

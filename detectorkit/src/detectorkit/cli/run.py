@@ -88,20 +88,23 @@ def _missing_topics(admin, settings: Settings, timeout: float) -> str | None:
     )
 
 
-def run_detector(detector: Detector | Stage, argv: Sequence[str] | None = None, defaults: Mapping[str, Any] | None = None) -> int:
+def run_detector(
+    detector: Detector | Stage, argv: Sequence[str] | None = None, defaults: Mapping[str, Any] | None = None, command: str | None = None
+) -> int:
     """Run `detector` (or any stage of the diamond, e.g. the normaliser) as a streaming job until
-    SIGTERM/SIGINT (or idle, if configured). Exit code: 0 after a graceful stop, 1 when the job
-    failed, 2 when it could not start."""
+    SIGTERM/SIGINT (or idle, if configured); `command` is what runs it (default: its name). Exit
+    code: 0 after a graceful stop, 1 when the job failed, 2 when it could not start."""
+    command = command or detector.name
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["backtest"] and isinstance(detector, Detector):
         from detectorkit.cli.backtest import backtest_main
 
         return backtest_main(detector, argv[1:], defaults)
-    if argv[:1] == ["kafka-manifests"] and isinstance(detector, Detector):
+    if argv[:1] == ["kafka-manifests"]:
         from detectorkit.cli.manifests import manifests_main
 
-        return manifests_main(detector, argv[1:], defaults)
-    parser = argparse.ArgumentParser(prog=detector.name, description=f"Run the {detector.name} job.")
+        return manifests_main(detector, argv[1:], defaults, f"{command} kafka-manifests")
+    parser = argparse.ArgumentParser(prog=command, description=f"Run the {detector.name} job.")
     settings_mod.add_arguments(parser)
     parser.add_argument("--env-file", default=None, help="KEY=VALUE lines to take settings and DETECTOR_* config from (.env); the environment wins")
     args = parser.parse_args(argv)

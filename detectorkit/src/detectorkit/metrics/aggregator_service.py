@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -24,7 +25,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry, start_http_server
 
 from detectorkit import logs
-from detectorkit.kafka import clients
+from detectorkit.kafka import clients, manifests
 from detectorkit.metrics.aggregator import AggregateCollector, Aggregator, to_json
 from detectorkit.settings import kafka_options_from_env
 
@@ -58,9 +59,16 @@ def add_arguments(parser: argparse.ArgumentParser, environ) -> None:
         "--ttl-seconds", type=float, default=None, help="an instance silent this long leaves the gauges and the up count (default: 3 intervals)"
     )
     parser.add_argument("--connect-timeout-seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--topics-as-code",
+        action=argparse.BooleanOptionalAction,
+        default=environ.get("TOPICS_AS_CODE", "").strip().lower() in ("1", "true", "yes", "on"),
+        help="the topics are made elsewhere (its KafkaTopics): create none, stop at start if one is missing (env TOPICS_AS_CODE)",
+    )
 
 
 POSITION = "position"  # the changelog key of the metrics topic's position the table reflects
+GROUP_PREFIX = "metrics-aggregator-"  # its consumers' groups: a new one each start
 CHANGELOG_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"}
 
 
@@ -78,6 +86,7 @@ class AggregatorService:
         changelog_topic: str | None = None,
         retire_after: float = 7 * 24 * 3600.0,
         kafka_options: Mapping[str, str] | None = None,
+        topics_as_code: bool = False,
     ):
         # The jobs' own security settings (KAFKA_SECURITY_*, KAFKA_SASL_*, KAFKA_SSL_*): on a secured
         # cluster the aggregator reads the metrics topic with the same credentials, secrets wrapped.
@@ -90,6 +99,7 @@ class AggregatorService:
         self.registry.register(AggregateCollector(self.aggregator))
         self.host, self.port = host, port
         self.timeout = connect_timeout
+        self.topics_as_code = topics_as_code
         self.stop_event = threading.Event()
         self._written: dict[int, int] = {}  # the last position written to the changelog
         self.log = structlog.get_logger("detectorkit.aggregator")
@@ -127,13 +137,45 @@ class AggregatorService:
         )
         return position
 
+    def kafka_manifests(self, cluster: str, authentication: str, replicas: int) -> list[dict]:
+        """Its Strimzi resources: the topics it owns (the aggregated view, its changelog) and its
+        KafkaUser with what it does: reads the metrics topic and its changelog, writes both of its
+        own. Its consumers only assign, never join or commit: no group right."""
+        labels = {manifests.CLUSTER_LABEL: cluster, "app.kubernetes.io/name": "metrics-aggregator"}
+        rights = [
+            manifests.rule("topic", self.metrics_topic, ["Read", "Describe"]),
+            manifests.rule("topic", self.aggregate_topic, ["Write", "Describe"]),
+            manifests.rule("topic", self.changelog_topic, ["Read", "Write", "Describe"]),
+        ]
+        return [
+            manifests.topic(self.aggregate_topic, 1, replicas, {}, labels),
+            manifests.topic(self.changelog_topic, 1, replicas, dict(CHANGELOG_CONFIG), labels),
+            manifests.user("metrics-aggregator", authentication, labels, rights),
+        ]
+
+    def _topics(self) -> None:
+        """Its topics: created where missing, or, with topics as code, LookupError naming the missing."""
+        if not self.topics_as_code:
+            clients.create_topics(self.base, {self.metrics_topic: 1, self.aggregate_topic: 1}, self.timeout)
+            clients.create_topics(self.base, {self.changelog_topic: 1}, self.timeout, config=CHANGELOG_CONFIG)
+            return
+        admin = clients.new_admin(self.base)
+        missing = []
+        for topic in (self.metrics_topic, self.aggregate_topic, self.changelog_topic):
+            try:
+                clients.topic_partitions(admin, topic, self.timeout)
+            except LookupError:
+                missing.append(topic)
+        if missing:
+            raise LookupError(
+                f"TOPICS_AS_CODE=true and topic(s) {', '.join(missing)} do not exist: "
+                "create them where the topics are defined (the aggregator's KafkaTopics)"
+            )
+
     def run(self) -> int:
-        clients.create_topics(self.base, {self.metrics_topic: 1, self.aggregate_topic: 1}, self.timeout)
-        clients.create_topics(self.base, {self.changelog_topic: 1}, self.timeout, config=CHANGELOG_CONFIG)
+        self._topics()
         # A group id of its own each start: the aggregator's position is in its changelog.
-        consumer = clients.new_consumer(
-            clients.consumer(self.base, f"metrics-aggregator-{uuid.uuid4().hex[:8]}", **{"auto.offset.reset": "earliest"})
-        )
+        consumer = clients.new_consumer(clients.consumer(self.base, f"{GROUP_PREFIX}{uuid.uuid4().hex[:8]}", **{"auto.offset.reset": "earliest"}))
         position = self.restore(consumer)
         self._written = dict(position)
         partitions = clients.topic_partitions(consumer, self.metrics_topic, self.timeout)
@@ -197,6 +239,8 @@ def main(argv: Sequence[str] | None = None, environ=None) -> int:
     environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog="detectorkit aggregate", description="Run the shared metrics-aggregator.")
     add_arguments(parser, environ)
+    if argv[:1] == ["kafka-manifests"]:
+        return _manifests_main(argv[1:], environ)
     args = parser.parse_args(argv)
     if not args.bootstrap_servers:
         parser.error("set --bootstrap-servers or KAFKA_BOOTSTRAP_SERVERS")
@@ -213,7 +257,30 @@ def main(argv: Sequence[str] | None = None, environ=None) -> int:
         args.changelog_topic,
         args.retire_after_seconds,
         kafka_options=kafka_options_from_env(environ),
+        topics_as_code=args.topics_as_code,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: service.stop_event.set())
-    return service.run()
+    try:
+        return service.run()
+    except LookupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _manifests_main(argv: Sequence[str], environ) -> int:
+    prog = "detectorkit aggregate kafka-manifests"
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Print the aggregator's Strimzi KafkaTopics and its KafkaUser, for a deployment with TOPICS_AS_CODE=true."
+    )
+    manifests.add_arguments(parser)
+    add_arguments(parser, environ)
+    args = parser.parse_args(argv)
+    service = AggregatorService(args.bootstrap_servers or "unused", args.metrics_topic, args.aggregate_topic, changelog_topic=args.changelog_topic)
+    try:
+        text = manifests.as_yaml(service.kafka_manifests(args.cluster, args.authentication, args.replicas), f"{prog} --cluster {args.cluster}")
+    except ImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
+    return 0

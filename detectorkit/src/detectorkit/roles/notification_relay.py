@@ -28,10 +28,16 @@ from detectorkit.kafka import broker_kind, clients
 from detectorkit.kafka import sink as sinks
 from detectorkit.kafka.end_offsets import open_end_offsets
 from detectorkit.records import dead_letter_headers
+from detectorkit.settings import SettingsError
 
 log = structlog.get_logger("detectorkit.notifier")
 
 DELIVERY_FAILED = "delivery_failed"
+
+
+def delivery_group(group: str) -> str:
+    """The relay's consumer group, beside the notifier's own `group`."""
+    return f"{group}.delivery"
 
 
 class NotificationRelay:
@@ -49,7 +55,7 @@ class NotificationRelay:
         timeout: float = 30.0,
     ):
         self._deliver = deliver
-        self.base, self.topic, self.group, self.dlq_topic, self.service = dict(base_conf), topic, f"{group}.delivery", dlq_topic, service
+        self.base, self.topic, self.group, self.dlq_topic, self.service = dict(base_conf), topic, delivery_group(group), dlq_topic, service
         self.kind, self.timeout = kind, timeout
         self._on_dead_letter, self._on_failure = on_dead_letter, on_failure
         self._stopping = threading.Event()
@@ -57,7 +63,10 @@ class NotificationRelay:
         self.delivered = 0
 
     def start(self) -> NotificationRelay:
-        self._start_at_the_end()
+        try:
+            self._start_at_the_end()
+        except KafkaException as exc:  # its user lacks the rights on the topic or the group, above all
+            raise SettingsError(f"the notification relay cannot read {self.topic!r} in its group {self.group!r}: {exc.args[0].str()}") from None
         conf = clients.consumer(
             self.base,
             self.group,

@@ -46,7 +46,7 @@ import pyarrow as pa
 import structlog
 
 from detectorkit.records import MALFORMED_JSON, MISSING_FIELD, NOT_AN_OBJECT, Refused, Rejected, parse_object
-from detectorkit.roles.notification_relay import DELIVERY_FAILED, NotificationRelay
+from detectorkit.roles.notification_relay import DELIVERY_FAILED, NotificationRelay, delivery_group
 from detectorkit.runtime.stage import KeyedBatch, Output, Source, StageBase
 from detectorkit.settings import SettingsError, config_from_env
 from detectorkit.state.declaration import State
@@ -291,6 +291,10 @@ class Notifier(StageBase):
             on_failure,
             s.connect_timeout_seconds,
         )
+
+    def also_reads(self, settings: Any) -> tuple[tuple[str, str], ...]:
+        """The relay reads the output topic, the outbox, in a group of its own."""
+        return ((settings.output_topic, delivery_group(settings.consumer_group)),)
 
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[Rejected]]:
         raise TypeError("the notifier keeps state per input partition: it runs through run_keyed, with the partition's store")

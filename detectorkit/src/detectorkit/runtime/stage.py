@@ -114,6 +114,11 @@ class Stage(Protocol):
     def relay(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str, on_dead_letter, on_failure) -> Relay | None:
         """1'. At start, after `prepare_job`: what it runs beside its batches, if anything."""
 
+    def also_reads(self, settings: Any) -> tuple[tuple[str, str], ...]:
+        """What its relay reads beside the input, each in a consumer group of its own: (topic,
+        group), so that its Kafka user is granted those too (kafka.manifests)."""
+        ...
+
 
 class StageBase:
     """What a stage without a lifecycle does at each point: nothing."""
@@ -135,6 +140,9 @@ class StageBase:
 
     def relay(self, config: Any, settings: Any, base_conf: Mapping[str, Any], broker_kind: str, on_dead_letter, on_failure) -> Relay | None:
         return None
+
+    def also_reads(self, settings: Any) -> tuple[tuple[str, str], ...]:
+        return ()
 
 
 @dataclass(frozen=True)
@@ -250,14 +258,20 @@ def as_stage(job: Detector | Stage) -> Stage:
     return DetectorStage(job) if isinstance(job, Detector) else job
 
 
-def reading_input(stage: Stage, settings: Settings) -> Stage:
-    """The stage reading its input as RECORD_FORMAT says: JSON as it is, any other format decoded
-    with the registry's schemas; SettingsError for a stage that reads JSON only."""
+def input_decoder(settings: Settings) -> rec.Decode | None:
+    """RECORD_FORMAT's reader of the input's values, with the registry's schemas; None for JSON,
+    which a stage reads itself."""
     if settings.record_format == "json":
-        return stage
+        return None
     from detectorkit.kafka import schema_registry
 
-    return stage.reading(schema_registry.decoder(settings.record_format, settings.registry_conf()))
+    return schema_registry.decoder(settings.record_format, settings.registry_conf())
+
+
+def reading_input(stage: Stage, settings: Settings) -> Stage:
+    """The stage reading its input as RECORD_FORMAT says; SettingsError for a stage that reads JSON only."""
+    decode = input_decoder(settings)
+    return stage if decode is None else stage.reading(decode)
 
 
 def run_detector(detector: Detector, config: Any, frame: pd.DataFrame) -> tuple[list[tuple[int, dict]], list[rec.Rejected]]:
