@@ -266,3 +266,20 @@ def test_a_changelog_whose_leader_is_still_settling_is_waited_for_not_a_crash_at
     consumer = FreshChangelogConsumer()
     assert AggregatorService("b:9092", connect_timeout=5).restore(consumer) == {}
     assert consumer.refusals == 0
+
+
+def test_with_topics_as_code_the_aggregator_creates_nothing_and_names_every_missing_topic(monkeypatch):
+    from detectorkit.kafka import clients
+    from detectorkit.metrics.aggregator_service import AggregatorService
+
+    def partitions(admin, topic, timeout):
+        if topic != "metrics":
+            raise LookupError(f"topic {topic!r} does not exist")
+        return [0]
+
+    monkeypatch.setattr(clients, "new_admin", lambda conf: None)
+    monkeypatch.setattr(clients, "topic_partitions", partitions)
+    monkeypatch.setattr(clients, "create_topics", lambda *a, **k: pytest.fail("a topic was created"))
+    service = AggregatorService("b:9092", topics_as_code=True)
+    with pytest.raises(LookupError, match=r"topic\(s\) metrics-agg, metrics.aggregator-changelog do not exist: .*the aggregator's KafkaTopics"):
+        service._topics()

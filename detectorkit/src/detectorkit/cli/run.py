@@ -74,18 +74,7 @@ def _missing_topics(admin, settings: Settings, timeout: float) -> str | None:
     topics = [settings.input_topic, settings.output_topic, settings.dlq_topic]
     if not settings.metrics_bootstrap_servers:  # on another cluster, its topic is that cluster's
         topics.append(settings.metrics_topic)
-    missing = []
-    for topic in topics:
-        try:
-            clients.topic_partitions(admin, topic, timeout)
-        except LookupError:
-            missing.append(topic)
-    if not missing:
-        return None
-    return (
-        f"TOPICS_AS_CODE=true and topic(s) {', '.join(missing)} do not exist: "
-        "create them where the topics are defined (the service's KafkaTopic manifests)"
-    )
+    return clients.missing_topics(admin, topics, timeout, "the service's KafkaTopic manifests")
 
 
 def run_detector(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
@@ -167,6 +167,20 @@ def topic_partitions(admin_or_consumer, topic: str, timeout: float) -> list[int]
     if entry is None or entry.error is not None or not entry.partitions:
         raise LookupError(f"topic {topic!r} does not exist on {where}")
     return sorted(entry.partitions)
+
+
+def missing_topics(admin, topics: Sequence[str], timeout: float, owner: str) -> str | None:
+    """TOPICS_AS_CODE: the topics that do not exist, in one line saying where to make them (`owner`'s
+    KafkaTopics); None when all are there."""
+    missing = []
+    for topic in topics:
+        try:
+            topic_partitions(admin, topic, timeout)
+        except LookupError:
+            missing.append(topic)
+    if not missing:
+        return None
+    return f"TOPICS_AS_CODE=true and topic(s) {', '.join(missing)} do not exist: create them where the topics are defined ({owner})"
 
 
 def create_topics(

@@ -159,18 +159,10 @@ class AggregatorService:
             clients.create_topics(self.base, {self.metrics_topic: 1, self.aggregate_topic: 1}, self.timeout)
             clients.create_topics(self.base, {self.changelog_topic: 1}, self.timeout, config=CHANGELOG_CONFIG)
             return
-        admin = clients.new_admin(self.base)
-        missing = []
-        for topic in (self.metrics_topic, self.aggregate_topic, self.changelog_topic):
-            try:
-                clients.topic_partitions(admin, topic, self.timeout)
-            except LookupError:
-                missing.append(topic)
+        topics = (self.metrics_topic, self.aggregate_topic, self.changelog_topic)
+        missing = clients.missing_topics(clients.new_admin(self.base), topics, self.timeout, "the aggregator's KafkaTopics")
         if missing:
-            raise LookupError(
-                f"TOPICS_AS_CODE=true and topic(s) {', '.join(missing)} do not exist: "
-                "create them where the topics are defined (the aggregator's KafkaTopics)"
-            )
+            raise LookupError(missing)
 
     def run(self) -> int:
         self._topics()
