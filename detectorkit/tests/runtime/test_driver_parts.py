@@ -79,6 +79,8 @@ class Member:
         self.commits, self.refuse = [], refuse
 
     def commit(self, offsets, metadata=None):
+        if not offsets:
+            return  # as GroupMember.commit
         if self.refuse:
             raise CommitRefused(type("Error", (), {"str": lambda self: "ILLEGAL_GENERATION"})())
         self.commits.append((dict(offsets), metadata))
@@ -138,3 +140,23 @@ def test_a_zombies_refused_commit_leaves_the_batch_written_and_the_job_going():
     committer = committer_of(plan_of(THRESHOLD), Member(refuse=True))
     committer.allow({0})
     assert committer.finish(1, [TaskResult(partition=0, next_offset=3, records=3)], started=0.0).records == 3
+
+
+def test_a_slices_checkpoints_commit_as_it_goes_with_where_the_changelog_is_and_never_move_the_group_back():
+    member = Member()
+    committer = committer_of(plan_of(COUNT), member)
+    committer.allow({0, 1, 2})
+    committer.starting_at({0: 10, 1: 20, 2: 30}, {0: offset_store.Commit(10, 8), 1: offset_store.Commit(20, None), 2: offset_store.Commit(30, 30)})
+    committer.commit_reported({0: 12, 1: 20, 2: 31}, {0: 12})  # 1 has not moved: nothing to commit
+    assert member.commits == [({0: 12, 2: 31}, {0: offset_store.durable_metadata(12), 2: offset_store.durable_metadata(30)})]
+    committer.forbid({2})  # handed over: its slice goes on reporting until it ends
+    committer.commit_reported({0: 12, 1: 25, 2: 40}, {})
+    assert member.commits[-1] == ({1: 25}, {1: offset_store.durable_metadata(20)})
+    # The slice ends where it last reported; a report that arrives late is older than that.
+    committer.finish(1, [TaskResult(partition=0, next_offset=16, records=6, durable=16), TaskResult(partition=1, next_offset=25, records=5)], 0.0)
+    assert member.commits[-1] == ({0: 16, 1: 25}, {0: offset_store.durable_metadata(16), 1: offset_store.durable_metadata(20)})
+    before = len(member.commits)
+    committer.commit_reported({0: 14, 1: 25}, {0: 14})
+    assert len(member.commits) == before
+    committer.finish(2, [TaskResult(partition=0, next_offset=15, records=0)], 0.0)
+    assert len(member.commits) == before  # nor a slice's end whose task was retried from an older position

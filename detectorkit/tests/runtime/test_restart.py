@@ -72,16 +72,17 @@ def test_graceful_stop_and_restart_lose_and_duplicate_nothing(kafka_bootstrap_se
 
 @pytest.mark.parametrize("slice_seconds", [0, 3], ids=["batches", "slices"])
 def test_kill_9_and_restart_lose_nothing_and_replay_only_the_uncommitted_batch(kafka_bootstrap_servers, slice_seconds):
-    """With slices, at-least-once commits at a slice's end: what the slice in flight wrote is what comes twice."""
+    """With slices, at-least-once commits at each checkpoint of a slice's tasks: what they wrote since is what comes twice."""
     bs = kafka_bootstrap_servers
     # Slow batches: the two tasks that run first have written their detections a good second before
     # the other two finish and the batch commits. One task per few records, so a batch of 1,000 is
     # not run as one task of four slow calls in a row. A slice calls the detector far more often per
-    # record (on each poll's pieces, ~60 calls a chunk of 1,000 here), and ends only between two
-    # chunks: a small delay stretches a chunk to about a slice of 3 s, so the backlog takes several
-    # slices, each writing for seconds before it commits.
+    # record (on each poll's pieces, ~60 calls a chunk of 1,000 here), and checkpoints every 0.1 s
+    # by default: checkpoints every 3 s and a small delay leave each task writing for seconds
+    # before the driver commits what it wrote.
     delay = 1 if slice_seconds == 0 else 0.05
-    topics, sent, env, job = start_mid_stream(bs, "kill9", detector_delay_seconds=delay, min_records_per_task=1, slice_seconds=slice_seconds)
+    sliced = {"slice_seconds": slice_seconds, "slice_commit_interval_seconds": 3} if slice_seconds else {}
+    topics, sent, env, job = start_mid_stream(bs, "kill9", detector_delay_seconds=delay, min_records_per_task=1, **sliced)
 
     def batch_in_flight_has_written():
         ends = committed(bs, topics, range(PARTITIONS))

@@ -12,7 +12,7 @@ import time
 import pytest
 from confluent_kafka import TopicPartition
 
-from detectorkit.kafka import clients
+from detectorkit.kafka import clients, offset_store
 from detectorkit.runtime.job import StreamJob
 from detectorkit.samples import Sample
 from detectorkit.state import changelog
@@ -112,37 +112,48 @@ def test_a_restart_replays_what_the_changelog_lacks_and_writes_no_output_twice(s
     assert replayed > 0
 
 
-def test_kill_9_replays_the_uncommitted_batch_from_the_state_the_offsets_reflect(kafka_bootstrap_servers):
+# Slices: chunks of 150 records, each a second's work on the slow partition, checkpoints every 2 s
+# and the changelog written every 5 s: the driver commits positions the changelog is behind.
+SLICED = {"slice_seconds": 30, "slice_commit_interval_seconds": 2, "max_records_per_batch": 150, "detector_delay_seconds": 1}
+
+
+@pytest.mark.parametrize("sliced", [False, True], ids=["batches", "slices"])
+def test_kill_9_replays_the_uncommitted_batch_from_the_state_the_offsets_reflect(kafka_bootstrap_servers, sliced):
     """The changelog holds the killed batch's changes, which the group's offsets do not: read back
-    with them, every key's count would run ahead and the detections after the restart would shift."""
+    with them, every key's count would run ahead and the detections after the restart would shift.
+    With slices the driver commits each checkpoint's positions while the slice goes on, with where
+    the changelog is; the kill lands while it is behind them, and the restart replays the gap."""
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state-kill9", partitions=PARTITIONS)
     sent = produce(bs, topics.input, keyed(6_000, seed=1))
     command = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:COUNT"]
     # One partition's calls are slow: the task holding the others writes its detections and its
     # changelog seconds before the batch can commit.
-    env = job_env(
-        bs,
-        topics,
-        starting_offsets="earliest",
-        max_records_per_batch=1_000,
-        min_records_per_task=1,
-        detector_delay_seconds=4,
-        detector_slow_key="customer-000",
-    )
+    options = {"max_records_per_batch": 1_000, "detector_delay_seconds": 4} | (SLICED if sliced else {})
+    env = job_env(bs, topics, starting_offsets="earliest", min_records_per_task=1, detector_slow_key="customer-000", **options)
     job = Job(env, command)
+    group = clients.new_consumer(clients.consumer(clients.base(bs), topics.group))
+
+    def changelog_behind(commits):
+        return [p for p, c in commits.items() if c.offset is not None and c.durable is not None and c.durable < c.offset]
 
     def batch_in_flight_has_written():
         written = detections(bs, topics)  # first: a batch committed between the two reads must not count
-        ends = committed(bs, topics, range(PARTITIONS))
+        commits = offset_store.commits(group, topics.input, range(PARTITIONS), 10)
+        ends = {p: c.offset or 0 for p, c in commits.items()}
         # After a first commit: a kill in the first batch replays from no state, which proves less.
-        return sum(o or 0 for o in ends.values()) > 0 and any(offset >= (ends[p] or 0) for p, offset in written)
+        return sum(ends.values()) > 0 and any(offset >= ends[p] for p, offset in written) and (not sliced or changelog_behind(commits))
 
-    wait_for(batch_in_flight_has_written, timeout=180, what="a batch in flight with output")
-    job.signal_group(signal.SIGKILL)
-    job.wait(60)
-    at_kill = committed(bs, topics, range(PARTITIONS))
-    assert 0 < sum(o or 0 for o in at_kill.values()) < len(sent), job.output()
+    try:
+        wait_for(batch_in_flight_has_written, timeout=180, what="a batch in flight with output")
+        job.signal_group(signal.SIGKILL)
+        job.wait(60)
+        at_kill = committed(bs, topics, range(PARTITIONS))
+        assert 0 < sum(o or 0 for o in at_kill.values()) < len(sent), job.output()
+        if sliced:
+            assert changelog_behind(offset_store.commits(group, topics.input, range(PARTITIONS), 10))
+    finally:
+        group.close()
 
     code, output = run({**env, "STOP_AFTER_IDLE_SECONDS": "3", "DETECTOR_DELAY_SECONDS": "0"}, command=command)
     assert code == 0, output

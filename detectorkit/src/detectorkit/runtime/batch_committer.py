@@ -74,6 +74,11 @@ class BatchCommitter:
         # With a state flush interval: how far each partition's changelog reflects the input,
         # committed with its offset; the tasks report it as they flush.
         self._durable: dict[int, int] = {}
+        # What this instance last committed of each partition, and the lock that keeps its commits
+        # in order: a slice's checkpoints are committed from another thread than its end, and an
+        # older position landing after a newer one would move the group back.
+        self._committed: dict[int, int] = {}
+        self._commit_lock = threading.Lock()
 
     # ---- what may be committed ----------------------------------------------------------------
 
@@ -89,12 +94,17 @@ class BatchCommitter:
                 self._committable = set()
             else:
                 self._committable -= set(partitions)
+                for p in partitions:
+                    self._committed.pop(p, None)  # its next owner commits it, maybe back where this one began
                 self.metrics.forget_partitions(set(partitions))
 
     def starting_at(self, start: dict[int, int], commits: dict[int, offset_store.Commit]) -> None:
         """Where the changelog of each partition a query starts on is: the metadata of its commit.
         Without any (a new partition, or one committed by a version that wrote the changelog every
-        batch) the changelog reflects the input up to the committed offset."""
+        batch) the changelog reflects the input up to the committed offset. The offsets are what the
+        group holds: what this instance commits next must not fall behind them."""
+        with self._lock:
+            self._committed.update(start)
         if self.plan.flushes_per_interval:
             self._durable.update({p: start[p] if commits[p].durable is None else commits[p].durable for p in start})
 
@@ -110,7 +120,8 @@ class BatchCommitter:
             # group's offsets, where the failed partitions' records are read again.
             self._count(self._result(batch_id, folded, collected - started), folded)
             raise transactions.TransactionError(folded.errors[0])
-        self._commit(folded.committed)
+        with self._commit_lock:
+            self._commit(folded.committed)
         commit_seconds = time.monotonic() - collected
         result = self._result(batch_id, folded, time.monotonic() - started)
         self._count(result, folded)
@@ -161,13 +172,32 @@ class BatchCommitter:
         st.detections += result.detections
         st.dead_letters.update(result.dead_letters)
 
-    def _commit(self, committed: dict[int, int]) -> None:
+    def commit_reported(self, positions: dict[int, int], durable: dict[int, int]) -> None:
+        """At-least-once slices: the positions the tasks reported at their last checkpoints, where
+        their outputs are flushed and their state's changes written (the changelog as far as
+        `durable`), committed while the slice goes on. Without it a crash replays up to a slice,
+        and the group's lag, what KEDA scales on, stays up to a slice behind."""
+        with self._commit_lock:
+            with self._lock:
+                if self.member is None:
+                    return
+                for p, d in durable.items():
+                    self._durable[p] = max(self._durable.get(p, -1), d)
+                # Only what moved, of partitions still this instance's (the others are quietly left
+                # to their new owner: a handed-over slice goes on reporting until it ends).
+                ahead = {p: o for p, o in positions.items() if p in self._committable and o > self._committed.get(p, -1)}
+            if ahead:
+                self._commit(ahead, measure=False)  # the lag is measured at each metrics report (show_positions)
+
+    def _commit(self, committed: dict[int, int], measure: bool = True) -> None:
         """The batch's end offsets, for the partitions this instance still owns. With exactly-once
         the tasks have committed them in their transactions: only the lag is measured here."""
         exactly_once = self.plan.exactly_once
         with self._lock:
             mine = {p: o for p, o in committed.items() if p in self._committable}
-        if mine != committed and not exactly_once:
+            behind = {p for p, o in mine.items() if o < self._committed.get(p, -1)}
+        mine = {p: o for p, o in mine.items() if p not in behind}
+        if mine.keys() | behind != committed.keys() and not exactly_once:
             log.warning("not committing partitions this instance no longer owns", partitions=sorted(set(committed) - set(mine)))
         # Not under the lock: the commit runs on the group's thread, which may be handing
         # partitions over and take that lock.
@@ -183,8 +213,11 @@ class BatchCommitter:
                 )
                 mine = {}
             with self._lock:
+                if not exactly_once:
+                    self._committed.update(mine)
                 if mine:
                     self._committed_at = time.monotonic()
+                if mine and measure:
                     self.metrics.set_offsets(mine, self.ends.end_offsets(mine))
         except (LookupError, KafkaException) as exc:
             if not clients.is_not_there(exc):

@@ -50,7 +50,7 @@ from detectorkit.runtime.slice_control import SliceControl
 from detectorkit.runtime.slices import plan as plan_slice
 from detectorkit.runtime.slices import run_slice
 from detectorkit.runtime.stage import Relay, Stage, as_stage, reading_input
-from detectorkit.runtime.supervisor import Supervisor
+from detectorkit.runtime.supervisor import Supervisor, describe
 from detectorkit.runtime.task_context import TaskContext
 from detectorkit.runtime.task_result import NO_PARTITION, SPARK_SCHEMA, TaskResult
 from detectorkit.settings import Settings, SettingsError
@@ -261,6 +261,8 @@ class StreamJob:
         )
         self._serving = threading.Thread(target=assignment.serve, name="consumer-group", daemon=True)
         self._serving.start()
+        if plan.slices and not plan.exactly_once:
+            threading.Thread(target=self._commit_slices, args=(plan.slice_commit_interval_seconds,), name="slice-commits", daemon=True).start()
         self.supervisor.ready.wait(timeout + s.group_session_timeout_seconds)
         return self.query
 
@@ -290,6 +292,19 @@ class StreamJob:
     def _slice_progress(self):
         """Where the running slice's tasks last said they were (None: no slice, or no report yet)."""
         return self._control.snapshot(self._slice) if self._control is not None else None
+
+    def _commit_slices(self, interval: float) -> None:
+        """At-least-once: the positions the running slice's tasks reported at their checkpoints,
+        committed every SLICE_COMMIT_INTERVAL_SECONDS as they move (with exactly-once the tasks'
+        transactions commit them); the slice's end commits its last ones, as a batch's does."""
+        while not self._leaving.wait(interval) and not self.supervisor.ended.is_set():
+            progress = self._slice_progress()
+            if progress is None or not progress.positions:
+                continue
+            try:
+                self._committer.commit_reported(progress.positions, progress.durable)
+            except Exception as exc:  # noqa: BLE001 - the slice's end commits the same positions, or its failure restarts the query
+                log.warning("could not commit the slice's positions yet", error=describe(exc))
 
     def _end_slices(self) -> None:
         if self._control is not None:
@@ -356,7 +371,7 @@ class StreamJob:
             self._committer.maintain(self._runner.between_batches)
             progress = self._slice_progress()
             if progress is not None and progress.positions:
-                # A slice commits when it ends (at-least-once): its tasks' reports tell the lag meanwhile.
+                # Where the tasks are, which may be ahead of the last commit.
                 self._committer.show_positions(dict(progress.positions))
 
     def caught_up(self) -> bool:

@@ -29,6 +29,9 @@ class SliceProgress:
     positions: dict[int, int] = field(default_factory=dict)
     at_end: set[int] = field(default_factory=set)
     reported_at: float = 0.0
+    # With a state flush interval: how far each partition's changelog reflects the input, as of
+    # the same checkpoints (what a commit of `positions` carries).
+    durable: dict[int, int] = field(default_factory=dict)
 
 
 class SliceControl:
@@ -63,7 +66,9 @@ class SliceControl:
         """A copy of the slice's progress: the control's thread goes on changing the original."""
         with self._lock:
             progress = self.progress.get(token) if token is not None else None
-            return None if progress is None else SliceProgress(dict(progress.positions), set(progress.at_end), progress.reported_at)
+            if progress is None:
+                return None
+            return SliceProgress(dict(progress.positions), set(progress.at_end), progress.reported_at, dict(progress.durable))
 
     def seconds_since_report(self) -> float:
         """Since a task last reported (inf: none has)."""
@@ -144,9 +149,11 @@ class SliceControl:
             progress = self.progress.get(token)
             if progress is None:
                 return
-            for p, (position, at_end) in report.items():
+            for p, (position, at_end, durable) in report.items():
                 progress.positions[int(p)] = position
                 (progress.at_end.add if at_end else progress.at_end.discard)(int(p))
+                if durable is not None:
+                    progress.durable[int(p)] = durable
             progress.reported_at = time.monotonic()
 
     def _drop(self, link: socket.socket) -> None:
@@ -190,8 +197,9 @@ class Link:
                 self._ended = True
         return self._ended
 
-    def report(self, positions: dict[int, int], at_end: set[int]) -> None:
-        line = json.dumps({str(p): [o, p in at_end] for p, o in positions.items()}).encode() + b"\n"
+    def report(self, positions: dict[int, int], at_end: set[int], durable: dict[int, int] | None = None) -> None:
+        durable = durable or {}
+        line = json.dumps({str(p): [o, p in at_end, durable.get(p)] for p, o in positions.items()}).encode() + b"\n"
         try:
             self._socket.setblocking(True)
             self._socket.sendall(line)

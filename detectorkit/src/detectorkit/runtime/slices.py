@@ -14,8 +14,8 @@ rebalance, a stop):
      what was read since the last one: outputs flushed, state changes written, and with exactly-once
      each partition's transaction committed with its position and the next one begun (as Kafka
      Streams commits every 100 ms under exactly-once); then it reports its positions to the driver.
-With at-least-once the driver commits the positions the tasks reached once the slice ends, as
-after a batch (runtime.batch_committer). A slice that ends early, or a task that fails, loses
+With at-least-once the driver commits the positions each report brings, every commit interval as
+they move, and the last ones once the slice ends, as after a batch (runtime.batch_committer). A slice that ends early, or a task that fails, loses
 nothing: what was not committed is read again by the partitions' next reader."""
 
 from __future__ import annotations
@@ -245,6 +245,6 @@ class _Loop:
         if isinstance(self.writer, TransactionalWriter) and not last:
             # Not after the last: the worker keeps the producer for the next slice, which begins its own.
             self.writer.begin_next()
-        self.link.report(ends, self.reader.at_end)
+        self.link.report(ends, self.reader.at_end, {p: s.durable for p, s in self.summaries.items() if s.durable is not None})
         self.reported_at_end = set(self.reader.at_end)
         return None
