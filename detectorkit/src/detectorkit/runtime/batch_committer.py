@@ -198,7 +198,7 @@ class BatchCommitter:
             behind = {p for p, o in mine.items() if o < self._committed.get(p, -1)}
         mine = {p: o for p, o in mine.items() if p not in behind}
         if mine.keys() | behind != committed.keys() and not exactly_once:
-            log.warning("not committing partitions this instance no longer owns", partitions=sorted(set(committed) - set(mine)))
+            log.warning("not committing partitions this instance no longer owns", partitions=sorted(set(committed) - set(mine) - behind))
         # Not under the lock: the commit runs on the group's thread, which may be handing
         # partitions over and take that lock.
         try:

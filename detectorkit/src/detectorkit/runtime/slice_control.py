@@ -197,8 +197,7 @@ class Link:
                 self._ended = True
         return self._ended
 
-    def report(self, positions: dict[int, int], at_end: set[int], durable: dict[int, int] | None = None) -> None:
-        durable = durable or {}
+    def report(self, positions: dict[int, int], at_end: set[int], durable: dict[int, int]) -> None:
         line = json.dumps({str(p): [o, p in at_end, durable.get(p)] for p, o in positions.items()}).encode() + b"\n"
         try:
             self._socket.setblocking(True)

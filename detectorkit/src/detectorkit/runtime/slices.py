@@ -15,8 +15,9 @@ rebalance, a stop):
      each partition's transaction committed with its position and the next one begun (as Kafka
      Streams commits every 100 ms under exactly-once); then it reports its positions to the driver.
 With at-least-once the driver commits the positions each report brings, every commit interval as
-they move, and the last ones once the slice ends, as after a batch (runtime.batch_committer). A slice that ends early, or a task that fails, loses
-nothing: what was not committed is read again by the partitions' next reader."""
+they move, and the last ones once the slice ends, as after a batch (runtime.batch_committer). A
+slice that ends early, or a task that fails, loses nothing: what was not committed is read again by
+the partitions' next reader."""
 
 from __future__ import annotations
 
