@@ -3,6 +3,7 @@ batches give, write detections while the slice still runs, and end early for a s
 rebalance, committing what they wrote."""
 
 import collections
+import dataclasses
 import json
 import signal
 import sys
@@ -151,3 +152,121 @@ def test_only_a_slices_first_attempt_takes_its_partitions_as_committed_where_the
     assert spec.known == {1}  # a partition no longer this instance's is not carried
     assert slices.known_committed(spec, attempt=0) == {1}
     assert slices.known_committed(spec, attempt=1) == frozenset()
+
+
+def _spec(seconds, interval=0.1, tick_ms=None):
+    from detectorkit.kafka.source_options import SourceOptions
+    from detectorkit.runtime import slices
+
+    source = SourceOptions(topic="in", client_conf={"bootstrap.servers": "127.0.0.1:9"}, group="g")
+    spec = slices.plan(source, {0: 0}, 1, seconds, interval, None, ("127.0.0.1", 9), "t")
+    return spec if tick_ms is None else dataclasses.replace(spec, tick=tick_ms)
+
+
+def test_the_tasks_of_a_slice_end_together_at_the_end_the_driver_planned():
+    # A task that started later ended later: the partitions of those that had ended went unread until the last.
+    from detectorkit.runtime.slices import ends_at
+
+    spec = _spec(30.0, tick_ms=1_000_000)
+    first = ends_at(spec, 50.0, 1_000.3)  # on its own monotonic clock, 0.3 s after the driver planned it
+    second = ends_at(spec, 50.7, 1_001.0)
+    assert first == pytest.approx(50.0 + 29.7) and second == pytest.approx(first)
+    # A task that starts past half of it, or whose clock is off, still runs half a slice; never more than one.
+    assert ends_at(spec, 50.0, 1_025.0) == pytest.approx(65.0)
+    assert ends_at(spec, 50.0, 900.0) == pytest.approx(80.0)
+
+
+def test_a_slice_checkpoints_what_it_first_reads_at_once_not_a_commit_interval_later():
+    # Records that arrived between two slices have waited for the next one to start already.
+    from detectorkit.runtime import slices
+    from detectorkit.runtime.writers import AtLeastOnceWriter
+
+    from .test_processing import FakeSink, arrow, ctx
+
+    class Reader:
+        position, at_end = {3: 100}, set()
+
+        def poll(self, wait, max_records):
+            if self.position[3] > 100:
+                time.sleep(min(wait, 0.01))  # nothing more: as a consumer's wait
+                return None
+            self.position[3] = 102
+            return arrow([b'{"amount": 5000.0, "customer": "c"}', b'{"amount": 1.0, "customer": "c"}'])
+
+    class Writer(AtLeastOnceWriter):
+        def __init__(self, ctx):
+            super().__init__(ctx)
+            self._sink = FakeSink()
+            self._sink.flush = lambda timeout: None
+
+    class Link:
+        reports = []
+
+        def ended(self):
+            return bool(self.reports)
+
+        def report(self, positions, at_end, durable):
+            self.reports.append((time.monotonic(), dict(positions)))
+
+    link, started = Link(), time.monotonic()
+    spec = _spec(60.0, interval=30.0)
+    task = ctx()
+    writer = Writer(task)
+    slices._Loop(task, spec, Reader(), writer, None, {}, {3: 100}, link).run()
+    (at, positions), *_ = link.reports
+    assert positions == {3: 102} and at - started < 10
+    assert [value for _, _, value, _ in writer._sink.sent if b"5000" in value]  # the detection was written first
+
+
+def test_a_slice_checkpoints_every_commit_interval_from_one_checkpoints_start_to_the_next(monkeypatch):
+    # Counted from each checkpoint's end, the checkpoint's own time was added to every record's wait.
+    from detectorkit.runtime import slices
+    from detectorkit.runtime.writers import AtLeastOnceWriter
+
+    from .test_processing import FakeSink, arrow, ctx
+
+    class Clock:
+        now = 0.0
+
+        def monotonic(self):
+            return self.now
+
+        def time(self):
+            return 1_000.0 + self.now
+
+    clock = Clock()
+    monkeypatch.setattr(slices, "time", clock)
+
+    class Reader:
+        position, at_end = {3: 0}, set()
+
+        def poll(self, wait, max_records):
+            clock.now += 0.01  # a record comes every 10 ms
+            offset = self.position[3]
+            self.position[3] = offset + 1
+            return arrow([b'{"amount": 1.0, "customer": "c"}'], first_offset=offset)
+
+    class Writer(AtLeastOnceWriter):
+        def __init__(self, ctx):
+            super().__init__(ctx)
+            self._sink = FakeSink()
+            self._sink.flush = lambda timeout: None
+
+        def commit(self, ends):
+            clock.now += 0.05  # each checkpoint takes half the interval
+
+    class Link:
+        reports = []
+
+        def ended(self):
+            return len(self.reports) >= 6
+
+        def report(self, positions, at_end, durable):
+            self.reports.append(clock.now)
+
+    task = ctx()
+    spec = _spec(60.0, interval=0.1, tick_ms=1_000_000)
+    slices._Loop(task, spec, Reader(), Writer(task), None, {}, {3: 0}, Link()).run()
+    reports = Link.reports[:-1]  # the last: the slice's end
+    periods = [b - a for a, b in zip(reports, reports[1:], strict=False)]
+    assert len(periods) == 5 and all(p == pytest.approx(0.1, abs=0.011) for p in periods), periods  # within a poll
