@@ -160,3 +160,18 @@ def test_a_slices_checkpoints_commit_as_it_goes_with_where_the_changelog_is_and_
     assert len(member.commits) == before
     committer.finish(2, [TaskResult(partition=0, next_offset=15, records=0)], 0.0)
     assert len(member.commits) == before  # nor a slice's end whose task was retried from an older position
+
+
+def test_what_a_slices_tasks_report_is_counted_as_it_comes_and_its_end_adds_only_the_rest():
+    committer = committer_of(plan_of(THRESHOLD, slice_seconds=30), Member())
+    committer.allow({0})
+    buckets = [0] * (len(LATENCY_BUCKETS) + 1)
+    buckets[2] = 3
+    committer.count_reported({"records": 40, "detections": 3, "dead_letters": {"malformed_json": 1}, "latency_counts": buckets, "latency_sum": 0.3})
+    metrics = committer.metrics
+    counted = lambda: (metrics.records_read._value.get(), metrics.detections._value.get(), committer.stats.records)  # noqa: E731
+    assert counted() == (40, 3, 40) and committer.stats.batches == 0  # while the slice runs
+    result = committer.finish(0, [TaskResult(partition=0, next_offset=42, records=2)], started=0.0)
+    assert counted() == (42, 3, 42) and committer.stats.dead_letters == {"malformed_json": 1}
+    assert (result.records, result.detections) == (42, 3)  # the slice's log line: all of it
+    assert committer.finish(1, [TaskResult(partition=0, next_offset=42)], started=0.0).records == 0  # taken by the last

@@ -71,6 +71,9 @@ def test_a_slice_writes_detections_and_commits_while_it_runs_and_a_stop_ends_it_
     wait_for(lambda: len(detections(bs, topics.output)) == len(expected(sent)), timeout=60, what="the detections, mid-slice")
     # At-least-once: the driver commits where the tasks' checkpoints got, not only at a slice's end.
     wait_for(lambda: committed(bs, topics, range(2)) == ends(sent, 2), timeout=30, what="the group's offsets, mid-slice")
+    # The metrics too count what the checkpoints wrote: they stood still until the slice's end.
+    counted = lambda: (job.stats.records, job.metrics.records_read._value.get(), job.metrics.detections._value.get())  # noqa: E731
+    wait_for(lambda: counted() == (400, 400, len(expected(sent))), timeout=30, what="the metrics, mid-slice")
     assert job.stats.batches == 0  # the slice still runs
     began = time.monotonic()
     job.stop()
@@ -205,16 +208,17 @@ def test_a_slice_checkpoints_what_it_first_reads_at_once_not_a_commit_interval_l
         def ended(self):
             return bool(self.reports)
 
-        def report(self, positions, at_end, durable):
-            self.reports.append((time.monotonic(), dict(positions)))
+        def report(self, positions, at_end, durable, counts):
+            self.reports.append((time.monotonic(), dict(positions), counts))
 
     link, started = Link(), time.monotonic()
     spec = _spec(60.0, interval=30.0)
     task = ctx()
     writer = Writer(task)
     slices._Loop(task, spec, Reader(), writer, None, {}, {3: 100}, link).run()
-    (at, positions), *_ = link.reports
+    (at, positions, counts), *_ = link.reports
     assert positions == {3: 102} and at - started < 10
+    assert (counts["records"], counts["detections"], sum(counts["latency_counts"])) == (2, 1, 1)  # for the driver's metrics
     assert [value for _, _, value, _ in writer._sink.sent if b"5000" in value]  # the detection was written first
 
 
@@ -261,7 +265,7 @@ def test_a_slice_checkpoints_every_commit_interval_from_one_checkpoints_start_to
         def ended(self):
             return len(self.reports) >= 6
 
-        def report(self, positions, at_end, durable):
+        def report(self, positions, at_end, durable, counts):
             self.reports.append(clock.now)
 
     task = ctx()

@@ -170,12 +170,18 @@ class JobMetrics:
     def record_batch(
         self, records: int, detections: int, dead_letters: Mapping[str, int], seconds: float, latency_counts: Sequence[int], latency_sum: float
     ) -> None:
+        self.record_counts(records, detections, dead_letters, latency_counts, latency_sum)
+        self.batches.inc()
+        self.batch_duration.observe(seconds)
+
+    def record_counts(
+        self, records: int, detections: int, dead_letters: Mapping[str, int], latency_counts: Sequence[int], latency_sum: float
+    ) -> None:
+        """What tasks wrote: a batch's, or a slice's since its tasks' last checkpoints."""
         self.records_read.inc(records)
         self.detections.inc(detections)
         for reason, n in dead_letters.items():
             self.dead_letters.labels(reason=reason).inc(n)
-        self.batches.inc()
-        self.batch_duration.observe(seconds)
         if any(latency_counts):
             self.latency.add(latency_counts, latency_sum)
 

@@ -79,6 +79,9 @@ class BatchCommitter:
         # older position landing after a newer one would move the group back.
         self._committed: dict[int, int] = {}
         self._commit_lock = threading.Lock()
+        # What a slice's tasks reported at their checkpoints, counted as it came, since the slice began.
+        self._counts_lock = threading.Lock()
+        self._reported = _Folded()
 
     # ---- what may be committed ----------------------------------------------------------------
 
@@ -119,12 +122,13 @@ class BatchCommitter:
             # What committed is counted; the batch fails, and the query starts again from the
             # group's offsets, where the failed partitions' records are read again.
             self._count(self._result(batch_id, folded, collected - started), folded)
+            self._with_reported(folded)
             raise transactions.TransactionError(folded.errors[0])
         with self._commit_lock:
             self._commit(folded.committed)
         commit_seconds = time.monotonic() - collected
-        result = self._result(batch_id, folded, time.monotonic() - started)
-        self._count(result, folded)
+        self._count(self._result(batch_id, folded, time.monotonic() - started), folded)
+        result = self._result(batch_id, self._with_reported(folded), time.monotonic() - started)
         self.stats.batches += 1
         self.stats.last = result
         if result.records:
@@ -166,11 +170,34 @@ class BatchCommitter:
     def _count(self, result: BatchResult, f: _Folded) -> None:
         """What the batch's tasks wrote, into the metrics and the stats: also for a batch that
         fails after some of its transactions committed, whose records are not read again."""
-        self.metrics.record_batch(result.records, result.detections, result.dead_letters, result.seconds, f.latency_counts, f.latency_sum)
+        with self._counts_lock:
+            self.metrics.record_batch(result.records, result.detections, result.dead_letters, result.seconds, f.latency_counts, f.latency_sum)
+            self._add_to_stats(result.records, result.detections, result.dead_letters)
+
+    def count_reported(self, counts: dict) -> None:
+        """Slices: what a task wrote since its last checkpoint (processing.take_counts), counted as
+        it comes; a slice's end brings only what its tasks had not reported. Counted at a slice's end,
+        the metrics stood still while it ran and then jumped by all of it."""
+        records, detections, dead = counts["records"], counts["detections"], Counter(counts["dead_letters"])
+        with self._counts_lock:
+            self.metrics.record_counts(records, detections, dead, counts["latency_counts"], counts["latency_sum"])
+            self._add_to_stats(records, detections, dead)
+            r = self._reported
+            r.records, r.detections = r.records + records, r.detections + detections
+            r.dead.update(dead)
+
+    def _add_to_stats(self, records: int, detections: int, dead: Counter) -> None:
         st = self.stats
-        st.records += result.records
-        st.detections += result.detections
-        st.dead_letters.update(result.dead_letters)
+        st.records += records
+        st.detections += detections
+        st.dead_letters.update(dead)
+
+    def _with_reported(self, f: _Folded) -> _Folded:
+        """The batch's results with what its tasks reported before they ended (slices), for its
+        result and its log line; taken, so the next slice starts from none."""
+        with self._counts_lock:
+            r, self._reported = self._reported, _Folded()
+        return _Folded(f.committed, f.records + r.records, f.detections + r.detections, f.dead + r.dead)
 
     def commit_reported(self, positions: dict[int, int], durable: dict[int, int]) -> None:
         """At-least-once slices: the positions the tasks reported at their last checkpoints, where

@@ -193,7 +193,9 @@ class StreamJob:
         )
         if plan.slices:
             # The tasks report to, and are ended by, this process: on a cluster, at the driver's address.
-            self._control = SliceControl("127.0.0.1" if self._local else self.spark.conf.get("spark.driver.host"))
+            host = "127.0.0.1" if self._local else self.spark.conf.get("spark.driver.host")
+            # (The committer is made below, before any query starts a task.)
+            self._control = SliceControl(host, on_counts=lambda counts: self._committer.count_reported(counts))
             self._format = None
         else:
             # The source's tasks read, detect and write themselves: one Python worker per task

@@ -208,6 +208,28 @@ def summary_batch(summaries: dict[int, PartitionSummary], written_ms: float, err
     return task_result.to_batch(results)
 
 
+def take_counts(summaries: dict[int, PartitionSummary]) -> dict:
+    """What the summaries counted since this was last called, taken out of them: a slice's task
+    reports it at each checkpoint (its detections' latencies are then written), and its end
+    summary (summary_batch) carries only the rest."""
+    latencies = [x for s in summaries.values() for x in s.latencies]
+    dead = Counter()
+    for s in summaries.values():
+        dead.update(s.dead_letters)
+    counts = {
+        "records": sum(s.records for s in summaries.values()),
+        "detections": sum(s.detections + s.timer_detections for s in summaries.values()),
+        "dead_letters": dict(dead),
+        "latency_counts": bucket_counts(latencies),
+        "latency_sum": float(sum(latencies)),
+    }
+    for s in summaries.values():
+        s.records = s.detections = s.timer_detections = 0
+        s.dead_letters.clear()
+        s.latencies.clear()
+    return counts
+
+
 def warm_worker(ctx: TaskContext, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """A `mapInArrow` function that only starts a Python worker with what a task imports: this
     module (pandas, pyarrow, the Kafka clients), the stage's own modules (unpickling `ctx` imported

@@ -13,6 +13,7 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -37,7 +38,9 @@ class SliceProgress:
 class SliceControl:
     """The driver's end: a listening socket, and each slice's tasks by its token."""
 
-    def __init__(self, host: str = "127.0.0.1"):
+    def __init__(self, host: str = "127.0.0.1", on_counts: Callable[[dict], None] | None = None):
+        # What a task wrote since its last report, as it reports it (runtime.processing.take_counts).
+        self._on_counts = on_counts
         self._server = socket.create_server((host, 0))
         self._server.setblocking(False)
         self.address = (host, self._server.getsockname()[1])
@@ -145,11 +148,14 @@ class SliceControl:
                 _send(link, END)
             return
         report = json.loads(line)
+        if self._on_counts is not None:
+            # Written whether or not the slice is still followed: its tasks report only what they flushed.
+            self._on_counts(report["counts"])
         with self._lock:
             progress = self.progress.get(token)
             if progress is None:
                 return
-            for p, (position, at_end, durable) in report.items():
+            for p, (position, at_end, durable) in report["positions"].items():
                 progress.positions[int(p)] = position
                 (progress.at_end.add if at_end else progress.at_end.discard)(int(p))
                 if durable is not None:
@@ -197,8 +203,9 @@ class Link:
                 self._ended = True
         return self._ended
 
-    def report(self, positions: dict[int, int], at_end: set[int], durable: dict[int, int]) -> None:
-        line = json.dumps({str(p): [o, p in at_end, durable.get(p)] for p, o in positions.items()}).encode() + b"\n"
+    def report(self, positions: dict[int, int], at_end: set[int], durable: dict[int, int], counts: dict) -> None:
+        """Where its partitions are, and what it wrote since its last report (the driver's metrics)."""
+        line = json.dumps({"positions": {str(p): [o, p in at_end, durable.get(p)] for p, o in positions.items()}, "counts": counts}).encode() + b"\n"
         try:
             self._socket.setblocking(True)
             self._socket.sendall(line)

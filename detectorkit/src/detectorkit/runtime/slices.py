@@ -13,7 +13,8 @@ rebalance, a stop):
   3. every SLICE_COMMIT_INTERVAL_SECONDS, and at the end, the checkpoint of runtime.checkpoint over
      what was read since the last one: outputs flushed, state changes written, and with exactly-once
      each partition's transaction committed with its position and the next one begun (as Kafka
-     Streams commits every 100 ms under exactly-once); then it reports its positions to the driver.
+     Streams commits every 100 ms under exactly-once); then it reports its positions to the driver,
+     with what it wrote since its last report, which the driver counts into the job's metrics.
 With at-least-once the driver commits the positions each report brings, every commit interval as
 they move, and the last ones once the slice ends, as after a batch (runtime.batch_committer). A
 slice that ends early, or a task that fails, loses nothing: what was not committed is read again by
@@ -38,7 +39,7 @@ from detectorkit.kafka.range_reader import CHUNK_RECORDS
 from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.runtime import checkpoint, crash_points
 from detectorkit.runtime.batches import by_partition
-from detectorkit.runtime.processing import process_batch, process_records, send_outputs, setup_worker, summary_batch
+from detectorkit.runtime.processing import process_batch, process_records, send_outputs, setup_worker, summary_batch, take_counts
 from detectorkit.runtime.slice_control import Link
 from detectorkit.runtime.task_context import PartitionSummary, TaskContext
 from detectorkit.runtime.task_stores import TaskStores
@@ -259,6 +260,7 @@ class _Loop:
         if isinstance(self.writer, TransactionalWriter) and not last:
             # Not after the last: the worker keeps the producer for the next slice, which begins its own.
             self.writer.begin_next()
-        self.link.report(ends, self.reader.at_end, {p: s.durable for p, s in self.summaries.items() if s.durable is not None})
+        durable = {p: s.durable for p, s in self.summaries.items() if s.durable is not None}
+        self.link.report(ends, self.reader.at_end, durable, take_counts(self.summaries))
         self.reported_at_end = set(self.reader.at_end)
         return None
