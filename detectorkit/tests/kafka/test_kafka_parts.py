@@ -188,3 +188,25 @@ def test_a_batch_to_a_partition_that_does_not_exist_fails(base, topic):
     with pytest.raises((KafkaException, DeliveryError), match="Unknown partition"):
         sink.send_batch(topic, 7, [("k", b"v")])
         sink.flush(30)
+
+
+def test_a_slices_reader_past_a_partitions_end_skips_back_to_its_start(base, topic, kafka_broker_kind):
+    # The input topic was deleted and re-created with fewer records while a slice read it: as a
+    # batch's plan does (planning.reconcile), the new partition is read from its start.
+    from detectorkit.kafka.position_reader import PositionReader
+    from detectorkit.kafka.range_reader import reader_conf
+    from detectorkit.testing import TANSU
+
+    if kafka_broker_kind == TANSU:
+        pytest.skip("Tansu answers a fetch past the end with no records, not an out-of-range error")
+    produce(base, topic, 5)
+    consumer = Consumer(reader_conf(base, f"parts-{uuid.uuid4().hex[:8]}", "kafka"))
+    reader = PositionReader(consumer, topic, {0: 50}, fail_on_data_loss=False, timeout=10)
+    read = []
+    deadline = time.monotonic() + 30
+    while len(read) < 5 and time.monotonic() < deadline:
+        batch = reader.poll(0.2)
+        read += batch.column("offset").to_pylist() if batch is not None else []
+    reader.close()
+    consumer.close()
+    assert read == [0, 1, 2, 3, 4] and reader.position[0] == 5

@@ -79,8 +79,10 @@ class PositionReader:
         if self.fail_on_data_loss:
             raise data_loss(problem)
         log.warning("skipping lost records: %s", problem)
-        low, _ = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout, cached=False)
-        self.position[p] = max(self.position[p], low)
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout, cached=False)
+        # Past its end, the partition is a new one (the topic was re-created): read from its start, as
+        # planning.reconcile plans a batch; kept, the position was asked for again and again.
+        self.position[p] = low if self.position[p] > high else max(self.position[p], low)
         # After an offset-out-of-range error the partition's fetcher refuses seek(): a new assignment restarts it.
         self.consumer.assign([TopicPartition(self.topic, q, o) for q, o in sorted(self.position.items())])
 
