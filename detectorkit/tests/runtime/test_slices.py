@@ -166,19 +166,6 @@ def _spec(seconds, interval=0.1, tick_ms=None):
     return spec if tick_ms is None else dataclasses.replace(spec, tick=tick_ms)
 
 
-def test_the_tasks_of_a_slice_end_together_at_the_end_the_driver_planned():
-    # A task that started later ended later: the partitions of those that had ended went unread until the last.
-    from detectorkit.runtime.slices import ends_at
-
-    spec = _spec(30.0, tick_ms=1_000_000)
-    first = ends_at(spec, 50.0, 1_000.3)  # on its own monotonic clock, 0.3 s after the driver planned it
-    second = ends_at(spec, 50.7, 1_001.0)
-    assert first == pytest.approx(50.0 + 29.7) and second == pytest.approx(first)
-    # A task that starts past half of it, or whose clock is off, still runs half a slice; never more than one.
-    assert ends_at(spec, 50.0, 1_025.0) == pytest.approx(65.0)
-    assert ends_at(spec, 50.0, 900.0) == pytest.approx(80.0)
-
-
 def test_a_slice_checkpoints_what_it_first_reads_at_once_not_a_commit_interval_later():
     # Records that arrived between two slices have waited for the next one to start already.
     from detectorkit.runtime import slices
