@@ -3,7 +3,6 @@ batches give, write detections while the slice still runs, and end early for a s
 rebalance, committing what they wrote."""
 
 import collections
-import dataclasses
 import json
 import signal
 import sys
@@ -157,21 +156,31 @@ def test_only_a_slices_first_attempt_takes_its_partitions_as_committed_where_the
     assert slices.known_committed(spec, attempt=1) == frozenset()
 
 
-def _spec(seconds, interval=0.1, tick_ms=None):
+def _spec(seconds, interval):
     from detectorkit.kafka.source_options import SourceOptions
     from detectorkit.runtime import slices
 
     source = SourceOptions(topic="in", client_conf={"bootstrap.servers": "127.0.0.1:9"}, group="g")
-    spec = slices.plan(source, {0: 0}, 1, seconds, interval, None, ("127.0.0.1", 9), "t")
-    return spec if tick_ms is None else dataclasses.replace(spec, tick=tick_ms)
+    return slices.plan(source, {0: 0}, 1, seconds, interval, None, ("127.0.0.1", 9), "t")
+
+
+def _writer(task):
+    """The worker's at-least-once writer over a sink that keeps what it is sent."""
+    from detectorkit.runtime.writers import AtLeastOnceWriter
+
+    from .test_processing import FakeSink
+
+    writer = AtLeastOnceWriter(task)
+    writer._sink = FakeSink()
+    writer._sink.flush = lambda timeout: None
+    return writer
 
 
 def test_a_slice_checkpoints_what_it_first_reads_at_once_not_a_commit_interval_later():
     # Records that arrived between two slices have waited for the next one to start already.
     from detectorkit.runtime import slices
-    from detectorkit.runtime.writers import AtLeastOnceWriter
 
-    from .test_processing import FakeSink, arrow, ctx
+    from .test_processing import arrow, ctx
 
     class Reader:
         position, at_end = {3: 100}, set()
@@ -182,12 +191,6 @@ def test_a_slice_checkpoints_what_it_first_reads_at_once_not_a_commit_interval_l
                 return None
             self.position[3] = 102
             return arrow([b'{"amount": 5000.0, "customer": "c"}', b'{"amount": 1.0, "customer": "c"}'])
-
-    class Writer(AtLeastOnceWriter):
-        def __init__(self, ctx):
-            super().__init__(ctx)
-            self._sink = FakeSink()
-            self._sink.flush = lambda timeout: None
 
     class Link:
         reports = []
@@ -201,7 +204,7 @@ def test_a_slice_checkpoints_what_it_first_reads_at_once_not_a_commit_interval_l
     link, started = Link(), time.monotonic()
     spec = _spec(60.0, interval=30.0)
     task = ctx()
-    writer = Writer(task)
+    writer = _writer(task)
     slices._Loop(task, spec, Reader(), writer, None, {}, {3: 100}, link).run()
     (at, positions, counts), *_ = link.reports
     assert positions == {3: 102} and at - started < 10
@@ -212,9 +215,8 @@ def test_a_slice_checkpoints_what_it_first_reads_at_once_not_a_commit_interval_l
 def test_a_slice_checkpoints_every_commit_interval_from_one_checkpoints_start_to_the_next(monkeypatch):
     # Counted from each checkpoint's end, the checkpoint's own time was added to every record's wait.
     from detectorkit.runtime import slices
-    from detectorkit.runtime.writers import AtLeastOnceWriter
 
-    from .test_processing import FakeSink, arrow, ctx
+    from .test_processing import arrow, ctx
 
     class Clock:
         now = 0.0
@@ -237,15 +239,6 @@ def test_a_slice_checkpoints_every_commit_interval_from_one_checkpoints_start_to
             self.position[3] = offset + 1
             return arrow([b'{"amount": 1.0, "customer": "c"}'], first_offset=offset)
 
-    class Writer(AtLeastOnceWriter):
-        def __init__(self, ctx):
-            super().__init__(ctx)
-            self._sink = FakeSink()
-            self._sink.flush = lambda timeout: None
-
-        def commit(self, ends):
-            clock.now += 0.05  # each checkpoint takes half the interval
-
     class Link:
         reports = []
 
@@ -255,9 +248,13 @@ def test_a_slice_checkpoints_every_commit_interval_from_one_checkpoints_start_to
         def report(self, positions, at_end, durable, counts):
             self.reports.append(clock.now)
 
+    def commit(ends):
+        clock.now += 0.05  # each checkpoint takes half the interval
+
     task = ctx()
-    spec = _spec(60.0, interval=0.1, tick_ms=1_000_000)
-    slices._Loop(task, spec, Reader(), Writer(task), None, {}, {3: 0}, Link()).run()
+    writer = _writer(task)
+    writer.commit = commit
+    slices._Loop(task, _spec(60.0, interval=0.1), Reader(), writer, None, {}, {3: 0}, Link()).run()
     reports = Link.reports[:-1]  # the last: the slice's end
     periods = [b - a for a, b in zip(reports, reports[1:], strict=False)]
     assert len(periods) == 5 and all(p == pytest.approx(0.1, abs=0.011) for p in periods), periods  # within a poll

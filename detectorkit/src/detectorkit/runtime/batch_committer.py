@@ -122,13 +122,16 @@ class BatchCommitter:
             # What committed is counted; the batch fails, and the query starts again from the
             # group's offsets, where the failed partitions' records are read again.
             self._count(self._result(batch_id, folded, collected - started), folded)
-            self._with_reported(folded)
+            self._take_reported()  # counted as it came; the next slice starts from none
             raise transactions.TransactionError(folded.errors[0])
         with self._commit_lock:
             self._commit(folded.committed)
         commit_seconds = time.monotonic() - collected
         self._count(self._result(batch_id, folded, time.monotonic() - started), folded)
-        result = self._result(batch_id, self._with_reported(folded), time.monotonic() - started)
+        # Its result and log line: the whole slice, with what its tasks reported before they ended.
+        reported = self._take_reported()
+        whole = _Folded(folded.committed, folded.records + reported.records, folded.detections + reported.detections, folded.dead + reported.dead)
+        result = self._result(batch_id, whole, time.monotonic() - started)
         self.stats.batches += 1
         self.stats.last = result
         if result.records:
@@ -192,12 +195,11 @@ class BatchCommitter:
         st.detections += detections
         st.dead_letters.update(dead)
 
-    def _with_reported(self, f: _Folded) -> _Folded:
-        """The batch's results with what its tasks reported before they ended (slices), for its
-        result and its log line; taken, so the next slice starts from none."""
+    def _take_reported(self) -> _Folded:
+        """What a slice's tasks reported since the last batch ended (already counted), taken."""
         with self._counts_lock:
-            r, self._reported = self._reported, _Folded()
-        return _Folded(f.committed, f.records + r.records, f.detections + r.detections, f.dead + r.dead)
+            reported, self._reported = self._reported, _Folded()
+        return reported
 
     def commit_reported(self, positions: dict[int, int], durable: dict[int, int]) -> None:
         """At-least-once slices: the positions the tasks reported at their last checkpoints, where
