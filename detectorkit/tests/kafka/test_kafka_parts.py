@@ -16,6 +16,7 @@ from detectorkit.kafka.range_reader import read_ranges
 from detectorkit.kafka.sink import DeliveryError, Sink
 from detectorkit.kafka.source import KafkaStreamReader
 from detectorkit.kafka.source_options import SourceOptions
+from detectorkit.testing import wait_for
 
 
 @pytest.fixture
@@ -209,4 +210,16 @@ def test_a_slices_reader_past_a_partitions_end_skips_back_to_its_start(base, top
         read += batch.column("offset").to_pylist() if batch is not None else []
     reader.close()
     consumer.close()
-    assert read == [0, 1, 2, 3, 4] and reader.position[0] == 5
+    assert read == [0, 1, 2, 3, 4] and reader.position[0] == 5 and reader.went_back == {0}
+
+
+def test_a_topic_created_again_has_a_new_id_and_none_while_it_is_gone(base, topic):
+    # What tells a slice's driver that the partitions it reads from its positions are new ones.
+    admin = clients.new_admin(base)
+    first = clients.topic_id(admin, topic, 10)
+    assert first and clients.topic_id(admin, topic, 10) == first
+    admin.delete_topics([topic])[topic].result()
+    wait_for(lambda: clients.topic_id(admin, topic, 10) is None, timeout=30, what="the deleted topic to be gone")
+    clients.create_topics(base, {topic: 2})
+    again = clients.topic_id(admin, topic, 10)
+    assert again and again != first

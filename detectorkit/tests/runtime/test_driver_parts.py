@@ -1,14 +1,18 @@
 """The driver's parts without Spark or a broker: the plan settings become, the task result's one
-schema, and the batch committer's folding and commits."""
+schema, the batch committer's folding and commits, and the assignment's look at its input's id."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from detectorkit.kafka import broker_kind, offset_store, transactions
+from detectorkit.kafka import broker_kind, clients, offset_store, transactions
 from detectorkit.kafka.membership import CommitRefused
+from detectorkit.kafka.planning import DataLossError
 from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
 from detectorkit.runtime import task_result
+from detectorkit.runtime.assignment import Assignment
 from detectorkit.runtime.batch_committer import BatchCommitter
 from detectorkit.runtime.job_plan import Guarantee, JobPlan
 from detectorkit.runtime.stage import as_stage
@@ -61,6 +65,7 @@ def test_a_task_result_crosses_its_one_schema_unchanged():
             processes=[{"kind": "python", "pid": 7}],
             state={"keys": 2.0, "bytes": 10.0},
             durable=104,
+            went_back=True,
             error="TransactionError: rebalanced",
         ),
         TaskResult(partition=4, next_offset=9),
@@ -69,7 +74,7 @@ def test_a_task_result_crosses_its_one_schema_unchanged():
     assert batch.schema.names == [field.split(" ")[0] for field in task_result.SPARK_SCHEMA.split(", ")]
     back = task_result.rows_of([batch])
     assert back[0] == TaskResult(**{**results[0].__dict__, "latency_counts": list(results[0].latency_counts)})
-    assert (back[1].state, back[1].durable, back[1].error, dict(back[1].dead_letters)) == (None, None, None, {})
+    assert (back[1].state, back[1].durable, back[1].went_back, back[1].error, dict(back[1].dead_letters)) == (None, None, False, None, {})
 
 
 class Member:
@@ -175,3 +180,50 @@ def test_what_a_slices_tasks_report_is_counted_as_it_comes_and_its_end_adds_only
     assert counted() == (42, 3, 42) and committer.stats.dead_letters == {"malformed_json": 1}
     assert (result.records, result.detections) == (42, 3)  # the slice's log line: all of it
     assert committer.finish(1, [TaskResult(partition=0, next_offset=42)], started=0.0).records == 0  # taken by the last
+
+
+def test_a_slices_driver_knows_its_input_was_created_again_by_its_id(monkeypatch):
+    # A slice goes on from the last one's positions: on a topic created again they are the old topic's.
+    ids = iter(["a", "a", None, "b", "b", "c"])
+    monkeypatch.setattr(clients, "topic_id", lambda admin, topic, timeout: next(ids))
+
+    def assignment(**options):
+        a = Assignment(plan_of(THRESHOLD, **options), {}, None, None, None, None, None, threading.Event(), start_query=None)
+        a._admin = object()
+        return a
+
+    skipping = assignment(fail_on_data_loss=False)
+    # Its first id; the same; gone for a moment (the readers say so); back as another topic; the same again.
+    assert [skipping.input_recreated() for _ in range(5)] == [False, False, None, True, False]
+    failing = assignment()
+    failing._input_id = "b"
+    with pytest.raises(DataLossError, match="deleted and created again.*FAIL_ON_DATA_LOSS=false"):
+        failing.input_recreated()
+
+
+def test_an_input_created_again_is_committed_from_its_start_though_behind_the_old_topics_positions():
+    member = Member()
+    committer = committer_of(plan_of(COUNT), member)
+    committer.allow({0, 1})
+    committer.starting_at({0: 10, 1: 20}, {0: offset_store.Commit(10, 10), 1: offset_store.Commit(20, 20)})
+    committer.commit_reported({0: 100, 1: 120}, {0: 100, 1: 120})
+    committer.restart_at({0: 0, 1: 0})
+    assert member.commits[-1] == ({0: 0, 1: 0}, {0: offset_store.durable_metadata(0), 1: offset_store.durable_metadata(0)})
+    committer.commit_reported({0: 5, 1: 7}, {0: 5, 1: 7})
+    assert member.commits[-1] == ({0: 5, 1: 7}, {0: offset_store.durable_metadata(5), 1: offset_store.durable_metadata(7)})
+
+
+def test_a_slices_commit_that_finds_the_input_gone_ends_the_slice():
+    # Its readers, told nothing by librdkafka, would go on into a topic created again meanwhile.
+    from confluent_kafka import KafkaError, KafkaException
+
+    class Gone(Member):
+        def commit(self, offsets, metadata=None):
+            raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+
+    committer = committer_of(plan_of(THRESHOLD, fail_on_data_loss=False), Gone())
+    ended = []
+    committer.on_input_gone = lambda: ended.append(True)
+    committer.allow({0})
+    committer.commit_reported({0: 5}, {})
+    assert ended == [True]

@@ -258,3 +258,25 @@ def test_a_slice_checkpoints_every_commit_interval_from_one_checkpoints_start_to
     reports = Link.reports[:-1]  # the last: the slice's end
     periods = [b - a for a, b in zip(reports, reports[1:], strict=False)]
     assert len(periods) == 5 and all(p == pytest.approx(0.1, abs=0.011) for p in periods), periods  # within a poll
+
+
+def test_a_slices_next_positions_keep_a_reader_that_went_back_and_a_topic_created_again_starts_over():
+    from detectorkit.runtime.slices import SlicePositions
+    from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
+
+    positions = SlicePositions({0: 106, 1: 94, 2: 50})
+    positions.began()
+    # The input topic was created again under this slice: partition 0's reader found itself past the
+    # new end and went back to its start; 1 and 2 went on from their old positions.
+    ended = [TaskResult(partition=0, next_offset=40, went_back=True), *(TaskResult(partition=p, next_offset=o) for p, o in ((1, 120), (2, 60)))]
+    positions.ended([*ended, TaskResult(partition=NO_PARTITION)], exactly_once=True)
+    # Kept behind where it was planned: from 106 it went past the new end, and back, each slice.
+    assert positions.next == {0: 40, 1: 120, 2: 60} and positions.known == {0, 1, 2}
+    assert positions.input_checked(None) is None  # not there at that moment: nothing known yet
+    # The driver sees the new id: 1 and 2 start over; 0's reader is on the new topic already.
+    assert positions.input_checked(True) == {0: 40, 1: 0, 2: 0} and positions.known == frozenset()
+    assert positions.input_checked(False) is None and positions.next == {0: 40, 1: 0, 2: 0}
+    # A failed task's partition stays where it was planned.
+    positions.began()
+    positions.ended([TaskResult(partition=1, next_offset=5, error="TransactionError: fenced")], exactly_once=True)
+    assert positions.next[1] == 0 and positions.known == frozenset()

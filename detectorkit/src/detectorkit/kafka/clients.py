@@ -169,6 +169,18 @@ def topic_partitions(admin_or_consumer, topic: str, timeout: float) -> list[int]
     return sorted(entry.partitions)
 
 
+def topic_id(admin, topic: str, timeout: float) -> str | None:
+    """The topic's id (KIP-516: a topic deleted and created again has a new one); None while it is
+    not there."""
+    future = next(iter(admin.describe_topics(TopicCollection([topic]), request_timeout=timeout).values()))
+    try:
+        return str(future.result().topic_id)
+    except KafkaException as exc:
+        if is_not_there(exc):
+            return None
+        raise
+
+
 def missing_topics(admin, topics: Sequence[str], timeout: float, owner: str) -> str | None:
     """TOPICS_AS_CODE: the topics that do not exist, in one line saying where to make them (`owner`'s
     KafkaTopics); None when all are there."""

@@ -35,6 +35,7 @@ class PositionReader:
         self.topic = topic
         self.position = dict(positions)
         self.at_end: set[int] = set()
+        self.went_back: set[int] = set()  # taken back to their start, past their end
         self.fail_on_data_loss = fail_on_data_loss
         self.timeout = timeout
         consumer.assign([TopicPartition(topic, p, o) for p, o in sorted(positions.items())])
@@ -82,7 +83,11 @@ class PositionReader:
         low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout, cached=False)
         # Past its end, the partition is a new one (the topic was re-created): read from its start, as
         # planning.reconcile plans a batch; kept, the position was asked for again and again.
-        self.position[p] = low if self.position[p] > high else max(self.position[p], low)
+        if self.position[p] > high:
+            self.position[p] = low
+            self.went_back.add(p)
+        else:
+            self.position[p] = max(self.position[p], low)
         # After an offset-out-of-range error the partition's fetcher refuses seek(): a new assignment restarts it.
         self.consumer.assign([TopicPartition(self.topic, q, o) for q, o in sorted(self.position.items())])
 

@@ -18,7 +18,7 @@ import structlog
 from detectorkit.kafka import clients, transactions
 from detectorkit.kafka.end_offsets import start_positions
 from detectorkit.kafka.membership import GroupMember
-from detectorkit.kafka.planning import deleted_input_topic
+from detectorkit.kafka.planning import data_loss, deleted_input_topic
 from detectorkit.metrics.registry import JobMetrics
 from detectorkit.runtime.batch_committer import BatchCommitter
 from detectorkit.runtime.health import Progress
@@ -57,6 +57,7 @@ class Assignment:
         self.running: frozenset[int] | None = None  # what the query reads; None: nothing runs
         self.metadata: bytes | None = None  # with exactly-once: the group metadata the query's tasks commit with
         self._admin = None  # for the metadata request of an assignment that needs one
+        self._input_id: str | None = None  # the input topic's id where the positions were read
 
     # ---- the serving loop ---------------------------------------------------------------------
 
@@ -162,6 +163,30 @@ class Assignment:
         except LookupError:
             log.warning("skipping lost records", problem=deleted_input_topic(self.plan.input_topic, self.plan.fail_on_data_loss))
 
+    def input_recreated(self) -> bool | None:
+        """Whether the input topic was deleted and created again since the positions were read (its
+        id changed; None while it is not there): its partitions are new ones, to be read from their
+        first record, as a batch's plan reads them (kafka.planning.reconcile). A slice goes on from
+        the last one's positions, and the group may never notice a deletion when the topic is back
+        within its metadata refresh: from those positions, the new topic's first records were
+        skipped, or some read again each slice. DataLossError instead unless FAIL_ON_DATA_LOSS=false."""
+        now = self._topic_id()
+        if now is None:
+            return None  # no slice starts until it is back (StreamJob._run_slice)
+        before, self._input_id = self._input_id, now
+        if before is None or now == before:
+            return False
+        problem = f"topic {self.plan.input_topic!r} was deleted and created again while the job read it"
+        if self.plan.fail_on_data_loss:
+            raise data_loss(problem)
+        log.warning("skipping lost records", problem=f"{problem}: reading the new topic from its first record")
+        return True
+
+    def _topic_id(self) -> str | None:
+        if self._admin is None:
+            self._admin = clients.new_admin(self._base)
+        return clients.topic_id(self._admin, self.plan.input_topic, self.plan.timeout)
+
     def release(self, partitions: set[int], lost: bool) -> None:
         """The group takes `partitions` away (see membership.Owner). Revoked: the batch in flight
         finishes and commits them first. Lost: another member may already read them, so nothing of
@@ -181,6 +206,8 @@ class Assignment:
             # What a killed owner left open is aborted first, so the offsets read next are stable.
             timeout_ms = int(plan.transaction_timeout_seconds * 1000)
             transactions.fence(clients.producer(self._base), plan.group, plan.input_topic, sorted(owned), timeout_ms, plan.timeout)
+        # Before the offsets: a topic created again after them is seen as new, never before.
+        self._input_id = self._topic_id()
         commits = self.member.commits(owned)  # the offsets, and with a flush interval where the changelog is
         committed = {p: c.offset for p, c in commits.items()}
         policy = plan.starting_offsets

@@ -65,6 +65,8 @@ class BatchCommitter:
         self.metrics = metrics
         self.stats = JobStats() if stats is None else stats
         self.member: GroupMember | None = None
+        # Slices: the running slice ends when a commit finds the input topic gone (StreamJob sets it).
+        self.on_input_gone: Callable[[], None] | None = None
         self.ends = None  # end offsets (kafka.end_offsets), for the lag
         # Serialises the group commits of batches with the periodic refresh, the lag reading and
         # the hand-over of partitions.
@@ -110,6 +112,13 @@ class BatchCommitter:
             self._committed.update(start)
         if self.plan.flushes_per_interval:
             self._durable.update({p: start[p] if commits[p].durable is None else commits[p].durable for p in start})
+
+    def restart_at(self, start: dict[int, int]) -> None:
+        """The input topic was created again: its partitions start at `start`, committed now,
+        though behind what this instance committed of the old topic (a restart starts there too)."""
+        with self._commit_lock:
+            self.starting_at(start, {p: offset_store.Commit(o, None) for p, o in start.items()})
+            self.member.commit(start, self._durable_metadata(start))
 
     # ---- a batch ------------------------------------------------------------------------------
 
@@ -254,6 +263,9 @@ class BatchCommitter:
             # Deleted after the batch was planned: a deletion like any other. When skipping,
             # the source waits for the topic to come back.
             log.warning("skipping lost records", problem=deleted_input_topic(self.plan.input_topic, self.plan.fail_on_data_loss))
+            if self.on_input_gone is not None:
+                # Its readers would go on from the old topic's positions into one created again.
+                self.on_input_gone()
 
     def _durable_metadata(self, offsets: dict[int, int]) -> dict[int, str] | None:
         """The metadata of a commit of `offsets`: where each partition's changelog is (a commit

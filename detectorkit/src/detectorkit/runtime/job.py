@@ -34,6 +34,7 @@ from detectorkit.detector import Detector
 from detectorkit.kafka import broker_kind, clients, transactions
 from detectorkit.kafka.end_offsets import open_end_offsets
 from detectorkit.kafka.membership import GroupMember
+from detectorkit.kafka.planning import deleted_input_topic
 from detectorkit.kafka.source import NAME as SOURCE_NAME
 from detectorkit.kafka.source import task_source
 from detectorkit.kafka.source_options import SourceOptions
@@ -47,12 +48,12 @@ from detectorkit.runtime.job_plan import JobPlan
 from detectorkit.runtime.processing import process_planned, warm_worker
 from detectorkit.runtime.query_runner import QueryRunner
 from detectorkit.runtime.slice_control import SliceControl
+from detectorkit.runtime.slices import SlicePositions, run_slice
 from detectorkit.runtime.slices import plan as plan_slice
-from detectorkit.runtime.slices import run_slice
 from detectorkit.runtime.stage import Relay, Stage, as_stage, reading_input
 from detectorkit.runtime.supervisor import Supervisor, describe
 from detectorkit.runtime.task_context import TaskContext
-from detectorkit.runtime.task_result import NO_PARTITION, SPARK_SCHEMA, TaskResult
+from detectorkit.runtime.task_result import SPARK_SCHEMA, TaskResult
 from detectorkit.settings import Settings, SettingsError
 from detectorkit.state import changelog
 from detectorkit.state.changelog import StateContext
@@ -96,8 +97,7 @@ class StreamJob:
         self._serving: threading.Thread | None = None
         # With SLICE_SECONDS: the line to the slices' tasks, where each partition is, and the slice running.
         self._control: SliceControl | None = None
-        self._positions: dict[int, int] = {}
-        self._known: frozenset[int] = frozenset()  # exactly-once slices: committed where _positions says
+        self._positions = SlicePositions({})
         self._slice: str | None = None
         self._registered = False
         self._local = True
@@ -214,6 +214,7 @@ class StreamJob:
         relay = self.stage.relay(self.config, s, self._base, self.broker_kind, self._count_dead_letter, self.supervisor.fail)
         self._relay = None if relay is None else relay.start()
         self._committer = committer = BatchCommitter(plan, self.metrics, self.stats)
+        committer.on_input_gone = self._end_slices
         self._runner = runner = QueryRunner(lambda: self.spark, plan, self._on_batch, serve=self._serve_member, interrupt=self._end_slices)
         self._assignment = assignment = Assignment(
             plan,
@@ -284,8 +285,7 @@ class StreamJob:
         self._source = dataclasses.replace(
             self.source_options(), partitions=sorted(owned), start_offsets=start, group_metadata=metadata.hex() if metadata else None
         )
-        self._positions = dict(start)
-        self._known = frozenset()
+        self._positions = SlicePositions(start)
         if self._format is not None and not self._registered:
             self.spark.dataSource.register(task_source(self._format, SPARK_SCHEMA, partial(process_planned, self._task)))
             self._registered = True
@@ -326,41 +326,54 @@ class StreamJob:
 
     def _process(self, frame, batch_id: int, started: float) -> BatchResult:
         """One batch: steps 1-7 ran in the tasks; 7-8 (at-least-once) in the committer (runtime.checkpoint)."""
-        rows = self._run_slice() if self._control is not None else frame.collect()
-        results = [TaskResult.from_row(row.asDict()) for row in rows]
+        if self._control is not None:
+            results = self._run_slice()
+        else:
+            results = [TaskResult.from_row(row.asDict()) for row in frame.collect()]
         return self._committer.finish(batch_id, results, started)
 
-    def _run_slice(self) -> list:
+    def _run_slice(self) -> list[TaskResult]:
         """A slice (runtime.slices): a task per core over the owned partitions, from where the last ended."""
         plan, control = self.make_plan(), self._control
-        tasks = max(1, min(self.spark.sparkContext.defaultParallelism, len(self._positions)))
+        positions = self._positions
+        recreated = self._assignment.input_recreated()
+        if recreated is None:
+            if plan.fail_on_data_loss:
+                deleted_input_topic(plan.input_topic, True)  # raises the DataLossError that stops the job
+            # Deleted: no reader goes on from the old topic's positions into a new one created
+            # meanwhile. Once it is back, its id says which of the two it is.
+            self._leaving.wait(min(1.0, plan.slice_seconds))
+            return []
+        restart = positions.input_checked(recreated)
+        if restart is not None:
+            # The last slice's progress is the old topic's: forgotten before anything commits it.
+            if self._slice is not None:
+                control.forget(self._slice)
+            self._slice = None
+            self._committer.restart_at(restart)
+        tasks = max(1, min(self.spark.sparkContext.defaultParallelism, len(positions.next)))
         token = uuid.uuid4().hex
         spec = plan_slice(
             self._source,
-            self._positions,
+            positions.next,
             tasks,
             plan.slice_seconds,
             plan.slice_commit_interval_seconds,
             plan.tick_seconds,
             control.address,
             token,
-            self._known,
+            positions.known,
         )
         control.begin(token, after=self._slice)
-        self._slice, self._known = token, frozenset()
+        self._slice = token
+        positions.began()
         try:
             rows = self.spark.range(0, tasks, 1, tasks).mapInArrow(partial(run_slice, self._task, spec), SPARK_SCHEMA).collect()
         finally:
             control.end(token)
-        returned = set()
-        for row in rows:
-            if row["partition"] != NO_PARTITION and not row["error"]:
-                self._positions[row["partition"]] = max(self._positions.get(row["partition"], -1), row["next_offset"])
-                returned.add(row["partition"])
-        # Exactly-once: each of these is committed at its position by a task that returned, so the
-        # next slice's tasks need not read it back (kafka.transactions.for_task).
-        self._known = frozenset(returned) if plan.exactly_once else frozenset()
-        return rows
+        results = [TaskResult.from_row(row.asDict()) for row in rows]
+        positions.ended(results, plan.exactly_once)
+        return results
 
     def _count_dead_letter(self, reason: str) -> None:
         """A dead letter of the stage's relay (a notification that could not be delivered)."""

@@ -202,6 +202,7 @@ def summary_batch(summaries: dict[int, PartitionSummary], written_ms: float, err
                 processes=executors.report() if i == 0 else (),
                 state=s.state or None,
                 durable=s.durable,
+                went_back=s.went_back,
                 error=error if i == 0 else None,
             )
         )

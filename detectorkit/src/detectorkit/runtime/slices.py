@@ -42,6 +42,7 @@ from detectorkit.runtime.batches import by_partition
 from detectorkit.runtime.processing import process_batch, process_records, send_outputs, setup_worker, summary_batch, take_counts
 from detectorkit.runtime.slice_control import Link
 from detectorkit.runtime.task_context import PartitionSummary, TaskContext
+from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
 from detectorkit.runtime.task_stores import TaskStores
 from detectorkit.runtime.writers import AtLeastOnceWriter, CommitsFailed, TransactionalWriter, Writer
 from detectorkit.state import cache
@@ -93,6 +94,48 @@ def plan(
     return SliceSpec(source, dict(positions), tasks, seconds, interval, tick, tick_seconds, control, token, found, known & set(positions))
 
 
+class SlicePositions:
+    """The driver's side: where each partition's next slice starts, which is where the last one's
+    tasks ended, and (exactly-once) which of those their transactions committed."""
+
+    def __init__(self, start: dict[int, int]):
+        self.next = dict(start)
+        self.known: frozenset[int] = frozenset()
+        # Partitions a reader took back to their start (past their end: a topic created again,
+        # kafka.position_reader), since the driver last saw the input topic's id.
+        self._went_back: set[int] = set()
+
+    def began(self) -> None:
+        self.known = frozenset()  # a slice that fails leaves nothing known
+
+    def ended(self, results: list[TaskResult], exactly_once: bool) -> None:
+        returned: dict[int, int] = {}
+        for r in results:
+            if r.partition != NO_PARTITION and not r.error:
+                returned[r.partition] = max(returned.get(r.partition, -1), r.next_offset)
+                if r.went_back:
+                    # Behind where it was planned, and kept so: from the planned position the next
+                    # slice's reader would go past the new topic's end again, and back, each slice.
+                    self._went_back.add(r.partition)
+        for p, o in returned.items():
+            self.next[p] = o if p in self._went_back else max(self.next.get(p, -1), o)
+        # Exactly-once: each of these is committed at its position by a task that returned, so the
+        # next slice's tasks need not read it back (kafka.transactions.for_task).
+        self.known = frozenset(returned) if exactly_once else frozenset()
+
+    def input_checked(self, recreated: bool | None) -> dict[int, int] | None:
+        """The input topic's id was looked at (runtime.assignment.input_recreated; None: it is not
+        there). None unless it is a new topic; then where each partition starts on it: its first
+        record, but where a reader that already went back to it got to."""
+        if recreated is False:
+            self._went_back.clear()
+        if not recreated:
+            return None
+        self.next = {p: o if p in self._went_back else 0 for p, o in self.next.items()}
+        self.known, self._went_back = frozenset(), set()
+        return dict(self.next)
+
+
 def _ranges(topic: str, positions: dict[int, int], tick: int) -> list[PartitionRange]:
     return [PartitionRange(topic, p, o, o, tick=tick) for p, o in sorted(positions.items())]
 
@@ -139,6 +182,8 @@ def _run(ctx: TaskContext, spec: SliceSpec, ranges: list[PartitionRange], link: 
                 failed = _Loop(ctx, spec, reader, writer, stores, summaries, done, link).run()
             finally:
                 reader.close()
+            for p in reader.went_back:
+                summaries.setdefault(p, PartitionSummary()).went_back = True
     lost = failed.partitions if failed is not None else frozenset()
     for p in lost:
         summaries.pop(p, None)

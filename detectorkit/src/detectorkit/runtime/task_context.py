@@ -51,3 +51,4 @@ class PartitionSummary:
     state: dict[str, float] = field(default_factory=dict)
     # With a state flush interval: the input offset the changelog reflects, once this task wrote it.
     durable: int | None = None
+    went_back: bool = False  # a slice's reader took it back to its start (kafka.position_reader)

@@ -28,6 +28,8 @@ _COLUMNS = (
     ("state", pa.string(), "string"),
     # With a state flush interval: the input offset the partition's changelog reflects, once it was written.
     ("durable", pa.int64(), "long"),
+    # A slice's reader took the partition back to its start (past its end: the topic created again).
+    ("went_back", pa.bool_(), "boolean"),
     # Why some of the task's transactions did not commit (checkpoint.CommitsFailed), on its first
     # row only; the rows are the partitions that did. The driver fails the batch after counting them.
     ("error", pa.string(), "string"),
@@ -50,6 +52,7 @@ class TaskResult:
     processes: Sequence[Mapping[str, Any]] = ()
     state: Mapping[str, float] | None = None
     durable: int | None = None
+    went_back: bool = False
     error: str | None = None
 
     @classmethod
@@ -61,6 +64,7 @@ class TaskResult:
         values["dead_letters"] = values["dead_letters"] or {}
         values["latency_counts"] = values["latency_counts"] or ()
         values["processes"] = values["processes"] or ()
+        values["went_back"] = bool(values["went_back"])
         return cls(**values)
 
 
