@@ -164,6 +164,21 @@ def _spec(seconds, interval):
     return slices.plan(source, {0: 0}, 1, seconds, interval, None, ("127.0.0.1", 9), "t")
 
 
+def test_the_tasks_of_a_slice_end_together_at_the_end_the_driver_planned():
+    # A task that started later ended later: the partitions of those that had ended went unread until the last.
+    import dataclasses
+
+    from detectorkit.runtime.slices import ends_at
+
+    spec = dataclasses.replace(_spec(30.0, 0.1), tick=1_000_000)
+    first = ends_at(spec, 50.0, 1_000.3)  # on its own monotonic clock, 0.3 s after the driver planned it
+    second = ends_at(spec, 50.7, 1_001.0)
+    assert first == pytest.approx(50.0 + 29.7) and second == pytest.approx(first)
+    # A task that starts past half of it, or whose clock is off, still runs half a slice; never more than one.
+    assert ends_at(spec, 50.0, 1_025.0) == pytest.approx(65.0)
+    assert ends_at(spec, 50.0, 900.0) == pytest.approx(80.0)
+
+
 def _writer(task):
     """The worker's at-least-once writer over a sink that keeps what it is sent."""
     from detectorkit.runtime.writers import AtLeastOnceWriter

@@ -193,6 +193,16 @@ def _run(ctx: TaskContext, spec: SliceSpec, ranges: list[PartitionRange], link: 
     yield summary_batch(summaries, time.time() * 1000, None if failed is None else str(failed))
 
 
+def ends_at(spec: SliceSpec, monotonic_now: float, wall_now: float) -> float:
+    """When a task's slice ends, on its monotonic clock: at the end the driver planned, the same for
+    every task of the slice. Each counting from its own start, a task that started later (the first
+    slice's tasks set up their workers and producers one after the other) ended later too, and the
+    partitions of those that had ended went unread until the batch ended with the last. At least
+    half a slice, so a task that starts late, or on a machine whose clock is off, still does its share."""
+    left = spec.tick / 1000 + spec.seconds - wall_now
+    return monotonic_now + min(spec.seconds, max(spec.seconds / 2, left))
+
+
 def known_committed(spec: SliceSpec, attempt: int | None = None) -> frozenset[int]:
     """What this task may take as committed without reading it: nothing in a retried attempt, whose
     forerunner may have committed further before it failed."""
@@ -219,7 +229,7 @@ class _Loop:
     def run(self) -> CommitsFailed | None:
         spec, reader = self.spec, self.reader
         now = time.monotonic()
-        deadline = now + spec.seconds
+        deadline = ends_at(spec, now, time.time())
         # Due as soon as there is something to write: what arrived between slices has waited already.
         next_checkpoint = now
         ticking = self.stores is not None and spec.tick_seconds
