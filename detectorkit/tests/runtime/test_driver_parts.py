@@ -184,7 +184,7 @@ def test_what_a_slices_tasks_report_is_counted_as_it_comes_and_its_end_adds_only
 
 def test_a_slices_driver_knows_its_input_was_created_again_by_its_id(monkeypatch):
     # A slice goes on from the last one's positions: on a topic created again they are the old topic's.
-    ids = iter(["a", "a", None, "b", "b", "c"])
+    ids = iter(["a", "a", None, "b", "b", "c", None])
     monkeypatch.setattr(clients, "topic_id", lambda admin, topic, timeout: next(ids))
 
     def assignment(**options):
@@ -199,6 +199,8 @@ def test_a_slices_driver_knows_its_input_was_created_again_by_its_id(monkeypatch
     failing._input_id = "b"
     with pytest.raises(DataLossError, match="deleted and created again.*FAIL_ON_DATA_LOSS=false"):
         failing.input_recreated()
+    with pytest.raises(DataLossError, match="was deleted while the job read it.*FAIL_ON_DATA_LOSS=false"):
+        failing.input_recreated()  # not there: no slice would start, so the job stops
 
 
 def test_an_input_created_again_is_committed_from_its_start_though_behind_the_old_topics_positions():

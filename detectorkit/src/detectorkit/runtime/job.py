@@ -34,7 +34,6 @@ from detectorkit.detector import Detector
 from detectorkit.kafka import broker_kind, clients, transactions
 from detectorkit.kafka.end_offsets import open_end_offsets
 from detectorkit.kafka.membership import GroupMember
-from detectorkit.kafka.planning import deleted_input_topic
 from detectorkit.kafka.source import NAME as SOURCE_NAME
 from detectorkit.kafka.source import task_source
 from detectorkit.kafka.source_options import SourceOptions
@@ -338,8 +337,6 @@ class StreamJob:
         positions = self._positions
         recreated = self._assignment.input_recreated()
         if recreated is None:
-            if plan.fail_on_data_loss:
-                deleted_input_topic(plan.input_topic, True)  # raises the DataLossError that stops the job
             # Deleted: no reader goes on from the old topic's positions into a new one created
             # meanwhile. Once it is back, its id says which of the two it is.
             self._leaving.wait(min(1.0, plan.slice_seconds))
