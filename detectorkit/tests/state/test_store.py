@@ -35,6 +35,18 @@ def test_a_batch_reads_what_the_last_one_wrote_and_a_key_left_out_loses_its_stat
     assert store.take_changes() == []
 
 
+@pytest.mark.parametrize("state", [STATE, State(columns={"count": "int64"}, ttl_seconds=10)], ids=["untyped", "typed"])
+def test_a_rollback_puts_back_held_keys_and_lets_go_of_keys_it_did_not_hold(state):
+    store = PartitionStore(state, 0)
+    write(store, {"a": 1, "gone": 1}, tag=10)
+    write(store, {"gone": None}, tag=11)  # a tombstone pending for the changelog
+    saved = store.savepoint(["new", "a", "gone"])
+    write(store, {"a": 2, "new": 3, "gone": 4}, tag=20)
+    store.rollback(saved)
+    assert store.snapshot() == {"a": {"count": 1}}
+    assert dict(store.take_changes()) == {"a": codec.encode({"count": 1}, 0, tag=10), "gone": None}
+
+
 def test_reads_give_json_values_so_a_restart_changes_nothing_and_the_store_cannot_be_changed_in_place():
     store = PartitionStore(State(columns=("seen",)), 0)
     new = pd.DataFrame({"seen": [(1, 2)]}, index=["a"])

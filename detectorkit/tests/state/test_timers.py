@@ -60,6 +60,27 @@ def test_a_timer_set_and_due_within_one_batch_fires_before_the_records_after_it(
     assert set(run.state()) == {"a", "b"}
 
 
+def test_keys_whose_timers_fall_due_among_a_batchs_records_cost_a_call_or_two_not_one_each():
+    """Each of 200 keys sets a timer that falls due among the later records of the batch, each at
+    a time of its own: one call runs them all, and one more fires them, as one pass would."""
+    calls = {"detect": 0, "on_timer": 0}
+
+    def counted(name, function):
+        def call(*args):
+            calls[name] += 1
+            return function(*args)
+
+        return call
+
+    detector = Detector(name="silence", detect=counted("detect", detect), config=Config, state=SILENCE.state, on_timer=counted("on_timer", on_timer))
+    rows = [(f"k{i}", i) for i in range(200)] + [("k0", 205), ("k1", 206)]
+    run = DetectorHarness(detector)
+    run.batch(stream(rows))
+    expected, _ = reference(rows)
+    assert fired_of(run) == sorted(expected)
+    assert calls["detect"] <= 3 and calls["on_timer"] <= 3, calls  # a call per distinct timer before
+
+
 def test_timers_survive_a_restart_and_the_partition_moving():
     run = DetectorHarness(SILENCE, partitions=2)
     run.batch(stream([("a", 0), ("b", 0), ("c", 3)]))

@@ -6,15 +6,17 @@ given, read again from the store (which the call did not change); a row all miss
 
 Event time is the partition's: the newest time of the records kept so far. Before each record,
 every timer at or before that time (the record's own included) fires (`on_timer`), as a single pass
-over the records one by one would do. The records between two firings go to `detect` at once, so
-a batch costs one call unless a timer falls inside it; a timer that `detect` sets and that falls
-due within the same records cuts them there, and the rest is run after it fired. A key's expiry
-(the State's TTL) is judged by the partition's event time at its first record of a call, and the
-records are cut where a key would expire between two of its records. The answers thus depend
-neither on where batches begin and end nor on which partitions share a task.
+over the records one by one would do. Since a key's state, records and timer are its own, only each
+key's order matters: the records go in rounds (`_Run.rounds`), each firing the timers due before
+each key's next record, then running every key's records up to where its own timer falls due (one
+set by `detect` within the call included: that key is run again up to there) or it would expire (the
+State's TTL, judged by the partition's event time at a key's first record of a call), in one call.
+A batch thus costs as many calls as its most interrupted key needs, not one per timer of any key,
+and the answers depend neither on where batches begin and end nor on which partitions share a task.
 
-If `detect` raises, the records are split in halves, each run as above (timers fire between them,
-and cut them where they fall due), down to single records: only the records that make it fail go
+If `detect` raises, the rounds are undone and the records run in order (`_Run.records`), split in
+halves, each run as above (timers fire between them, and cut them where they fall due), down to
+single records: only the records that make it fail go
 to the dead-letter topic, their keys keep the state they had, and they move no event time: a
 firing their time set off is undone. What is answered is thus one pass over the records that were
 not rejected. If `on_timer` raises, the keys are split the same way; a key on which it fails goes
@@ -33,6 +35,7 @@ import pandas as pd
 
 from detectorkit import records as rec
 from detectorkit.state.declaration import DEADLINE, KEY
+from detectorkit.state.slots import NO_TIMER
 from detectorkit.state.store import PartitionStore
 
 # Firings in a row at one event time before `on_timer` is deemed to loop (it keeps setting timers
@@ -74,7 +77,9 @@ def run_stateful(
             store.advance(idle_ms)
         _fire(detector, config, store, store.event_ms, tag, result)
         return result
-    _Run(detector, config, frame, stamps.to_numpy(dtype="int64"), store, tag, result).records(0, len(frame))
+    run = _Run(detector, config, frame, stamps.to_numpy(dtype="int64"), store, tag, result)
+    if not run.rounds():
+        run.records(0, len(frame))
     _fire(detector, config, store, store.event_ms, tag, result)
     return result
 
@@ -135,6 +140,123 @@ class _Run:
                     message = "".join(traceback.format_exception_only(type(attempt), attempt)).strip()
                     self.result.rejected.append(rec.Rejected(int(self.frame.index[pos]), rec.DETECTOR_ERROR, message[:2000]))
             pos = end
+
+    def rounds(self) -> bool:
+        """Every record, in rounds: each round fires the timers due before each key's next record,
+        then runs every key's records up to where its own timer falls due or it would expire, in
+        one call. A key's records and timers keep their order, and no key sees another's: its
+        answers are those of `records`, in as many calls as the most interrupted key needs, not
+        one per timer of any key. False, with nothing changed, when a call raised: `records` then
+        runs them, splitting down to the records that make it fail."""
+        store, n = self.store, len(self.frame)
+        keys = self.frame[KEY].to_numpy()
+        codes, uniques = pd.factorize(keys)
+        names = uniques.tolist()
+        # Each key's records in offset order, the keys one after another.
+        order = np.argsort(codes, kind="stable")
+        bounds = np.zeros(len(names) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(codes, minlength=len(names)), out=bounds[1:])
+        ahead, stop = bounds[:-1].copy(), bounds[1:]
+        marks = np.maximum(np.maximum.accumulate(self.times), store.event_ms)
+        by_key = codes[order]
+        # A record whose key's previous record here is more than the TTL before the event time at
+        # it starts a call of its own: its key's state is judged afresh there (`_expiry_cut`).
+        ttl = store.state.ttl_ms
+        expiring = np.zeros(n, dtype=bool)
+        if ttl is not None and n > 1 and int(marks[-1]) - int(self.times.min()) > ttl:
+            newest = pd.Series(self.times[order]).groupby(by_key).cummax().groupby(by_key).shift(1).to_numpy()
+            expiring = newest + ttl < marks[order]
+        saved = store.savepoint(names)
+        fired, failed = len(self.result.fired), len(self.result.failed_timers)
+        found: list[tuple[int, dict]] = []
+        try:
+            while True:
+                active = np.flatnonzero(ahead < stop)
+                if not len(active):
+                    break
+                timers = self._fire_due([names[c] for c in active], marks[order[ahead[active]]])
+                # Where each key's records must stop: its timer due, or its state expiring.
+                due = np.full(len(names), NO_TIMER, dtype=np.int64)
+                due[active] = timers
+                flagged = np.where(expiring | (marks[order] >= due[by_key]), np.arange(n), n)
+                first_flag = np.append(np.minimum.accumulate(flagged[::-1])[::-1], n)
+                ends = np.minimum(stop[active], first_flag[ahead[active] + 1])
+                found += self._run_segments(active, ahead, ends, order, marks, names)
+        except _Raised:
+            store.rollback(saved)
+            del self.result.fired[fired:], self.result.failed_timers[failed:]
+            return False
+        self.result.found += sorted(found, key=lambda f: f[0])
+        self.result.fired[fired:] = sorted(self.result.fired[fired:], key=lambda d: d.deadline_ms)
+        store.advance(int(marks[-1]))
+        return True
+
+    def _fire_due(self, keys: list[str], next_marks: np.ndarray) -> np.ndarray:
+        """Fires each key's timer that is due by the event time at its next record (again while
+        `on_timer` sets one due there too); returns each key's timer then (NO_TIMER: none)."""
+        store = self.store
+        for _ in range(MAX_FIRINGS):
+            timers = store.timers_of(keys)
+            if self.detector.on_timer is None:
+                return np.full(len(keys), NO_TIMER, dtype=np.int64)
+            due = np.flatnonzero(timers <= next_marks)
+            if not len(due):
+                return timers
+            _fire_keys(self.detector, self.config, store, store.take_timers([keys[i] for i in due.tolist()]), self.tag, self.result)
+        raise RuntimeError("on_timer keeps setting timers at or before the event time they fire at: a timer must be later than the time it fires at")
+
+    def _run_segments(self, active, ahead, ends, order, marks, names) -> list[tuple[int, dict]]:
+        """Each active key's records from `ahead` to `ends` (positions in `order`), in one call;
+        a key whose own timer, set in the call, falls due before one of its later records there is
+        run again up to that record. Moves `ahead` past what was written."""
+        found: list[tuple[int, dict]] = []
+        starts, ends = ahead[active], ends
+        while len(active):
+            lengths = ends - starts
+            positions = np.sort(order[np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))])
+            call = self._call(positions, marks)
+            if isinstance(call, Exception):
+                raise _Raised from call
+            got, prepared, cuts = call
+            cut = np.array([cuts.get(names[c], -1) for c in active.tolist()], dtype=np.int64) if cuts else np.full(len(active), -1)
+            kept = cut < 0
+            self.store.write(prepared, self.tag)
+            found += got
+            ahead[active[kept]] = ends[kept]
+            active, starts, ends = active[~kept], starts[~kept], starts[~kept] + cut[~kept]
+        return found
+
+    def _call(self, positions: np.ndarray, marks: np.ndarray):
+        """(detections, prepared changes, {key: how many of its records to run instead}) of one
+        call over the records at `positions` (offset order), written only for the keys without a
+        cut; or what it raised."""
+        detector, store = self.detector, self.store
+        frame = self.frame.iloc[positions]
+        at = marks[positions]
+        codes, uniques = pd.factorize(frame[KEY].to_numpy())
+        first = np.full(len(uniques), np.iinfo(np.int64).max)
+        last = np.full(len(uniques), np.iinfo(np.int64).min)
+        np.minimum.at(first, codes, at)
+        np.maximum.at(last, codes, self.times[positions])
+        batch_keys = pd.Index(uniques, dtype=object)
+        keys = uniques.tolist()
+        try:
+            out = detector.detect(frame, store.read(keys, first), self.config)
+            found, new_state, timers = _unpack(out, frame.index, len(frame) == 1, "detect")
+            new_state = detector.state.check_returned(new_state, batch_keys)
+            new_state = detector.state.completed(new_state, _left_out(new_state, batch_keys, first, store.read))
+            final, cuts = _key_timers_of_records(timers, frame, codes, keys, at if detector.on_timer is not None else None)
+            if cuts:
+                keep = ~batch_keys.isin(list(cuts))
+                written = {k for k, c in zip(keys, keep.tolist(), strict=True) if c}
+                found = [f for f, k in zip(found, frame[KEY].loc[[i for i, _ in found]].tolist(), strict=True) if k in written]
+                new_state = new_state[new_state.index.isin(list(written))]
+                final = {k: v for k, v in final.items() if k in written} if final is not None else None
+                batch_keys, first, last, keys = batch_keys[keep], first[keep], last[keep], [k for k in keys if k in written]
+            prepared = store.prepare(new_state, keys, last, final, batch_keys, tag=self.tag, first_ms=first)
+        except Exception as exc:  # noqa: BLE001 - user code: run again record by record, which isolates it
+            return exc
+        return found, prepared, cuts
 
     def _fire_before(self, pos: int):
         """The timers that record `pos`'s time makes due, fired; what they changed, to undo if the
@@ -199,31 +321,80 @@ class _Run:
         return found, prepared, cut
 
 
-def _record_timers(timers: Any, frame: pd.DataFrame, marks: np.ndarray | None) -> tuple[dict[str, int | None] | None, int | None]:
+class _Raised(Exception):
+    """A call in a round raised: the rounds are undone and the records run one split at a time."""
+
+
+def _timer_entries(timers: Any, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """detect()'s timers (a Series on the records' index: the key's timer after that record; NaT
-    clears it; a record left out changes nothing) -> each key's last timer, and the cut."""
+    clears it; a record left out changes nothing), checked -> (positions of the records that set or
+    clear one, their times in ms, which set one); None without timers."""
     if timers is None:
-        return None, None
+        return None
     if not isinstance(timers, pd.Series):
         raise TypeError(f"timers must be a pandas Series of times indexed like the records (each record's key's timer), not {type(timers).__name__}")
     if not timers.index.isin(frame.index).all():
         raise ValueError("timers has an index that is not the index of an input record: one timer per record, indexed like the records")
     times = pd.to_datetime(timers, utc=True)
-    by_record = {i: (None if pd.isna(t) else t.value // 1_000_000) for i, t in times.items()}
-    entries = np.flatnonzero(frame.index.isin(times.index))  # positions of records that set a timer
-    keys = frame[KEY].to_numpy()[entries]
-    ms = [by_record[i] for i in frame.index[entries]]
-    final = dict(zip(keys, ms, strict=True))  # the last record of a key wins
-    if marks is None or not len(entries):
+    if times.index.has_duplicates:
+        times = times[~times.index.duplicated(keep="last")]
+    entries = np.flatnonzero(frame.index.isin(times.index))
+    values = pd.DatetimeIndex(times.reindex(frame.index[entries])).asi8
+    armed = values != np.iinfo(np.int64).min  # NaT
+    return entries, np.where(armed, values // 1_000_000, 0), armed
+
+
+def _final_timers(frame: pd.DataFrame, entries: np.ndarray, ms: np.ndarray, armed: np.ndarray) -> dict[str, int | None]:
+    """Each key's timer after its last record that set or cleared one."""
+    keys = pd.Series(frame[KEY].to_numpy()[entries])
+    last = np.flatnonzero(~keys.duplicated(keep="last").to_numpy())
+    at = [int(m) if a else None for m, a in zip(ms[last].tolist(), armed[last].tolist(), strict=True)]
+    return dict(zip(keys.to_numpy()[last].tolist(), at, strict=True))
+
+
+def _key_timers_of_records(timers: Any, frame: pd.DataFrame, codes: np.ndarray, keys: list[str], marks: np.ndarray | None):
+    """detect()'s timers -> each key's last timer, and {key: how many of its records here run
+    before its own timer, set by one of them, falls due at a later one of them} (empty: none does;
+    a timer due after a key's last record here fires before its next, in the next round)."""
+    got = _timer_entries(timers, frame)
+    if got is None:
+        return None, {}
+    entries, ms, armed = got
+    final = _final_timers(frame, entries, ms, armed)
+    if marks is None or not armed.any():
+        return final, {}
+    # Each timer is in force from its record to the key's next record with a timer, or its last here.
+    entry_codes = codes[entries]
+    last_of_key = np.zeros(len(keys), dtype=np.int64)
+    np.maximum.at(last_of_key, codes, np.arange(len(frame)))
+    following = pd.Series(entries).groupby(entry_codes).shift(-1).to_numpy()
+    limit = np.where(np.isnan(following), last_of_key[entry_codes], following).astype(np.int64)
+    due = armed & (limit > entries) & (marks[limit] >= ms)
+    if not due.any():
+        return final, {}
+    cuts: dict[str, int] = {}
+    for e, code, t in zip(entries[due].tolist(), entry_codes[due].tolist(), ms[due].tolist(), strict=True):
+        mine = np.flatnonzero(codes == code)
+        later = mine[mine > e]
+        count = int(np.searchsorted(mine, later[int(np.flatnonzero(marks[later] >= t)[0])]))  # the key's records before it
+        cuts[keys[code]] = min(cuts.get(keys[code], count), count)
+    return final, cuts
+
+
+def _record_timers(timers: Any, frame: pd.DataFrame, marks: np.ndarray | None) -> tuple[dict[str, int | None] | None, int | None]:
+    """detect()'s timers -> each key's last timer, and the cut: the first record before which a
+    timer set at an earlier one (and still in force) falls due; None if none does."""
+    got = _timer_entries(timers, frame)
+    if got is None:
+        return None, None
+    entries, ms, armed = got
+    final = _final_timers(frame, entries, ms, armed)
+    if marks is None or not len(entries) or not armed.any():
         return final, None
     # Each timer is in force from its record to the key's next record with a timer (or the end).
-    following = pd.Series(entries).groupby(keys).shift(-1).to_numpy()
+    following = pd.Series(entries).groupby(frame[KEY].to_numpy()[entries]).shift(-1).to_numpy()
     limit = np.where(np.isnan(following), len(frame) - 1, following).astype("int64")
-    armed = np.array([m is not None for m in ms])
-    if not armed.any():
-        return final, None
-    taus = np.array([m for m in ms if m is not None], dtype="int64")
-    due = np.maximum(entries[armed] + 1, np.searchsorted(marks, taus, side="left"))
+    due = np.maximum(entries[armed] + 1, np.searchsorted(marks, ms[armed], side="left"))
     hit = due <= limit[armed]
     return final, (int(due[hit].min()) if hit.any() else None)
 

@@ -70,7 +70,8 @@ class Prepared:
 
 @dataclass
 class Savepoint:
-    """Some keys of a store as they were (`PartitionStore.savepoint`)."""
+    """Some keys of a store as they were (`PartitionStore.savepoint`): the held ones first, with
+    their values; then those it did not hold."""
 
     keys: list[str]
     values: np.ndarray
@@ -313,25 +314,35 @@ class PartitionStore(Slots):
         self.write(prepared, tag)
 
     def savepoint(self, keys: Sequence[str]) -> Savepoint:
-        """What `keys` (each held) are now, for `rollback`: firing timers writes only the keys
+        """What `keys` are now (held or not), for `rollback`: firing timers writes only the keys
         that fire, and a firing may have to be undone (the record whose time set it off is
-        rejected, and a rejected record moves no event time)."""
+        rejected, and a rejected record moves no event time); a batch run in rounds is undone
+        whole when a call in it raises, and run again record by record."""
         keys = list(keys)
-        slots = np.array([self._slot[k] for k in keys], dtype=np.intp)
+        slots = self._slots_of(keys)
+        held = slots >= 0
+        keys = [k for k, h in zip(keys, held.tolist(), strict=True) if h] + [k for k, h in zip(keys, held.tolist(), strict=True) if not h]
+        slots = np.concatenate([slots[held], slots[~held]])
+        kept = slots[: int(held.sum())]
         return Savepoint(
             keys,
-            self._value[slots],
-            self._size[slots],
-            self._seen[slots],
-            self._tag[slots],
-            self._timer[slots],
-            None if self._typed is None else self._typed.save(slots),
+            self._value[kept],
+            self._size[kept],
+            self._seen[kept],
+            self._tag[kept],
+            self._timer[kept],
+            None if self._typed is None else self._typed.save(kept),
             [self._changes.get(k, _NO_CHANGE) for k in keys],
         )
 
     def rollback(self, saved: Savepoint) -> None:
-        """Back to `saved`: its keys as they were (state, time, timer, pending change)."""
-        slots = self._place(saved.keys, self._slots_of(saved.keys))
+        """Back to `saved`: its keys as they were (state, time, timer, pending change); a key it
+        did not hold is let go again."""
+        count = len(saved.values)
+        held, absent = saved.keys[:count], saved.keys[count:]
+        for key in absent:
+            self._remove(key)
+        slots = self._place(held, self._slots_of(held))
         self._value[slots] = saved.values
         sizes = saved.sizes if self._typed is None else self._typed.load(slots, saved.typed)
         self.bytes += int(sizes.sum() - self._size[slots].sum())
@@ -347,6 +358,21 @@ class PartitionStore(Slots):
             self._expiry_floor = min(self._expiry_floor, int(untimed.min()))
         if len(saved.timers):
             self._timer_floor = min(self._timer_floor, int(saved.timers.min()))
+
+    def timers_of(self, keys: Sequence[str]) -> np.ndarray:
+        """Each key's timer (NO_TIMER: none, or not held)."""
+        slots = self._slots_of(keys)
+        return np.where(slots >= 0, self._timer[slots], NO_TIMER)
+
+    def take_timers(self, keys: Sequence[str]) -> list[tuple[str, int]]:
+        """(key, timer time) of `keys` (each with a timer), earliest first; cleared, as `due` clears
+        them: their firing writes the keys again."""
+        slots = np.array([self._slot[k] for k in keys], dtype=np.intp)
+        at = self._timer[slots]
+        self._timer[slots] = NO_TIMER
+        if len(slots):
+            self._expiry_floor = min(self._expiry_floor, int(self._seen[slots].min()))
+        return [(key, t) for t, key in sorted(zip(at.tolist(), keys, strict=True))]
 
     # ---- the changelog read back ------------------------------------------------------------------
 
