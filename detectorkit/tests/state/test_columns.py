@@ -1,6 +1,8 @@
 """Typed state columns: the store keeps them as arrays, the detector gets arrays, the changelog the
 same JSON as untyped state."""
 
+from unittest import mock
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -8,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detectorkit import State
-from detectorkit.state import codec, lists
+from detectorkit.state import codec, columns, lists
 from detectorkit.state.declaration import StateSchemaError
 from detectorkit.state.store import PartitionStore
 
@@ -123,6 +125,32 @@ _OPS = st.lists(st.tuples(_ROWS, st.integers(0, 30_000), st.booleans(), st.boole
 @settings(max_examples=150, deadline=None)
 @given(_OPS)
 def test_typed_and_untyped_stores_agree_on_every_read_change_and_restore(ops):
+    # Lists longer than 3 are kept beside the matrix here: rows of both kinds, and rows that move between them.
+    with mock.patch.object(columns, "WIDE", 3):
+        _typed_and_untyped_agree(ops)
+
+
+def test_a_busy_keys_long_list_does_not_widen_every_keys_row_and_rolls_back_as_it_was():
+    store = PartitionStore(TYPED, 0)
+    rows = {f"k{i}": {"recent_ms": [i], "flagged_ms": None, "count": i} for i in range(100)}
+    rows["busy"] = {"recent_ms": list(range(10_000)), "flagged_ms": 1.0, "count": 0}
+    write(store, rows, tag=1)
+    assert store._typed._matrices["recent_ms"].shape[1] <= columns.WIDE
+    assert store.read(["k7", "busy"])["recent_ms"].list.len().tolist() == [1, 10_000]
+    saved = store.savepoint(["busy", "k7"])
+    write(
+        store,
+        {"busy": {"recent_ms": [1], "flagged_ms": 1.0, "count": 0}, "k7": {"recent_ms": list(range(500)), "flagged_ms": None, "count": 7}},
+        tag=2,
+    )
+    assert store.read(["k7"])["recent_ms"].list.len().tolist() == [500]
+    store.rollback(saved)
+    assert store.snapshot()["busy"]["recent_ms"] == list(range(10_000)) and store.snapshot()["k7"]["recent_ms"] == [7]
+    write(store, {}, tag=3, keys=["busy"])
+    assert not store._typed._long["recent_ms"]  # a key let go takes its long row with it
+
+
+def _typed_and_untyped_agree(ops):
     typed, untyped = PartitionStore(TYPED, 0), PartitionStore(UNTYPED, 0)
     typed_log, untyped_log = [], []
     for tag, (rows, at_ms, timed, take) in enumerate(ops, start=1):

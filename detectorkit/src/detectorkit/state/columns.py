@@ -11,9 +11,9 @@ stateful benchmark, per-step CPU per worker); a store of decoded Python values i
 hundreds of thousands of small objects alive between tasks, and PySpark's worker collects garbage
 after every task.
 
-A list column is a matrix as wide as the longest list held, padded, with each row's length: for
-the short lists of a window's state (a burst rule keeps min_records - 1 times), not for a history
-that grows without bound (keep that in an untyped State, or bound it).
+A list column is a matrix as wide as the longest list held up to `WIDE` values, padded, with each
+row's length; a longer list (a busy key's window: a customer with thousands of records in it) is an
+array of its own beside it, so one busy key does not widen every key's row.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import pandas as pd
 import pyarrow as pa
 
 TYPES = {"int64": np.int64, "float64": np.float64, "list<int64>": np.int64, "list<float64>": np.float64}
+# The widest a list column's matrix grows; a longer list is kept as an array of its own.
+WIDE = 64
 
 
 def lists(values: Any, lengths: Any) -> pd.api.extensions.ExtensionArray:
@@ -52,11 +54,13 @@ class TypedColumns:
         self._scalars: dict[str, np.ndarray] = {}
         self._matrices: dict[str, np.ndarray] = {}  # list columns: (slots, width), padded
         self._lengths: dict[str, np.ndarray] = {}
+        self._long: dict[str, dict[int, np.ndarray]] = {}  # list columns' rows longer than WIDE, by slot
         for name, kind in self.types.items():
             dtype = TYPES[kind]
             if kind.startswith("list<"):
                 self._matrices[name] = np.zeros((0, 1), dtype=dtype)
                 self._lengths[name] = np.zeros(0, dtype=np.int64)
+                self._long[name] = {}
             else:
                 self._scalars[name] = np.zeros(0, dtype=dtype)
 
@@ -78,10 +82,26 @@ class TypedColumns:
             if name in self._scalars:
                 data[name] = pd.Series(self._scalars[name][slots], index=index, copy=False)
             else:
-                lengths = self._lengths[name][slots]
-                rows = self._matrices[name][slots]
-                data[name] = pd.Series(lists(rows[np.arange(rows.shape[1]) < lengths[:, None]], lengths), index=index, copy=False)
+                data[name] = pd.Series(lists(*self._gather(name, slots)), index=index, copy=False)
         return pd.DataFrame(data, index=index, copy=False)
+
+    def _gather(self, name: str, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(values end to end, each row's length) of a list column's `slots`."""
+        lengths = self._lengths[name][slots]
+        rows = self._matrices[name][slots]
+        long = lengths > rows.shape[1]
+        if not long.any():
+            return rows[np.arange(rows.shape[1]) < lengths[:, None]], lengths
+        values = np.empty(int(lengths.sum()), dtype=rows.dtype)
+        starts = np.cumsum(lengths) - lengths
+        short = ~long
+        kept = rows[short][np.arange(rows.shape[1]) < lengths[short][:, None]]
+        # Where each short row's values go: its start, then one after another.
+        values[np.repeat(starts[short], lengths[short]) + _within(lengths[short])] = kept
+        stored = self._long[name]
+        for at, slot, n in zip(starts[long].tolist(), slots[long].tolist(), lengths[long].tolist(), strict=True):
+            values[at : at + n] = stored[slot]
+        return values, lengths
 
     def take(self, new_state: pd.DataFrame, rows: np.ndarray) -> dict[str, Any]:
         """The `rows` (positions) of what a detector returned, checked against the declared types:
@@ -112,24 +132,42 @@ class TypedColumns:
                 self._scalars[name][slots] = values
                 continue
             values, lengths = values
-            matrix = self._matrices[name]
-            width = int(lengths.max()) if len(lengths) else 0
-            if width > matrix.shape[1]:
-                wider = np.zeros((matrix.shape[0], max(width, 2 * matrix.shape[1])), dtype=matrix.dtype)
-                wider[:, : matrix.shape[1]] = matrix
-                self._matrices[name] = matrix = wider
-            row = np.repeat(slots, lengths)
-            column = np.arange(len(values)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-            matrix[row, column] = values
-            self._lengths[name][slots] = lengths
+            self._put_list(name, slots, values, lengths)
             sizes += 8 * lengths
         return sizes
+
+    def _put_list(self, name: str, slots: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> None:
+        """Rows of a list column into `slots`: into the matrix, or (longer than WIDE) beside it."""
+        self._lengths[name][slots] = lengths
+        stored = self._long[name]
+        short = lengths <= WIDE
+        if stored:
+            for slot in slots[short].tolist():
+                stored.pop(slot, None)
+        if not short.all():
+            starts = np.cumsum(lengths) - lengths
+            for slot, at, n in zip(slots[~short].tolist(), starts[~short].tolist(), lengths[~short].tolist(), strict=True):
+                stored[slot] = values[at : at + n].copy()
+            values = values[np.repeat(short, lengths)]
+            slots, lengths = slots[short], lengths[short]
+        matrix = self._matrices[name]
+        width = int(lengths.max()) if len(lengths) else 0
+        if width > matrix.shape[1]:
+            wider = np.zeros((matrix.shape[0], min(WIDE, max(width, 2 * matrix.shape[1]))), dtype=matrix.dtype)
+            wider[:, : matrix.shape[1]] = matrix
+            self._matrices[name] = matrix = wider
+        matrix[np.repeat(slots, lengths), _within(lengths)] = values
+
+    def free(self, slot: int) -> None:
+        """A slot let go: a long row kept beside its matrix goes with it."""
+        for stored in self._long.values():
+            stored.pop(slot, None)
 
     def save(self, slots: np.ndarray) -> dict[str, Any]:
         """The slots' values as they are (copies), for `load` to put back."""
         saved: dict[str, Any] = {name: array[slots] for name, array in self._scalars.items()}
-        for name, matrix in self._matrices.items():
-            saved[name] = (matrix[slots], self._lengths[name][slots])
+        for name in self._matrices:
+            saved[name] = self._gather(name, slots)
         return saved
 
     def load(self, slots: np.ndarray, saved: dict[str, Any]) -> np.ndarray:
@@ -140,11 +178,8 @@ class TypedColumns:
             if name in self._scalars:
                 self._scalars[name][slots] = values
                 continue
-            rows, lengths = values
-            matrix = self._matrices[name]  # never narrower than when saved: it only widens
-            matrix[slots] = 0
-            matrix[slots, : rows.shape[1]] = rows
-            self._lengths[name][slots] = lengths
+            flat, lengths = values
+            self._put_list(name, slots, flat, lengths)
             sizes += 8 * lengths
         return sizes
 
@@ -164,9 +199,8 @@ class TypedColumns:
                     array[missing] = None
                 columns[name] = array.tolist()
             else:
-                lengths = self._lengths[name][slots]
-                rows = self._matrices[name][slots]
-                flat = rows[np.arange(rows.shape[1]) < lengths[:, None]].tolist()
+                flat, lengths = self._gather(name, slots)
+                flat = flat.tolist()
                 ends = np.cumsum(lengths)
                 columns[name] = [flat[a:b] for a, b in zip((ends - lengths).tolist(), ends.tolist(), strict=True)]
         if len(columns) == 1:
@@ -188,6 +222,11 @@ class TypedColumns:
             else:
                 taken[name] = _list(pd.Series(values, dtype=object), kind, name)
         return taken
+
+
+def _within(lengths: np.ndarray) -> np.ndarray:
+    """Each value's place in its row, for rows of these lengths end to end: 0, 1, ... per row."""
+    return np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
 
 
 def _grown(array: np.ndarray, capacity: int) -> np.ndarray:

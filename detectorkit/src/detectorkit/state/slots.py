@@ -118,4 +118,6 @@ class Slots:
         self._size[slot] = 0
         self._timer[slot] = NO_TIMER
         self._live[slot] = False
+        if self._typed is not None:
+            self._typed.free(slot)
         self._free.append(slot)
