@@ -48,6 +48,12 @@ class Detector:
     # The field the state is keyed by, which must be the record's Kafka key (see `key_field` in the
     # README: a record whose field is another value is a dead letter, key_mismatch).
     key_field: str | None = None
+    # detect gets each record's `partition_time` (the partition's event time there), fires what falls
+    # due among a key's records itself and returns it as a fourth value (detections indexed by key,
+    # each with its `deadline`); on_timer gets `partition_time` too. Its answers must depend on that
+    # time only through which deadlines it has passed (a window closes once it has): then they are
+    # one pass's, and a batch of records is one call. Window rules are such detectors.
+    sees_partition_time: bool = False
     # Builds the detector for the config the job reads at start (a window sized by a setting); None:
     # this detector serves every config.
     configure: Callable[[Any], Detector] | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -65,6 +71,8 @@ class Detector:
             raise TypeError(f"Detector(state=...) takes a detectorkit.State, not {type(self.state).__name__}")
         if self.on_timer is not None and self.state is None:
             raise TypeError("Detector(on_timer=...) needs state=State(...): a timer belongs to a key's state")
+        if self.sees_partition_time and self.state is None:
+            raise TypeError("Detector(sees_partition_time=True) needs state=State(...): the time is a partition's, seen by keyed state")
 
     def configured(self, config: Any) -> Detector:
         """The detector to run with `config`: itself, unless it is built from its config."""

@@ -64,6 +64,8 @@ from detectorkit.state.columns import TYPES, TypedColumns
 
 # Columns the runtime adds to the records a stateful detector sees, and to the keys whose timers fired.
 KEY, EVENT_TIME, DEADLINE = "key", "event_time", "deadline"
+# The partition's event time at each record (and at a firing), for a detector that sees it.
+PARTITION_TIME = "partition_time"
 _NO_SLOTS = np.zeros(0, dtype=np.intp)
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from detectorkit import records as rec
-from detectorkit.state.declaration import DEADLINE, KEY
+from detectorkit.state.declaration import DEADLINE, KEY, PARTITION_TIME
 from detectorkit.state.slots import NO_TIMER
 from detectorkit.state.store import PartitionStore
 
@@ -118,13 +118,14 @@ class _Run:
                 end = pos + expiring
             while True:
                 attempt = self._attempt(pos, end, marks[: end - pos])
-                if isinstance(attempt, Exception) or attempt[2] is None:
+                if isinstance(attempt, Exception) or attempt[3] is None:
                     break
-                end = pos + attempt[2]  # a timer it set falls due before these records end: run up to there first
+                end = pos + attempt[3]  # a timer it set falls due before these records end: run up to there first
             if not isinstance(attempt, Exception):
-                found, prepared, _ = attempt
+                found, fired, prepared, _ = attempt
                 store.write(prepared, self.tag)
                 self.result.found += found
+                self.result.fired += fired
                 store.advance(int(marks[end - 1 - pos]))
             elif end - pos > 1 and saved is None:
                 middle = (pos + end) // 2
@@ -193,16 +194,19 @@ class _Run:
 
     def _fire_due(self, keys: list[str], next_marks: np.ndarray) -> np.ndarray:
         """Fires each key's timer that is due by the event time at its next record (again while
-        `on_timer` sets one due there too); returns each key's timer then (NO_TIMER: none)."""
+        `on_timer` sets one due there too), before the key's expiry is judged there; returns each
+        key's timer then (NO_TIMER: none, or one `detect` fires itself when it falls due)."""
         store = self.store
+        none = np.full(len(keys), NO_TIMER, dtype=np.int64)
+        if self.detector.on_timer is None:
+            return none
         for _ in range(MAX_FIRINGS):
             timers = store.timers_of(keys)
-            if self.detector.on_timer is None:
-                return np.full(len(keys), NO_TIMER, dtype=np.int64)
             due = np.flatnonzero(timers <= next_marks)
             if not len(due):
-                return timers
-            _fire_keys(self.detector, self.config, store, store.take_timers([keys[i] for i in due.tolist()]), self.tag, self.result)
+                return timers if self._cuts_at_timers else none
+            fired = store.take_timers([keys[i] for i in due.tolist()])
+            _fire_keys(self.detector, self.config, store, fired, self.tag, self.result, next_marks[due])
         raise RuntimeError("on_timer keeps setting timers at or before the event time they fire at: a timer must be later than the time it fires at")
 
     def _run_segments(self, active, ahead, ends, order, marks, names) -> list[tuple[int, dict]]:
@@ -217,7 +221,8 @@ class _Run:
             call = self._call(positions, marks)
             if isinstance(call, Exception):
                 raise _Raised from call
-            got, prepared, cuts = call
+            got, fired, prepared, cuts = call
+            self.result.fired += fired
             cut = np.array([cuts.get(names[c], -1) for c in active.tolist()], dtype=np.int64) if cuts else np.full(len(active), -1)
             kept = cut < 0
             self.store.write(prepared, self.tag)
@@ -230,33 +235,23 @@ class _Run:
         """(detections, prepared changes, {key: how many of its records to run instead}) of one
         call over the records at `positions` (offset order), written only for the keys without a
         cut; or what it raised."""
-        detector, store = self.detector, self.store
-        frame = self.frame.iloc[positions]
-        at = marks[positions]
-        codes, uniques = pd.factorize(frame[KEY].to_numpy())
-        first = np.full(len(uniques), np.iinfo(np.int64).max)
-        last = np.full(len(uniques), np.iinfo(np.int64).min)
-        np.minimum.at(first, codes, at)
-        np.maximum.at(last, codes, self.times[positions])
-        batch_keys = pd.Index(uniques, dtype=object)
-        keys = uniques.tolist()
         try:
-            out = detector.detect(frame, store.read(keys, first), self.config)
-            found, new_state, timers = _unpack(out, frame.index, len(frame) == 1, "detect")
-            new_state = detector.state.check_returned(new_state, batch_keys)
-            new_state = detector.state.completed(new_state, _left_out(new_state, batch_keys, first, store.read))
-            final, cuts = _key_timers_of_records(timers, frame, codes, keys, at if detector.on_timer is not None else None)
+            call = self._invoke(positions, marks[positions])
+            final, cuts = _key_timers_of_records(call.timers, call.frame, call.codes, call.keys, marks[positions] if self._cuts_at_timers else None)
+            found, new_state, fired, keys = call.found, call.new_state, call.fired, call.keys
+            batch_keys, first, last = call.batch_keys, call.first, call.last
             if cuts:
                 keep = ~batch_keys.isin(list(cuts))
                 written = {k for k, c in zip(keys, keep.tolist(), strict=True) if c}
-                found = [f for f, k in zip(found, frame[KEY].loc[[i for i, _ in found]].tolist(), strict=True) if k in written]
+                found = [f for f, k in zip(found, call.frame[KEY].loc[[i for i, _ in found]].tolist(), strict=True) if k in written]
+                fired = [d for d in fired if d.key in written]
                 new_state = new_state[new_state.index.isin(list(written))]
                 final = {k: v for k, v in final.items() if k in written} if final is not None else None
                 batch_keys, first, last, keys = batch_keys[keep], first[keep], last[keep], [k for k in keys if k in written]
-            prepared = store.prepare(new_state, keys, last, final, batch_keys, tag=self.tag, first_ms=first)
+            prepared = self.store.prepare(new_state, keys, last, final, batch_keys, tag=self.tag, first_ms=first)
         except Exception as exc:  # noqa: BLE001 - user code: run again record by record, which isolates it
             return exc
-        return found, prepared, cuts
+        return found, fired, prepared, cuts
 
     def _fire_before(self, pos: int):
         """The timers that record `pos`'s time makes due, fired; what they changed, to undo if the
@@ -293,32 +288,63 @@ class _Run:
         return int(expired[0]) if len(expired) else None
 
     def _attempt(self, pos: int, end: int, marks: np.ndarray):
-        """(detections, prepared changes, where the records must be cut) of one call over records
-        pos to end, or what it raised.
+        """(detections, what fired within it, prepared changes, where the records must be cut) of
+        one call over records pos to end, or what it raised.
 
         The cut: a record's timer that falls due before the key's next record with a timer (or
         before the records end) must fire before the records after it are run; None if none does."""
+        positions = np.arange(pos, end)
+        try:
+            call = self._invoke(positions, marks)
+            final, cut = _record_timers(call.timers, call.frame, marks if self._cuts_at_timers else None)
+            prepared = self.store.prepare(call.new_state, call.keys, call.last, final, call.batch_keys, tag=self.tag, first_ms=call.first)
+        except Exception as exc:  # noqa: BLE001 - user code: isolated by splitting
+            return exc
+        return call.found, call.fired, prepared, cut
+
+    @property
+    def _cuts_at_timers(self) -> bool:
+        """Whether a timer `detect` sets must fire between the records of a call: not for a
+        detector that fires what falls due among its records itself (`sees_partition_time`)."""
+        return self.detector.on_timer is not None and not self.detector.sees_partition_time
+
+    def _invoke(self, positions: np.ndarray, marks: np.ndarray) -> _Call:
+        """`detect` over the records at `positions` (offset order), `marks` the event time at each:
+        what it answered, checked, with the state of the keys it left out (raises what it raised)."""
         detector, store = self.detector, self.store
-        frame = self.frame.iloc[pos:end]
+        frame = self.frame.iloc[positions]
+        if detector.sees_partition_time:
+            frame = frame.assign(**{PARTITION_TIME: pd.to_datetime(marks, unit="ms", utc=True).astype("datetime64[ns, UTC]")})
         # Each key once, in the order of its first record, with the partition's event time at its
         # first record (what its expiry is judged by) and its last record's time.
         codes, uniques = pd.factorize(frame[KEY].to_numpy())
         first = np.full(len(uniques), np.iinfo(np.int64).max)
         last = np.full(len(uniques), np.iinfo(np.int64).min)
         np.minimum.at(first, codes, marks)
-        np.maximum.at(last, codes, self.times[pos:end])
+        np.maximum.at(last, codes, self.times[positions])
         batch_keys = pd.Index(uniques, dtype=object)
         keys = uniques.tolist()
-        try:
-            out = detector.detect(frame, store.read(keys, first), self.config)
-            found, new_state, timers = _unpack(out, frame.index, len(frame) == 1, "detect")
-            new_state = detector.state.check_returned(new_state, batch_keys)
-            new_state = detector.state.completed(new_state, _left_out(new_state, batch_keys, first, store.read))
-            final, cut = _record_timers(timers, frame, marks if detector.on_timer is not None else None)
-            prepared = store.prepare(new_state, keys, last, final, batch_keys, tag=self.tag, first_ms=first)
-        except Exception as exc:  # noqa: BLE001 - user code: isolated by splitting
-            return exc
-        return found, prepared, cut
+        out = detector.detect(frame, store.read(keys, first), self.config)
+        found, new_state, timers, fired = _unpack(out, frame.index, len(frame) == 1, "detect", detector.sees_partition_time)
+        new_state = detector.state.check_returned(new_state, batch_keys)
+        new_state = detector.state.completed(new_state, _left_out(new_state, batch_keys, first, store.read))
+        return _Call(frame, codes, keys, batch_keys, first, last, found, new_state, timers, _timer_detections(fired, batch_keys, None))
+
+
+@dataclass
+class _Call:
+    """What one `detect` call answered, checked, and what it was about."""
+
+    frame: pd.DataFrame
+    codes: np.ndarray
+    keys: list[str]
+    batch_keys: pd.Index
+    first: np.ndarray
+    last: np.ndarray
+    found: list[tuple[int, dict]]
+    new_state: pd.DataFrame
+    timers: Any
+    fired: list[TimerDetection]
 
 
 class _Raised(Exception):
@@ -406,20 +432,25 @@ def _fire(detector, config, store: PartitionStore, event_ms: int, tag: int, resu
         due = store.due(event_ms)
         if not due:
             return
-        _fire_keys(detector, config, store, due, tag, result)
+        _fire_keys(detector, config, store, due, tag, result, np.full(len(due), event_ms, dtype=np.int64))
     raise RuntimeError(f"on_timer keeps setting timers at or before event time {event_ms}: a timer must be later than the time it fires at")
 
 
-def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int]], tag: int, result: Result) -> None:
+def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int]], tag: int, result: Result, event_ms: np.ndarray) -> None:
+    """`on_timer` for the `due` keys, `event_ms` the partition's event time each fires at (given
+    to a detector that sees it)."""
     keys = [k for k, _ in due]
     index = pd.Index(keys, dtype=object, name=KEY)
     fired = store.frame_of(keys)
     fired[DEADLINE] = pd.to_datetime([at for _, at in due], unit="ms", utc=True).astype("datetime64[ns, UTC]")
+    if detector.sees_partition_time:
+        fired[PARTITION_TIME] = pd.to_datetime(event_ms, unit="ms", utc=True).astype("datetime64[ns, UTC]")
     try:
         out = detector.on_timer(fired, config)
-        detections, new_state, timers = _unpack(out, None, False, "on_timer")
+        detections, new_state, timers, _ = _unpack(out, None, False, "on_timer")
         if not detections.index.isin(index).all():
             raise ValueError("on_timer() returned detections whose index is not a key whose timer fired")
+        found = _timer_detections(detections, index, dict(due))
         new_state = detector.state.check_returned(new_state, index)
         new_state = detector.state.completed(new_state, _left_out(new_state, index, None, lambda keys, _: store.frame_of(keys)))
         # A fired timer is spent: the key has a timer again only if on_timer sets one.
@@ -428,8 +459,8 @@ def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int
     except Exception as exc:  # noqa: BLE001 - user code: a dead letter, never a crash
         if len(due) > 1:
             middle = len(due) // 2
-            _fire_keys(detector, config, store, due[:middle], tag, result)
-            _fire_keys(detector, config, store, due[middle:], tag, result)
+            _fire_keys(detector, config, store, due[:middle], tag, result, event_ms[:middle])
+            _fire_keys(detector, config, store, due[middle:], tag, result, event_ms[middle:])
             return
         message = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:2000]
         (key, at), values = due[0], store.values_of(due[0][0])
@@ -438,9 +469,7 @@ def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int
         store.clear_timer(key, tag)  # spent, as if it had fired: it would fail again, and hold its key past the TTL
         return
     store.write(prepared, tag)
-    at_of = dict(due)
-    for key, fields in zip(detections.index, detections.to_dict(orient="records"), strict=True):
-        result.fired.append(TimerDetection(str(key), fields, at_of[key]))
+    result.fired += found
 
 
 def _left_out(new_state: pd.DataFrame, keys: pd.Index, first: np.ndarray | None, read) -> pd.DataFrame | None:
@@ -454,16 +483,40 @@ def _left_out(new_state: pd.DataFrame, keys: pd.Index, first: np.ndarray | None,
     return read(keys[out].tolist(), None if first is None else first[out])
 
 
-def _unpack(out: Any, index: pd.Index | None, single: bool, name: str):
-    if not isinstance(out, tuple) or len(out) not in (2, 3):
-        raise TypeError(f"a stateful {name}() returns (detections, new_state) or (detections, new_state, timers), not {type(out).__name__}")
+def _unpack(out: Any, index: pd.Index | None, single: bool, name: str, fires: bool = False):
+    """(detections, new state, timers, what fired within the call) of what a call returned."""
+    sizes = (2, 3, 4) if fires else (2, 3)
+    if not isinstance(out, tuple) or len(out) not in sizes:
+        also = " or (detections, new_state, timers, fired)" if fires else ""
+        raise TypeError(f"a stateful {name}() returns (detections, new_state) or (detections, new_state, timers){also}, not {type(out).__name__}")
     detections, new_state = out[0], out[1]
-    timers = out[2] if len(out) == 3 else None
+    timers = out[2] if len(out) >= 3 else None
+    fired = out[3] if len(out) == 4 else None
     if index is None:
         if not isinstance(detections, pd.DataFrame):
             raise TypeError(f"{name}() must return a pandas DataFrame of detections, not {type(detections).__name__}")
-        return detections, new_state, timers
-    return rec.detections_of(detections, index, single), new_state, timers
+        return detections, new_state, timers, fired
+    return rec.detections_of(detections, index, single), new_state, timers, fired
+
+
+def _timer_detections(detections: pd.DataFrame | None, keys: pd.Index, deadlines: dict[str, int] | None) -> list[TimerDetection]:
+    """Detections indexed by key, each at its `deadline` column (the time it fell due: its
+    timestamp and its identity downstream) or, without one, its key's timer in `deadlines`."""
+    if detections is None or detections.empty:
+        return []
+    if not isinstance(detections, pd.DataFrame):
+        raise TypeError(f"fired detections must be a pandas DataFrame indexed by key, not {type(detections).__name__}")
+    if not detections.index.isin(keys).all():
+        raise ValueError("fired detections have an index that is not a key of the call")
+    if DEADLINE in detections.columns:
+        at = (pd.to_datetime(detections[DEADLINE], utc=True).astype("int64") // 1_000_000).tolist()
+        detections = detections.drop(columns=[DEADLINE])
+    elif deadlines is None:
+        raise ValueError(f"detections that fire within detect() need a {DEADLINE!r} column: the time each fell due")
+    else:
+        at = [deadlines[k] for k in detections.index]
+    rows = detections.to_dict(orient="records")
+    return [TimerDetection(str(k), fields, int(t)) for k, fields, t in zip(detections.index, rows, at, strict=True)]
 
 
 def _key_timers(timers: Any, keys: pd.Index) -> dict[str, int]:

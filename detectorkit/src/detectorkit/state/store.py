@@ -365,14 +365,14 @@ class PartitionStore(Slots):
         return np.where(slots >= 0, self._timer[slots], NO_TIMER)
 
     def take_timers(self, keys: Sequence[str]) -> list[tuple[str, int]]:
-        """(key, timer time) of `keys` (each with a timer), earliest first; cleared, as `due` clears
+        """(key, timer time) of `keys` (each with a timer), in their order; cleared, as `due` clears
         them: their firing writes the keys again."""
         slots = np.array([self._slot[k] for k in keys], dtype=np.intp)
         at = self._timer[slots]
         self._timer[slots] = NO_TIMER
         if len(slots):
             self._expiry_floor = min(self._expiry_floor, int(self._seen[slots].min()))
-        return [(key, t) for t, key in sorted(zip(at.tolist(), keys, strict=True))]
+        return list(zip(keys, at.tolist(), strict=True))
 
     # ---- the changelog read back ------------------------------------------------------------------
 
