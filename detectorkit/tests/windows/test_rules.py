@@ -1,19 +1,15 @@
-"""Windows as a detector: the answers of one pass over the records, whatever the batches, restarts and
-partitions, against a reference written from the definitions alone; and the rules a data scientist
-writes with them."""
+"""Window rules as a data scientist writes them: examples of each piece, through the harness (the
+properties that hold them to one pass are `test_single_pass`)."""
 
 import dataclasses
-import math
 
 import pandas as pd
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from detectorkit import windows as w
 from detectorkit.testing import DetectorHarness
 
-T0 = 1_795_000_000_000
+T0 = 1_794_999_600_000  # on the hour: tumbling windows of a minute or five start at T0
 
 
 def frame(rows, start=0):
@@ -27,225 +23,6 @@ def frame(rows, start=0):
         },
         index=pd.RangeIndex(start, start + len(rows)),
     )
-
-
-def shortest_kept(name, window, aggregate, emit, **options):
-    """A window detector that forgets a quiet key as soon as no window can take its records, so the
-    properties see keys expire (the references' `admitted` TTL) within the seconds they span."""
-    reach = window.gap_seconds if isinstance(window, w.Session) else window.seconds
-    return w.detector(name, window, aggregate, emit, retention_seconds=reach + window.grace_seconds, **options)
-
-
-def in_batches(detector, rows, cuts, restarts, partitions, fired=False):
-    """`rows` through the harness in batches cut at `cuts`, restarting before the n-th batch where
-    `restarts[n]` says: the harness and each batch's detections, or with `fired` what timers
-    detected after each (Final() emits from timers only: the batches detect nothing themselves)."""
-    harness = DetectorHarness(detector, partitions=partitions)
-    out = []
-    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
-    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        if restarts[n % len(restarts)]:
-            harness.restart()
-        found = harness.batch(frame(rows[lo:hi], start=lo))
-        if fired:
-            assert found.empty
-        out.append(harness.take_fired() if fired else found)
-    return harness, out
-
-
-def admitted(
-    window,
-    rows,
-    partition_of,
-    where,
-    counted,
-    forget,
-    partition_time,
-    held=lambda key: False,
-    before=lambda p, mark: None,
-    closed=lambda key, at: False,
-):
-    """The records one pass counts, from the definitions, each yielded as (n, key, time) once it is
-    in counted[key]: a record older than its key's newest counted one by more than the grace is
-    dropped, and so is one `closed` says would join a window already closed; a key whose newest
-    record (counted or not) is more than window (a session's gap) + grace behind its partition's
-    time starts afresh (the runtime's TTL), unless `held`; `before(partition, time)` runs before
-    each record, with the partition's time it brings."""
-    grace = round(window.grace_seconds * 1000)
-    reach = window.gap_seconds if isinstance(window, w.Session) else window.seconds
-    ttl = int((reach + window.grace_seconds) * 1000)
-    seen = {}
-    for n, row in enumerate(rows):
-        key, at, value = row[0], T0 + row[1], float(row[2])
-        p = partition_of(key)
-        mark = max(partition_time.get(p, -math.inf), at)
-        before(p, mark)
-        if key in seen and mark - seen[key] > ttl and not held(key):
-            counted.pop(key, None), forget(key)
-        partition_time[p] = mark
-        seen[key] = max(seen.get(key, at), at)
-        if not where(row):
-            continue
-        mine = counted.setdefault(key, [])
-        if mine and at < max(t for t, _ in mine) - grace or closed(key, at):
-            continue
-        mine.append((at, value))
-        yield n, key, at
-
-
-def reference(window, aggregate, emit, rows, partition_of, where=lambda row: True):
-    """One pass, record by record, from the definitions: a record older than its key's newest counted
-    one by more than the grace is dropped; a window's aggregate is over the key's counted records so
-    far within it; AtLeast emits when a window first reaches the threshold (a sliding window: not
-    again for the key within a window's length). Which records count: `admitted`."""
-    size = round(window.seconds * 1000)
-    counted, emitted, out = {}, {}, []
-    for n, key, at in admitted(window, rows, partition_of, where, counted, lambda key: emitted.pop(key, None), {}):
-        mine = counted[key]
-        if isinstance(window, w.Sliding):
-            spans = [(at - size, at)]
-        elif isinstance(window, w.Tumbling):
-            spans = [(at // size * size, at // size * size + size)]
-        else:
-            hop = round(window.hop_seconds * 1000)
-            spans = sorted((s, s + size) for s in range(at // hop * hop, at - size, -hop))
-        made = None
-        for start, end in spans:
-            inside = [v for t, v in mine if (start <= t <= end if isinstance(window, w.Sliding) else start <= t < end)]
-            result = AGGREGATE_OF[type(aggregate)](inside)
-            if isinstance(emit, w.Every):
-                made = (start, end, float(result))
-                break
-            if result < emit.threshold:
-                continue
-            done = emitted.setdefault(key, [])
-            if isinstance(window, w.Sliding):
-                if done and at - done[-1] <= size:
-                    break
-                done[:] = [at]
-                made = (start, end, float(result))
-                break
-            if start not in done:
-                done.append(start)
-                made = made or (start, end, float(result))
-        if made is not None:
-            out.append((n, *made))
-    return out
-
-
-AGGREGATES = st.sampled_from([w.Count(), w.Sum("amount"), w.Min("amount"), w.Max("amount"), w.Mean("amount"), w.DistinctCount("amount")])
-
-
-AGGREGATE_OF = {
-    w.Count: len,
-    w.Sum: sum,
-    w.Min: min,
-    w.Max: max,
-    w.Mean: lambda vs: sum(vs) / len(vs),
-    w.DistinctCount: lambda vs: len(set(vs)),
-}
-
-
-def reference_final(window, aggregate, rows, partition_of, where=lambda row: True):
-    """Final(), from the definitions: a key's window closes once its partition's time reaches the
-    window's end and grace (before the record that brings it there, and after the last record);
-    its aggregate is over the key's counted records that reached it, each window once. A key with a
-    window still open is held past the TTL; a record older than its key's newest by more than the
-    grace is dropped. (key, start, end, aggregate) of each window, in no order."""
-    size, grace = round(window.seconds * 1000), round(window.grace_seconds * 1000)
-    hop = round(window.hop_seconds * 1000) if isinstance(window, w.Hopping) else size
-    partition_time, counted, closed, out = {}, {}, {}, []
-
-    def spans(at):
-        return [(s, s + size) for s in range(at // hop * hop, at - size, -hop)]
-
-    def open_spans(key):
-        return sorted({sp for at, _ in counted.get(key, []) for sp in spans(at)} - {sp for sp in closed.get(key, set())})
-
-    def fire(p, upto):
-        for key in [k for k in counted if partition_of(k) == p]:
-            for start, end in open_spans(key):
-                if end + grace <= upto:
-                    inside = [v for at, v in counted[key] if start <= at < end]
-                    out.append((key, start, end, float(AGGREGATE_OF[type(aggregate)](inside))))
-                    closed.setdefault(key, set()).add((start, end))
-
-    for _ in admitted(window, rows, partition_of, where, counted, lambda key: closed.pop(key, None), partition_time, held=open_spans, before=fire):
-        pass
-    for p, upto in partition_time.items():
-        fire(p, upto)
-    return sorted(out)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    window=st.one_of(
-        st.builds(w.Tumbling, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
-        st.builds(w.Hopping, st.just(10), st.sampled_from([5, 10]), st.sampled_from([0, 3])),
-        st.builds(w.Session, st.sampled_from([2, 5]), st.sampled_from([0, 3])),
-    ),
-    aggregate=AGGREGATES,
-    rows=st.lists(
-        st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 30_000), st.integers(-2, 5), st.sampled_from(["failed", "ok"])),
-        min_size=20,
-        max_size=60,
-    ),
-    cuts=st.lists(st.integers(0, 60), min_size=2, max_size=8),
-    restarts=st.lists(st.booleans(), min_size=9, max_size=9),
-    partitions=st.integers(1, 2),
-    where=st.booleans(),
-)
-def test_final_windows_and_sessions_close_as_one_pass_closes_them_whatever_the_batches(window, aggregate, rows, cuts, restarts, partitions, where):
-    rows = sorted(rows, key=lambda r: r[1] // 4_000)
-    pick = (lambda records: records["status"] == "failed") if where else None
-    harness, fired = in_batches(shortest_kept("closing", window, aggregate, w.Final(), where=pick), rows, cuts, restarts, partitions, fired=True)
-    got = sorted((str(k), int(r["window_start_ms"]), int(r["window_end_ms"]), float(r[aggregate.name])) for f in fired for k, r in f.iterrows())
-    close = reference_sessions_final if isinstance(window, w.Session) else reference_final
-    expected = close(window, aggregate, rows, harness.partition_of, where=failed_only if where else everything)
-    assert got == [(k, s, e, pytest.approx(v)) for k, s, e, v in expected]
-
-
-def answers(detections, aggregate):
-    return sorted((int(i), int(r["window_start_ms"]), int(r["window_end_ms"]), float(r[aggregate.name])) for i, r in detections.iterrows())
-
-
-WINDOWS = st.one_of(
-    st.builds(w.Sliding, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
-    st.builds(w.Tumbling, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
-    st.builds(w.Hopping, st.just(10), st.sampled_from([5, 10]), st.sampled_from([0, 3])),
-    st.builds(w.Session, st.sampled_from([2, 5]), st.sampled_from([0, 3])),
-)
-
-
-# Sessions joined this property with the 300 examples they had alone.
-@settings(max_examples=600, deadline=None)
-@given(
-    window=WINDOWS,
-    aggregate=AGGREGATES,
-    every=st.booleans(),
-    threshold=st.sampled_from([2, 3, 5]),
-    rows=st.lists(
-        st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 30_000), st.integers(-2, 5), st.sampled_from(["failed", "ok"])),
-        min_size=20,
-        max_size=60,
-    ),
-    cuts=st.lists(st.integers(0, 60), min_size=2, max_size=8),
-    restarts=st.lists(st.booleans(), min_size=9, max_size=9),
-    partitions=st.integers(1, 2),
-    where=st.booleans(),
-)
-def test_a_window_detector_gives_the_single_pass_answers_whatever_the_batches_restarts_and_partitions(
-    window, aggregate, every, threshold, rows, cuts, restarts, partitions, where
-):
-    emit = w.Every() if every and not isinstance(window, w.Hopping) else w.AtLeast(threshold)
-    rows = sorted(rows, key=lambda r: r[1] // 4_000)  # roughly in time, with disorder within 4 s (some of it past the grace)
-    pick = (lambda records: records["status"] == "failed") if where else None
-    detector = shortest_kept("rule", window, aggregate, emit, where=pick)
-    harness, found = in_batches(detector, rows, cuts, restarts, partitions)
-    got = answers(pd.concat(found) if found else pd.DataFrame(), aggregate) if rows else []
-    one_pass = reference_sessions if isinstance(window, w.Session) else reference
-    expected = one_pass(window, aggregate, emit, rows, harness.partition_of, where=failed_only if where else everything)
-    assert got == [(n, s, e, pytest.approx(v)) for n, s, e, v in expected]
 
 
 FAILED_LOGINS = w.detector(
@@ -300,81 +77,6 @@ def test_a_hopping_window_that_would_emit_each_record_once_per_window_is_refused
         w.detector("x", w.Hopping(10, 5), w.Count(), w.Every())
 
 
-def failed_only(row):
-    return row[3] == "failed"
-
-
-def everything(row):
-    return True
-
-
-def sessions_of(times, gap):
-    """(first, last) of each session: a key's times, sorted, cut wherever two are a gap or more apart."""
-    out = []
-    for t in sorted(times):
-        if out and t - out[-1][1] < gap:
-            out[-1][1] = t
-        else:
-            out.append([t, t])
-    return [tuple(s) for s in out]
-
-
-def reference_sessions(window, aggregate, emit, rows, partition_of, where=lambda row: True):
-    """Every() and AtLeast() over sessions, from the definitions: after each counted record, the
-    session it is in, over the key's counted records so far; AtLeast emits once per session (a
-    session that merged with one that emitted has emitted)."""
-    gap = round(window.gap_seconds * 1000)
-    counted, emitted, out = {}, {}, []
-    for n, key, at in admitted(window, rows, partition_of, where, counted, lambda key: emitted.pop(key, None), {}):
-        start, end = next(s for s in sessions_of([t for t, _ in counted[key]], gap) if s[0] <= at <= s[1])
-        result = float(AGGREGATE_OF[type(aggregate)]([v for t, v in counted[key] if start <= t <= end]))
-        if isinstance(emit, w.Every):
-            out.append((n, start, end, result))
-        elif result >= emit.threshold and not any(start <= x <= end for x in emitted.get(key, [])):
-            emitted.setdefault(key, []).append(at)
-            out.append((n, start, end, result))
-    return out
-
-
-def reference_sessions_final(window, aggregate, rows, partition_of, where=lambda row: True):
-    """Final() over sessions, from the definitions: a session closes once its partition's time
-    reaches its last record + the gap + the grace; a record that would join a closed session is
-    dropped; a key with a session open is held past the TTL."""
-    gap, grace = round(window.gap_seconds * 1000), round(window.grace_seconds * 1000)
-    partition_time, counted, closed, out = {}, {}, {}, []
-
-    def open_sessions(key):
-        return [s for s in sessions_of([t for t, _ in counted.get(key, [])], gap) if key not in closed or s[1] > closed[key]]
-
-    def fire(p, upto):
-        for key in [k for k in counted if partition_of(k) == p]:
-            for start, end in open_sessions(key):
-                if end + gap + grace <= upto:
-                    inside = [v for at, v in counted[key] if start <= at <= end]
-                    out.append((key, start, end, float(AGGREGATE_OF[type(aggregate)](inside))))
-                    closed[key] = end
-
-    def joins_closed(key, at):
-        return key in closed and at < closed[key] + gap
-
-    for _ in admitted(
-        window,
-        rows,
-        partition_of,
-        where,
-        counted,
-        lambda key: closed.pop(key, None),
-        partition_time,
-        held=open_sessions,
-        before=fire,
-        closed=joins_closed,
-    ):
-        pass
-    for p, upto in partition_time.items():
-        fire(p, upto)
-    return sorted(out)
-
-
 def test_a_customer_silent_for_ten_minutes_is_a_session_that_closed():
     silence = w.detector("silence", window=w.Session(gap_seconds=600), aggregate=w.Count(), emit=w.Final())
     harness = DetectorHarness(silence)
@@ -416,3 +118,109 @@ def test_a_window_sized_by_a_setting_takes_its_size_and_expiry_from_the_config()
 @dataclasses.dataclass(frozen=True)
 class NoDefaults:
     s: float
+
+
+def test_a_record_late_within_the_grace_counts_in_the_sliding_windows_of_later_records():
+    """Card times 0, 100, 300, 250, 270 s with a 60 s grace: the window that ends at the record of
+    300 s takes the two late ones, and holds 5 records within 10 min (Kafka Streams' SlidingWindows)."""
+    rule = w.detector("velocity", w.Sliding(600, grace_seconds=60), w.Count(), w.AtLeast(5))
+    found = DetectorHarness(rule).batch(frame([("card", s * 1000, 0) for s in (0, 100, 300, 250, 270)]))
+    assert found.index.tolist() == [4]  # the record of 270 s completes it
+    assert found.loc[4, ["window_start_ms", "window_end_ms", "count"]].tolist() == [T0 - 300_000, T0 + 300_000, 5]
+
+
+def test_several_aggregates_and_a_condition_over_them():
+    rule = w.detector(
+        "spree",
+        w.Tumbling(3600),
+        {"n": w.Count(), "total": w.Sum("amount"), "shops": w.DistinctCount("status")},
+        w.When(lambda windows: (windows["n"] >= 3) & (windows["total"] > 1000) & (windows["shops"] >= 2)),
+    )
+    rows = [("c-1", 0, 600, "s-1"), ("c-1", 1, 300, "s-1"), ("c-1", 2, 200, "s-1"), ("c-1", 3, 50, "s-2"), ("c-1", 4, 10, "s-3")]
+    found = DetectorHarness(rule).batch(frame(rows))
+    assert found.index.tolist() == [3]  # the third record made 1,100 in one shop only
+    assert found.loc[3, ["n", "total", "shops"]].tolist() == [4, 1150.0, 2]
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    min_amount: float = 1000.0
+    min_total: float = 50_000.0
+
+
+def test_where_and_the_condition_take_the_config_so_every_threshold_is_a_setting():
+    rule = w.detector(
+        "merchant-totals",
+        w.Tumbling(300, grace_seconds=30),
+        w.Sum("amount"),
+        w.Final(having=lambda windows, config: windows["sum"] > config.min_total),
+        where=lambda records, config: records["amount"] > config.min_amount,
+        config=Thresholds,
+    )
+    harness = DetectorHarness(rule, Thresholds(min_amount=100, min_total=1000))
+    harness.batch(frame([("m-1", 1_000, 600), ("m-1", 2_000, 50), ("m-1", 3_000, 500), ("m-2", 4_000, 900)]))
+    harness.batch(frame([("m-3", 331_000, 1)], start=4))  # the partition's time passes 300 s and the 30 s grace
+    fired = harness.take_fired()
+    assert fired.index.tolist() == ["m-1"] and fired.loc["m-1", "sum"] == 1100.0  # the 50 was not counted
+    assert fired.loc["m-1", "deadline"] == pd.Timestamp(T0 + 330_000, unit="ms", tz="UTC")
+
+
+def test_two_windows_of_one_key_that_close_together_are_two_detections():
+    rule = w.detector("totals", w.Tumbling(60), w.Count(), w.Final())
+    harness = DetectorHarness(rule)
+    harness.batch(frame([("m-1", 1_000, 0), ("m-1", 61_000, 0), ("m-1", 62_000, 0)]))
+    harness.advance(pd.Timestamp(T0 + 200_000, unit="ms", tz="UTC"))
+    fired = harness.take_fired()
+    assert fired["count"].tolist() == [1, 2]
+    assert (fired["deadline"] - pd.Timestamp(T0, unit="ms", tz="UTC")).dt.total_seconds().tolist() == [60, 120]
+
+
+def test_a_burst_that_lasts_29_minutes_is_one_episode_not_one_detection_per_window():
+    every_minute = [("card", 60_000 * m, 0) for m in range(30)]  # a record a minute for 29 minutes
+    per_window = w.detector("velocity", w.Sliding(600), w.Count(), w.AtLeast(5))
+    assert len(DetectorHarness(per_window).batch(frame(every_minute))) == 3
+    episodes = w.detector("velocity", w.Sliding(600), w.Count(), w.AtLeast(5, per="episode"))
+    harness = DetectorHarness(episodes)
+    assert harness.batch(frame(every_minute)).empty
+    assert harness.take_fired().empty  # not over while a window could still join it
+    harness.advance(pd.Timestamp(T0 + 29 * 60_000 + 600_000, unit="ms", tz="UTC"))
+    assert harness.take_fired().empty  # a sliding window holds its end: over once time has passed it
+    harness.advance(pd.Timestamp(T0 + 29 * 60_000 + 600_001, unit="ms", tz="UTC"))
+    (episode,) = harness.take_fired().to_dict(orient="records")
+    # From the first window with 5 records (ending at 4 min) to the last (ending at 29 min), at its peak 11.
+    assert episode == {
+        "window_start_ms": T0 - 6 * 60_000,
+        "window_end_ms": T0 + 29 * 60_000,
+        "windows": 26,
+        "count": 11,
+        "deadline": pd.Timestamp(T0 + 29 * 60_000 + 600_001, unit="ms", tz="UTC"),
+    }
+
+
+def test_a_session_of_at_least_three_records_once_it_closes():
+    rule = w.detector("active-then-quiet", w.Session(1800), w.Count(), w.Final(having=lambda s: s["count"] >= 3))
+    harness = DetectorHarness(rule)
+    harness.batch(frame([("c-1", 0, 0), ("c-1", 60_000, 0), ("c-2", 0, 0), ("c-1", 120_000, 0), ("c-2", 100_000, 0)]))
+    harness.advance(pd.Timestamp(T0 + 3_600_000, unit="ms", tz="UTC"))
+    assert harness.take_fired().index.tolist() == ["c-1"]
+
+
+def test_a_record_for_a_window_the_partitions_time_closed_is_dropped_even_if_on_time_for_its_key():
+    rule = w.detector("totals", w.Tumbling(60), w.Count(), w.Final())
+    harness = DetectorHarness(rule)
+    # b's first record is for [0, 60 s), which the partition's time (a's 130 s) has closed.
+    harness.batch(frame([("a", 130_000, 0), ("b", 30_000, 0), ("b", 125_000, 0)]))
+    harness.advance(pd.Timestamp(T0 + 300_000, unit="ms", tz="UTC"))
+    fired = harness.take_fired()
+    assert sorted(zip(fired.index, fired["window_start_ms"] - T0, fired["count"], strict=True)) == [("a", 120_000, 1), ("b", 120_000, 1)]
+
+
+def test_bad_rules_are_refused_saying_what_to_write():
+    with pytest.raises(ValueError, match="needs of=, one of"):
+        w.detector("x", w.Tumbling(60), {"n": w.Count(), "total": w.Sum("amount")}, w.AtLeast(5))
+    with pytest.raises(ValueError, match="per must be 'window' or 'episode'"):
+        w.AtLeast(5, per="burst")
+    with pytest.raises(TypeError, match="takes no field"):
+        w.Count("amount")
+    with pytest.raises(ValueError, match="may not be named 'key'"):
+        w.detector("x", w.Tumbling(60), {"key": w.Count()}, w.Every())

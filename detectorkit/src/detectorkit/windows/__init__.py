@@ -43,57 +43,89 @@ detector from the config it reads from DETECTOR_* at start (the state's expiry i
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pandas as pd
 
 from detectorkit.detector import Detector, NoConfig
 from detectorkit.state.declaration import State
-from detectorkit.windows.aggregates import Aggregate, AtLeast, Count, DistinctCount, Emit, Every, Final, Max, Mean, Min, Sum
+from detectorkit.windows.aggregates import Aggregate, AtLeast, Count, DistinctCount, Emit, Every, Final, Max, Mean, Min, Sum, When
 from detectorkit.windows.kinds import Hopping, Session, Sliding, Tumbling, Window
-from detectorkit.windows.rule import STATE_COLUMNS, Rule
+from detectorkit.windows.rule import Rule
 
 DEFAULT_RETENTION_SECONDS = 3600.0
+Predicate = Callable[[pd.DataFrame], Any] | Callable[[pd.DataFrame, Any], Any]
 
 
 def detector(
     name: str,
     window: Window | Callable[[Any], Window],
-    aggregate: Aggregate | Callable[[Any], Aggregate],
+    aggregate: Aggregate | Mapping[str, Aggregate] | Callable[[Any], Any],
     emit: Emit | Callable[[Any], Emit],
-    where: Callable[[pd.DataFrame], Any] | None = None,
+    where: Predicate | None = None,
     required_fields: tuple[str, ...] = (),
     config: type = NoConfig,
     event_time_field: str | None = None,
     key_field: str | None = None,
     retention_seconds: float | None = None,
 ) -> Detector:
-    """A stateful `Detector` computing `aggregate` over `window` for each key and emitting by `emit`.
+    """A stateful `Detector` computing `aggregate` (one, or several by name) over `window` for each
+    key and emitting by `emit`. `window`, `aggregate` and `emit` may each be a function of the
+    detector's config; `where` and an emit's `having` may take the config as a second argument.
     `retention_seconds`: how long a quiet key's windows are kept after its newest record (default
     an hour, or the window and its grace if longer)."""
 
     def build(settings: Any) -> Detector:
-        chosen = [part(settings) if callable(part) else part for part in (window, aggregate, emit)]
-        return _detector(name, *chosen, where, required_fields, config, event_time_field, key_field, retention_seconds, configure)
+        chosen = [part(settings) if callable(part) and not _is_part(part) else part for part in (window, aggregate, emit)]
+        return _detector(
+            name, *chosen, _bound(where, settings), required_fields, config, event_time_field, key_field, retention_seconds, configure, settings
+        )
 
-    configure = build if any(callable(part) for part in (window, aggregate, emit)) else None
+    per_config = any(callable(part) and not _is_part(part) for part in (window, aggregate, emit)) or _takes_config(where)
+    if not per_config and isinstance(emit, Every | When | Final) and _takes_config(emit.having):
+        per_config = True
+    configure = build if per_config else None
     try:
         defaults = config()
     except TypeError as exc:
         if configure is None:
             defaults = None
         else:
-            message = f"windows.detector(config={config.__name__}): a window built from its config needs a default for every field ({exc})"
+            message = f"windows.detector(config={config.__name__}): a rule built from its config needs a default for every field ({exc})"
             raise TypeError(message) from None
     return build(defaults)
+
+
+def _is_part(value: Any) -> bool:
+    """A window, aggregate or emit itself (a dataclass instance), not a function of the config."""
+    return isinstance(value, Window | Aggregate | Emit) or isinstance(value, Mapping)
+
+
+def _takes_config(function: Callable | None) -> bool:
+    """Whether a predicate takes the config as a second argument."""
+    if function is None:
+        return False
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+
+
+def _bound(function: Callable | None, settings: Any) -> Callable[[pd.DataFrame], Any] | None:
+    if function is None or not _takes_config(function):
+        return function
+    return lambda frame: function(frame, settings)
 
 
 def _detector(
     name: str,
     window: Window,
-    aggregate: Aggregate,
+    aggregate: Aggregate | Mapping[str, Aggregate],
     emit: Emit,
     where: Callable[[pd.DataFrame], Any] | None,
     required_fields: tuple[str, ...],
@@ -102,45 +134,95 @@ def _detector(
     key_field: str | None,
     retention_seconds: float | None,
     configure: Callable[[Any], Detector] | None,
+    settings: Any,
 ) -> Detector:
-    if isinstance(window, Hopping) and isinstance(emit, Every):
-        raise TypeError("Hopping windows emit AtLeast(threshold) or Final(): with Every a record would be a detection once per window it is in")
-    if isinstance(emit, Final) and isinstance(window, Sliding):
-        raise TypeError("Final() closes Tumbling, Hopping or Session windows; a sliding window, one per record, never closes alone")
-    if isinstance(emit, Final) and isinstance(window, Hopping) and window.seconds / window.hop_seconds > 50:
+    aggregates = _named(aggregate)
+    mode, having, threshold = _emitting(emit, aggregates, settings)
+    if isinstance(window, Hopping) and mode == "every":
+        raise TypeError("Hopping windows emit When/AtLeast or Final: with Every a record would be a detection once per window it is in")
+    if mode in ("final", "episode") and isinstance(window, Hopping) and window.seconds / window.hop_seconds > 50:
         raise ValueError("Final() with Hopping windows takes at most 50 windows per record (seconds / hop_seconds <= 50)")
-    if aggregate.field is not None and aggregate.field not in required_fields:
-        required_fields = (*required_fields, aggregate.field)
+    for a in aggregates.values():
+        if a.field is not None and a.field not in required_fields:
+            required_fields = (*required_fields, a.field)
     # A key's state can change only while a record may still land in one of its windows: within the
     # window (a session's gap) and the grace of its newest record. Kept that short, a key seen less
     # often than that would have its state made and dropped at each record, and a batch of a backlog
     # cut wherever one of its keys expired: an hour (Kafka Streams keeps a windowed store a day)
-    # costs a few kept records per quiet key instead.
+    # costs a few kept records per quiet key instead. A key with a window or episode still to
+    # close keeps it until it closes (its timer holds it).
     reach = window.reach_seconds + window.grace_seconds
     if retention_seconds is not None and not retention_seconds >= reach:
         raise ValueError(f"retention_seconds must be at least the window and its grace, {reach:g} s, not {retention_seconds!r}")
     ttl = max(reach, DEFAULT_RETENTION_SECONDS) if retention_seconds is None else retention_seconds
-    rule = Rule(window, aggregate, emit, where)
+    rule = Rule(window, aggregates, emit, where, having, threshold, mode)
+    closing = mode in ("final", "episode")
     return Detector(
         name=name,
         detect=rule.detect,
         config=config,
         required_fields=required_fields,
-        state=State(columns=dict(STATE_COLUMNS), ttl_seconds=ttl, name=_state_name(window, aggregate, emit)),
-        on_timer=rule.on_timer if isinstance(emit, Final) else None,
+        state=State(columns=rule.state_columns, ttl_seconds=ttl, name=_state_name(window, aggregates, mode, emit)),
+        on_timer=rule.on_timer if closing else None,
         event_time_field=event_time_field,
         key_field=key_field,
+        sees_partition_time=closing,
         configure=configure,
     )
 
 
-def _state_name(window: Window, aggregate: Aggregate, emit: Emit) -> str:
+def _named(aggregate: Aggregate | Mapping[str, Aggregate]) -> dict[str, Aggregate]:
+    """The aggregates by the names the detections carry: a mapping's keys, or the one's name."""
+    if isinstance(aggregate, Mapping):
+        if not aggregate:
+            raise ValueError("aggregate={...} needs at least one aggregate")
+        named = dict(aggregate)
+    else:
+        named = {aggregate.name: aggregate}
+    for name, a in named.items():
+        if not isinstance(a, Aggregate):
+            raise TypeError(f"aggregate {name!r} must be a windows aggregate (Count(), Sum(field), ...), not {type(a).__name__}")
+        if name in ("key", "window_start_ms", "window_end_ms", "windows", "deadline"):
+            raise ValueError(f"an aggregate may not be named {name!r}: a detection's own field")
+    return named
+
+
+def _emitting(emit: Emit, aggregates: dict[str, Aggregate], settings: Any) -> tuple[str, Callable | None, tuple[str, float] | None]:
+    """(mode, condition, threshold) of an emit: every, when (each window once), final (each window
+    when it closes) or episode; the condition as a function of the windows' frame alone."""
+    if isinstance(emit, Every):
+        return "every", _bound(emit.having, settings), None
+    if isinstance(emit, AtLeast):
+        of = emit.of
+        if of is None:
+            if len(aggregates) > 1:
+                raise ValueError(f"AtLeast({emit.threshold}) over several aggregates needs of=, one of {sorted(aggregates)}")
+            of = next(iter(aggregates))
+        if of not in aggregates:
+            raise ValueError(f"AtLeast(of={of!r}) names no aggregate; the rule has {sorted(aggregates)}")
+        threshold = (of, float(emit.threshold))
+        return ("when" if emit.per == "window" else "episode"), None, threshold
+    if isinstance(emit, When):
+        return ("when" if emit.per == "window" else "episode"), _bound(emit.having, settings), None
+    if isinstance(emit, Final):
+        return ("final" if emit.per == "window" else "episode"), _bound(emit.having, settings), None
+    raise TypeError(f"emit must be Every(), When(...), AtLeast(...) or Final(), not {type(emit).__name__}")
+
+
+def _state_name(window: Window, aggregates: dict[str, Aggregate], mode: str, emit: Emit) -> str:
     """Named for what the state means: another kind of window, aggregate (or field) or emit reads
-    it otherwise, so changing one starts from empty state in a changelog of its own; a new size
-    keeps it."""
-    field = re.sub(r"[^A-Za-z0-9_-]", "_", aggregate.field) if aggregate.field else ""
-    parts = (type(window).__name__, type(aggregate).__name__ + (f"-{field}" if field else ""), type(emit).__name__)
-    return "windows." + ".".join(parts).lower()
+    it otherwise, so changing one starts from empty state in a changelog of its own; a new size or
+    condition keeps it. (Tumbling and hopping windows that close remember how far they closed, not
+    which: their name says so.)"""
+
+    def one(a: Aggregate) -> str:
+        field = re.sub(r"[^A-Za-z0-9_-]", "_", a.field) if a.field else ""
+        return type(a).__name__.lower() + (f"-{field}" if field else "")
+
+    what = "_".join(one(a) for a in aggregates.values())
+    how = type(emit).__name__.lower() + ("-episode" if mode == "episode" else "")
+    name = f"windows.{type(window).__name__.lower()}.{what}.{how}"
+    return name + ".closed" if mode in ("final", "episode") and isinstance(window, Tumbling | Hopping) else name
 
 
 __all__ = [
@@ -157,5 +239,6 @@ __all__ = [
     "Sliding",
     "Sum",
     "Tumbling",
+    "When",
     "detector",
 ]

@@ -6,9 +6,6 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import numpy as np
-import pandas as pd
-
 
 @dataclasses.dataclass(frozen=True)
 class _Aggregate:
@@ -16,75 +13,103 @@ class _Aggregate:
 
     field: str | None = None
     name: str = ""
-    default_name: ClassVar[str]
-    reduce: ClassVar[Callable[[np.ndarray], Any]]
+    kind: ClassVar[str]
 
     def __post_init__(self) -> None:
         if not self.name:
-            object.__setattr__(self, "name", self.default_name)
-
-    def of(self, values: np.ndarray) -> float:
-        return float(type(self).reduce(values))
+            object.__setattr__(self, "name", self.kind)
 
 
 class Count(_Aggregate):
-    default_name, reduce = "count", len
+    """How many records the window holds (which records count: the rule's `where`)."""
+
+    kind = "count"
+
+    def __post_init__(self) -> None:
+        if self.field is not None:
+            raise TypeError("Count() counts records and takes no field: pick the records with where=...")
+        super().__post_init__()
 
 
 class Sum(_Aggregate):
-    default_name, reduce = "sum", np.sum
+    kind = "sum"
 
 
 class Min(_Aggregate):
-    default_name, reduce = "min", np.min
+    kind = "min"
 
 
 class Max(_Aggregate):
-    default_name, reduce = "max", np.max
+    kind = "max"
 
 
 class Mean(_Aggregate):
-    default_name, reduce = "mean", np.mean
+    kind = "mean"
 
 
 class DistinctCount(_Aggregate):
-    default_name = "distinct"
+    """How many distinct values of `field` (any type: compared by a 53-bit hash of their text)."""
 
-    @staticmethod
-    def reduce(values: np.ndarray) -> int:
-        return len(np.unique(values))
+    kind = "distinct"
 
 
 Aggregate = Count | Sum | Min | Max | Mean | DistinctCount
 
 
-def values_of(aggregate: Aggregate, records: pd.DataFrame) -> np.ndarray:
-    """The numbers an aggregate takes of each record; a distinct count takes a hash of any value."""
-    if aggregate.field is None:
-        return np.zeros(len(records))
-    column = records[aggregate.field]
-    if isinstance(aggregate, DistinctCount):
-        # 53 bits: a float64 holds it exactly, and two of a window's values collide with odds of 1 in 2^53.
-        return (pd.util.hash_array(column.astype(str).to_numpy()) >> np.uint64(11)).astype(np.float64)
-    return pd.to_numeric(column, errors="raise").to_numpy(dtype=np.float64)
+# How a rule's windows become detections: per window, or per episode (a run of windows that
+# satisfy the condition, each starting no later than the one before ends).
+PER = ("window", "episode")
+
+
+def _check_per(per: str) -> None:
+    if per not in PER:
+        raise ValueError(f"per must be 'window' or 'episode', not {per!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Every:
-    """A detection for each counted record, with its window's aggregate."""
+    """A detection for each counted record, with its window's aggregates, where `having` holds."""
+
+    having: Callable[..., Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class When:
+    """One detection when a window first satisfies `having` (a function of a frame of windows, one
+    row each: key, window_start_ms, window_end_ms and the aggregates; or of it and the config).
+    per="episode": one per episode of windows that satisfy it once closed, when the episode is over."""
+
+    having: Callable[..., Any]
+    per: str = "window"
+
+    def __post_init__(self) -> None:
+        _check_per(self.per)
 
 
 @dataclasses.dataclass(frozen=True)
 class AtLeast:
-    """One detection when a window's aggregate first reaches `threshold`."""
+    """One detection when a window's aggregate (`of`, by name: the only one if not given) first
+    reaches `threshold`; per="episode" as `When`'s."""
 
     threshold: float
+    of: str | None = None
+    per: str = "window"
+
+    def __post_init__(self) -> None:
+        _check_per(self.per)
 
 
 @dataclasses.dataclass(frozen=True)
 class Final:
-    """One detection per window once it closes: when the partition's event time passes its end and
-    grace (a timer). Its aggregate is over the records that reached it by then."""
+    """One detection per window once it closes, where `having` holds: when the partition's event
+    time reaches its end and grace (a session's: its last record, the gap and the grace). Its
+    aggregates are over the records that reached it by then. per="episode" as `When`'s."""
+
+    having: Callable[..., Any] | None = None
+    per: str = "window"
+
+    def __post_init__(self) -> None:
+        _check_per(self.per)
 
 
-Emit = Every | AtLeast | Final
+Emit = Every | When | AtLeast | Final

@@ -1,0 +1,104 @@
+"""A window's aggregates as its records come: count, an exact sum, min, max and the distinct values,
+added one record at a time, merged (sessions that join) and read at any time.
+
+The sum is exact (Shewchuk's partials, the algorithm behind `math.fsum`): a window's sum, and its
+mean, are the correctly rounded sum of its values whatever the order they came in and wherever a
+batch or a restart fell, so a threshold on a sum answers the same in a backtest, live and after a
+redeploy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+# What an aggregate of the rule reads: its kind, and the value column it reads (-1: none).
+COUNT, SUM, MIN, MAX, MEAN, DISTINCT = "count", "sum", "min", "max", "mean", "distinct"
+
+
+def add_exact(partials: list[float], x: float) -> None:
+    """Adds `x` to the exact sum held as `partials` (non-overlapping floats, smallest first)."""
+    i = 0
+    for y in partials:
+        if abs(x) < abs(y):
+            x, y = y, x
+        hi = x + y
+        lo = y - (hi - x)
+        if lo:
+            partials[i] = lo
+            i += 1
+        x = hi
+    partials[i:] = [x]
+
+
+class Accumulator:
+    """The running aggregates of one window over the value columns it needs."""
+
+    __slots__ = ("count", "sums", "mins", "maxs", "seen")
+
+    def __init__(self, columns: int, distinct: Sequence[bool]):
+        self.count = 0
+        self.sums: list[list[float]] = [[] for _ in range(columns)]
+        self.mins = [math.inf] * columns
+        self.maxs = [-math.inf] * columns
+        self.seen: list[set | None] = [set() if d else None for d in distinct]
+
+    def add(self, values: Sequence[float]) -> None:
+        self.count += 1
+        for c, x in enumerate(values):
+            add_exact(self.sums[c], x)
+            if x < self.mins[c]:
+                self.mins[c] = x
+            if x > self.maxs[c]:
+                self.maxs[c] = x
+            seen = self.seen[c]
+            if seen is not None:
+                seen.add(x)
+
+    def merge(self, other: Accumulator) -> None:
+        self.count += other.count
+        for c in range(len(self.sums)):
+            for x in other.sums[c]:
+                add_exact(self.sums[c], x)
+            self.mins[c] = min(self.mins[c], other.mins[c])
+            self.maxs[c] = max(self.maxs[c], other.maxs[c])
+            if self.seen[c] is not None:
+                self.seen[c] |= other.seen[c]
+
+    def read(self, plan: Sequence[tuple[str, int]]) -> tuple[float, ...]:
+        out = []
+        for kind, c in plan:
+            if kind == COUNT:
+                out.append(self.count)
+            elif kind == SUM:
+                out.append(math.fsum(self.sums[c]))
+            elif kind == MEAN:
+                out.append(math.fsum(self.sums[c]) / self.count)
+            elif kind == MIN:
+                out.append(self.mins[c])
+            elif kind == MAX:
+                out.append(self.maxs[c])
+            else:
+                out.append(len(self.seen[c]))
+        return tuple(out)
+
+
+def over(plan: Sequence[tuple[str, int]], columns: Sequence[list[float]], lo: int, hi: int) -> tuple[float, ...]:
+    """The aggregates of the records lo to hi of a key's (time-ordered) value columns."""
+    out = []
+    for kind, c in plan:
+        if kind == COUNT:
+            out.append(hi - lo)
+            continue
+        values = columns[c][lo:hi]
+        if kind == SUM:
+            out.append(math.fsum(values))
+        elif kind == MEAN:
+            out.append(math.fsum(values) / len(values))
+        elif kind == MIN:
+            out.append(min(values))
+        elif kind == MAX:
+            out.append(max(values))
+        else:
+            out.append(len(set(values)))
+    return tuple(out)

@@ -1,0 +1,603 @@
+"""A window rule's `detect` and `on_timer`: each key's counted records in arrival order, over the
+key's records still inside a window that can change, with the partition's event time at each.
+
+A record goes through three steps. First, for a rule that emits when windows close (`Final`,
+episodes), the key's windows that the partition's event time has closed by then are closed: their
+aggregates are taken. Then the record is admitted, or dropped as late: older than its key's newest
+counted record by more than the grace, or taken by no open window. Then, for a rule that emits as
+records come (`Every`, `When`, `AtLeast`), each window the record changed is a candidate with its
+aggregates after it. The condition (`having`) is judged once over all the candidates and closed
+windows of the call, a frame of them, and each key's detections are then chosen in order: what a
+window or an episode already emitted is remembered in the key's state.
+
+A key's state (typed columns): `t`, its counted records' times still needed, in time order; `v`
+(and `v1`, `v2`, ...), their values for the aggregates that read a field; `emitted`, what it
+emitted (the starts of tumbling and hopping windows, the ends of sliding ones, a time inside each
+session) or, for a rule that emits when windows close, how far its windows are closed (one value:
+windows ending there or before; a session's last record); `episodes`, each open episode's start,
+end, number of windows and each aggregate's peak, end to end.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right, insort_right
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from detectorkit.state.columns import lists
+from detectorkit.state.declaration import DEADLINE, EVENT_TIME, KEY, PARTITION_TIME
+from detectorkit.windows.accumulate import COUNT, DISTINCT, Accumulator, over
+from detectorkit.windows.kinds import Hopping, Session, Sliding, Window, ms, ms_or_zero
+
+NEVER = -(2**62)  # no window closed yet
+START, END, WINDOWS = "window_start_ms", "window_end_ms", "windows"
+
+
+@dataclass
+class _Key:
+    """One key's state while a call runs: Python lists, sorted by time."""
+
+    t: list[int]
+    cols: list[list[float]]
+    emitted: list[int]
+    episodes: list[list[float]]
+    closed: int = NEVER
+    now: int = NEVER  # the partition's event time when its windows were last closed
+    # Running aggregates by window (tumbling, hopping: its start) or session (its first record),
+    # made from the held records when first needed in a call.
+    accs: dict[int, Accumulator] = field(default_factory=dict)
+    sessions: list[list[int]] | None = None  # [first, last] of each session, in time order
+
+
+@dataclass
+class _Calls:
+    """What a call collects before the condition is judged: candidates (windows a record changed)
+    and closings (windows closed), each with its aggregates."""
+
+    rows: list[tuple] = field(default_factory=list)  # (key, start, end, *aggregates)
+    owner: list[Any] = field(default_factory=list)  # a candidate's record index, or a closing's close time
+    late: int = 0
+
+
+class Rule:
+    """A window rule resolved for one config: `where` and `having` take the records (the windows)
+    alone, the config bound."""
+
+    def __init__(
+        self,
+        window: Window,
+        aggregates: dict[str, Any],
+        emit: Any,
+        where: Callable[[pd.DataFrame], Any] | None,
+        having: Callable[[pd.DataFrame], Any] | None,
+        threshold: tuple[str, float] | None,
+        mode: str,
+    ):
+        self.window, self.emit, self.where, self.having, self.threshold, self.mode = window, emit, where, having, threshold, mode
+        self.names = tuple(aggregates)
+        self.kinds = {n: a for n, a in aggregates.items()}
+        # A value column per field an aggregate reads (a distinct count reads a hash of any value).
+        fields: list[tuple[str, bool]] = []
+        plan = []
+        for a in aggregates.values():
+            if a.field is None:
+                plan.append((COUNT, -1))
+                continue
+            column = (a.field, a.kind == DISTINCT)
+            if column not in fields:
+                fields.append(column)
+            plan.append((a.kind, fields.index(column)))
+        self.fields, self.plan = tuple(fields), tuple(plan)
+        self.distinct = tuple(hashed for _, hashed in fields)
+        self.grace = ms_or_zero(window.grace_seconds)
+        self.sliding = isinstance(window, Sliding)
+        # A window closes once the partition's event time passes the last instant a record may land
+        # in it, plus the grace: a sliding window holds its end, [t - size, t], so it closes a
+        # millisecond after the others' would (their end is not theirs: [start, end)).
+        self.after = self.grace + (1 if self.sliding else 0)
+        self.session = isinstance(window, Session)
+        self.size = window.gap_ms if self.session else ms(window.seconds)
+        self.hop = ms(window.hop_seconds) if isinstance(window, Hopping) else self.size
+        self.closing = mode in ("final", "episode")
+
+    # ---- the state's columns ----------------------------------------------------------------
+
+    @property
+    def value_columns(self) -> list[str]:
+        return ["v", *(f"v{i}" for i in range(1, len(self.fields)))]
+
+    @property
+    def state_columns(self) -> dict[str, str]:
+        columns = {"t": "list<int64>", **dict.fromkeys(self.value_columns, "list<float64>"), "emitted": "list<int64>"}
+        if self.mode == "episode":
+            columns["episodes"] = "list<float64>"
+        return columns
+
+    # ---- detect and on_timer -----------------------------------------------------------------
+
+    def detect(self, records: pd.DataFrame, state: pd.DataFrame, config: Any) -> tuple:
+        counted = records if self.where is None else records[np.asarray(self.where(records), dtype=bool)]
+        held = self._held(state)
+        calls = _Calls()
+        times = counted[EVENT_TIME].astype("int64").to_numpy() // 1_000_000
+        marks = counted[PARTITION_TIME].astype("int64").to_numpy() // 1_000_000 if self.closing else times
+        values = self._values(counted)
+        keys = counted[KEY].to_numpy()
+        index = counted.index.to_numpy()
+        by_key = pd.Series(np.arange(len(keys))).groupby(pd.factorize(keys)[0], sort=False).indices if len(keys) else {}
+        touched: dict[str, _Key] = {}
+        last_mark: dict[str, int] = {}
+        for rows in by_key.values():
+            key = keys[rows[0]]
+            k = touched[key] = held.pop(key, None) or self._new_key()
+            for i in rows.tolist():
+                if self.closing:
+                    self._close(key, k, int(marks[i]), calls)
+                self._record(key, k, int(index[i]), int(times[i]), [column[i] for column in values], calls)
+            last_mark[key] = int(marks[rows[-1]])
+        found, fired = self._choose(calls, touched, records.index.dtype)
+        if self.mode == "episode":
+            fired = _joined_frames(fired, self._end_episodes(touched, last_mark))
+        for k in touched.values():
+            self._prune(k)
+        new_state = self._frame(touched)
+        # A key whose records here all go uncounted is still seen: its state (empty, if it had none)
+        # is written, so the runtime's expiry judges it by all its records, as one pass does.
+        unseen = pd.Index(records[KEY].unique()).difference(new_state.index).difference(pd.Index(list(held), dtype=object))
+        if len(unseen):
+            new_state = pd.concat([new_state, self._frame({k: self._new_key() for k in unseen})])
+        if not self.closing:
+            return found, new_state
+        # Each counted key's timer, on its last record: when its earliest open window closes.
+        last = records[records[KEY].isin(list(touched))].groupby(KEY, sort=False).tail(1)
+        at = [self._next_close(touched[key]) for key in last[KEY].tolist()]
+        timers = pd.Series(pd.to_datetime([pd.NaT if a is None else a for a in at], unit="ms", utc=True), index=last.index)
+        return found, new_state, timers, fired
+
+    def on_timer(self, fired: pd.DataFrame, config: Any) -> tuple:
+        """The windows (and episodes) of each fired key that the partition's event time has closed."""
+        held = self._held(fired)
+        calls = _Calls()
+        marks = dict(zip(fired.index, (fired[PARTITION_TIME].astype("int64") // 1_000_000).tolist(), strict=True))
+        for key, k in held.items():
+            self._close(key, k, marks[key], calls)
+        _, detections = self._choose(calls, held, object)
+        if self.mode == "episode":
+            detections = _joined_frames(detections, self._end_episodes(held, marks))
+        for k in held.values():
+            self._prune(k)
+        timers = {key: self._next_close(k) for key, k in held.items()}
+        at = pd.Series(
+            pd.to_datetime([pd.NaT if t is None else t for t in timers.values()], unit="ms", utc=True),
+            index=pd.Index(list(timers), dtype=object),
+        )
+        return detections, self._frame(held), at
+
+    # ---- a record ----------------------------------------------------------------------------
+
+    def _record(self, key: str, k: _Key, index: int, at: int, values: list[float], calls: _Calls) -> None:
+        """Admits one counted record (or drops it as late) and, for a rule that emits as records
+        come, adds the windows it changed to the candidates."""
+        t = k.t
+        if t and at < t[-1] - self.grace:
+            calls.late += 1
+            return  # late for its key
+        if self.session:
+            self._record_session(key, k, index, at, values, calls)
+            return
+        if self.closing and not self._open_for(k, at):
+            calls.late += 1
+            return  # every window it would land in has closed
+        place = bisect_right(t, at)
+        t.insert(place, at)
+        for c, column in enumerate(k.cols):
+            column.insert(place, values[c] if c < len(values) else 0.0)
+        if self.sliding:
+            if not self.closing:
+                self._sliding_candidates(key, k, index, at, calls)
+            return
+        for start in self._starts(at):
+            acc = k.accs.get(start)
+            if acc is not None:
+                acc.add(values)
+            elif self.closing and start + self.size <= k.closed:
+                continue
+            else:
+                acc = k.accs[start] = self._accumulated(k, start, start + self.size)
+            if not self.closing:
+                calls.rows.append((key, start, start + self.size, *acc.read(self.plan)))
+                calls.owner.append(index)
+                if self.mode == "every":
+                    break  # a tumbling window: one
+
+    def _starts(self, at: int) -> list[int]:
+        """The starts of the tumbling or hopping windows a time is in, oldest first."""
+        last = at // self.hop * self.hop
+        if self.hop == self.size:
+            return [last]
+        return list(range((at - self.size) // self.hop * self.hop + self.hop, last + 1, self.hop))
+
+    def _accumulated(self, k: _Key, start: int, end: int) -> Accumulator:
+        acc = Accumulator(len(self.fields), self.distinct)
+        for i in range(bisect_left(k.t, start), bisect_left(k.t, end)):
+            acc.add([column[i] for column in k.cols[: len(self.fields)]])
+        return acc
+
+    def _sliding_candidates(self, key: str, k: _Key, index: int, at: int, calls: _Calls) -> None:
+        """A sliding window per record, [t - size, t]: the record's own, and (a late record) the
+        windows of the records after it in time that it falls in, over the records so far."""
+        t, size = k.t, self.size
+        ends = [at]
+        if self.mode != "every":
+            above = bisect_right(t, at)
+            ends += sorted(set(t[above : bisect_right(t, at + size)]))
+        for end in ends:
+            lo, hi = bisect_left(t, end - size), bisect_right(t, end)
+            calls.rows.append((key, end - size, end, *over(self.plan, k.cols, lo, hi)))
+            calls.owner.append(index)
+
+    def _record_session(self, key: str, k: _Key, index: int, at: int, values: list[float], calls: _Calls) -> None:
+        gap, sessions = self.size, self._sessions(k)
+        j = bisect_right([s[0] for s in sessions], at) - 1
+        if self.closing and at < k.closed + gap:
+            calls.late += 1
+            return  # it would join a session already closed
+        t = k.t
+        place = bisect_right(t, at)
+        t.insert(place, at)
+        for c, column in enumerate(k.cols):
+            column.insert(place, values[c] if c < len(values) else 0.0)
+        joins_before = j >= 0 and at - sessions[j][1] < gap
+        joins_after = j + 1 < len(sessions) and sessions[j + 1][0] - at < gap
+        if joins_before and joins_after:  # it bridges two sessions: one
+            first, second = sessions[j], sessions.pop(j + 1)
+            merged = k.accs.pop(first[0])
+            merged.merge(k.accs.pop(second[0]))
+            first[1] = second[1]
+            k.accs[first[0]] = merged
+            session = first
+        elif joins_before:
+            session = sessions[j]
+            session[1] = max(session[1], at)
+        elif joins_after:
+            session = sessions[j + 1]
+            k.accs[at] = k.accs.pop(session[0])
+            session[0] = at
+        elif self.closing and at + gap + self.grace <= k.now:
+            del t[place]
+            for column in k.cols:
+                del column[place]
+            calls.late += 1
+            return  # a session of its own, closed already
+        else:
+            session = [at, at]
+            sessions.insert(j + 1, session)
+            k.accs[at] = Accumulator(len(self.fields), self.distinct)
+        acc = k.accs[session[0]]
+        acc.add(values)
+        if not self.closing:
+            calls.rows.append((key, session[0], session[1], *acc.read(self.plan)))
+            calls.owner.append(index)
+
+    def _sessions(self, k: _Key) -> list[list[int]]:
+        """The key's sessions, made from its records once a call, with their aggregates."""
+        if k.sessions is None:
+            k.sessions = []
+            t = k.t
+            lo = 0
+            for i in range(1, len(t) + 1):
+                if i == len(t) or t[i] - t[i - 1] >= self.size:
+                    k.sessions.append([t[lo], t[i - 1]])
+                    acc = k.accs[t[lo]] = Accumulator(len(self.fields), self.distinct)
+                    for r in range(lo, i):
+                        acc.add([column[r] for column in k.cols[: len(self.fields)]])
+                    lo = i
+        return k.sessions
+
+    # ---- windows that close ------------------------------------------------------------------
+
+    def _open_for(self, k: _Key, at: int) -> bool:
+        """Whether an open window would take a record at `at` (a rule that emits when windows close)."""
+        if self.sliding:
+            if at > k.closed:
+                return True
+            t = k.t
+            return bisect_right(t, at + self.size) > bisect_right(t, max(at, k.closed))  # a later record's open window holds it
+        return self._starts(at)[-1] + self.size > k.closed
+
+    def _close(self, key: str, k: _Key, now: int, calls: _Calls) -> None:
+        """Closes the key's windows that the partition's event time `now` has closed (their end and
+        the grace passed; a session's last record, the gap and the grace), in the order they close."""
+        limit = now - self.after
+        k.now = max(k.now, now)
+        if self.session:
+            sessions = self._sessions(k)
+            while sessions and sessions[0][1] + self.size <= limit:
+                first, last = sessions.pop(0)
+                acc = k.accs.pop(first)
+                calls.rows.append((key, first, last, *acc.read(self.plan)))
+                calls.owner.append(last + self.size + self.grace)
+                k.closed = max(k.closed, last)
+                self._drop_front(k, bisect_right(k.t, last))
+            return
+        if limit <= k.closed:
+            return
+        first = self._first_open_end(k)
+        if first is None or first > limit:
+            k.closed = limit
+            return
+        t, size = k.t, self.size
+        if self.sliding:
+            for end in sorted(set(t[bisect_right(t, k.closed) : bisect_right(t, limit)])):
+                lo, hi = bisect_left(t, end - size), bisect_right(t, end)
+                calls.rows.append((key, end - size, end, *over(self.plan, k.cols, lo, hi)))
+                calls.owner.append(end + self.after)
+            k.closed = limit
+            return
+        starts = sorted({s for x in t[: bisect_left(t, limit)] for s in self._starts(x) if k.closed < s + size <= limit})
+        for start in starts:
+            acc = k.accs.pop(start, None) or self._accumulated(k, start, start + size)
+            calls.rows.append((key, start, start + size, *acc.read(self.plan)))
+            calls.owner.append(start + size + self.grace)
+        k.closed = limit
+        # A record whose every window has closed counts no more.
+        drop = 0
+        while drop < len(t) and self._starts(t[drop])[-1] + size <= limit:
+            drop += 1
+        self._drop_front(k, drop)
+
+    def _drop_front(self, k: _Key, n: int) -> None:
+        if n:
+            del k.t[:n]
+            for column in k.cols:
+                del column[:n]
+
+    def _first_open_end(self, k: _Key) -> int | None:
+        """The end of the key's earliest window not closed (a sliding window's: its record's time)."""
+        t = k.t
+        if self.sliding:
+            i = bisect_right(t, k.closed)
+            return t[i] if i < len(t) else None
+        for x in t:
+            ends = [s + self.size for s in self._starts(x) if s + self.size > k.closed]
+            if ends:
+                return ends[0]
+        return None
+
+    def _next_close(self, k: _Key) -> int | None:
+        """When the key's earliest open window (or episode) closes: its timer."""
+        grace, size = self.after, self.size
+        closes = [e[1] + size + grace for e in k.episodes] if self.mode == "episode" else []
+        if self.session:
+            sessions = self._sessions(k)
+            if sessions:
+                closes.append(sessions[0][1] + size + grace)
+        else:
+            first = self._first_open_end(k)
+            if first is not None:
+                closes.append(first + grace)
+        return min(closes) if closes else None
+
+    # ---- the condition, and what each key emits ----------------------------------------------
+
+    def _choose(self, calls: _Calls, keys: dict[str, _Key], dtype: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(detections by record, detections by key) of the candidates and closings that satisfy
+        the condition, each key's in order, with what it emitted remembered."""
+        rows = calls.rows
+        empty = self._detections([], pd.Index([], dtype=dtype))
+        if not rows:
+            return empty, self._detections([], pd.Index([], dtype=object))
+        ok = self._satisfied(rows)
+        mode = self.mode
+        if mode == "every":
+            chosen = [r for r, good in zip(rows, ok, strict=True) if good]
+            index = [o for o, good in zip(calls.owner, ok, strict=True) if good]
+            return self._detections(chosen, pd.Index(index, dtype=dtype)), empty
+        if mode == "final":
+            chosen = [r for r, good in zip(rows, ok, strict=True) if good]
+            at = [o for o, good in zip(calls.owner, ok, strict=True) if good]
+            out = self._detections(chosen, pd.Index([r[0] for r in chosen], dtype=object))
+            out[DEADLINE] = pd.to_datetime(at, unit="ms", utc=True)
+            return empty, out
+        if mode == "episode":
+            return empty, self._episodes(rows, calls.owner, ok, keys)
+        chosen, index = [], []
+        last_owner = None
+        for row, owner, good in zip(rows, calls.owner, ok, strict=True):
+            # Every window that satisfies it is emitted once; a record is one detection, its first.
+            if good and self._first_time(keys[row[0]], row) and owner != last_owner:
+                chosen.append(row)
+                index.append(owner)
+                last_owner = owner
+        return self._detections(chosen, pd.Index(index, dtype=dtype)), empty
+
+    def _satisfied(self, rows: list[tuple]) -> list[bool]:
+        if self.threshold is not None:
+            at = 3 + self.names.index(self.threshold[0])
+            bar = self.threshold[1]
+            return [r[at] >= bar for r in rows]
+        if self.having is None:
+            return [True] * len(rows)
+        frame = pd.DataFrame(rows, columns=[KEY, START, END, *self.names])
+        return np.asarray(self.having(frame), dtype=bool).tolist()
+
+    def _first_time(self, k: _Key, row: tuple) -> bool:
+        """Whether a window that satisfies the condition emits now (and remembers that it did):
+        each window once; a sliding window not if it overlaps one the key emitted; a session not
+        if it (or one it merged with) emitted."""
+        emitted = k.emitted
+        if self.session:
+            first, last = row[1], row[2]
+            if any(first <= e <= last for e in emitted):
+                return False
+            insort_right(emitted, last)
+            return True
+        if self.sliding:
+            end = row[2]
+            i = bisect_left(emitted, end - self.size)
+            if i < len(emitted) and emitted[i] <= end + self.size:
+                return False
+            insort_right(emitted, end)
+            return True
+        if row[1] in emitted:
+            return False
+        insort_right(emitted, row[1])
+        return True
+
+    def _episodes(self, rows: list[tuple], closes: list[int], ok: list[bool], keys: dict[str, _Key]) -> pd.DataFrame:
+        """Closed windows that satisfy the condition joined into their keys' episodes, in the order
+        they closed; the episodes that ended before one of them closed, emitted."""
+        done = []
+        for row, close, good in zip(rows, closes, ok, strict=True):
+            k = keys[row[0]]
+            done += self._ended(row[0], k, close, strict=True)
+            if not good:
+                continue
+            episodes = k.episodes
+            if episodes and row[1] <= episodes[-1][1] and not self.session:
+                episode = episodes[-1]
+                episode[1] = max(episode[1], row[2])
+                episode[2] += 1
+                for n in range(len(self.names)):
+                    episode[3 + n] = max(episode[3 + n], row[3 + n])
+            else:
+                episodes.append([row[1], row[2], 1, *row[3:]])
+        return self._episode_frame(done)
+
+    def _ended(self, key: str, k: _Key, now: int, strict: bool = False) -> list[tuple]:
+        """The key's episodes over by `now` (before it, with `strict`), taken out."""
+        reach = self.size + self.after
+        over_ = [e for e in k.episodes if (e[1] + reach < now if strict else e[1] + reach <= now)]
+        if over_:
+            k.episodes = [e for e in k.episodes if e not in over_]
+        return [(key, *e, e[1] + reach) for e in over_]
+
+    def _end_episodes(self, keys: dict[str, _Key], now: dict[str, int]) -> pd.DataFrame:
+        done = [row for key, k in keys.items() for row in self._ended(key, k, now[key])]
+        return self._episode_frame(done)
+
+    def _episode_frame(self, done: list[tuple]) -> pd.DataFrame:
+        columns = [KEY, START, END, WINDOWS, *self.names, DEADLINE]
+        frame = pd.DataFrame(done, columns=columns)
+        frame[START] = frame[START].astype("int64")
+        frame[END] = frame[END].astype("int64")
+        frame[WINDOWS] = frame[WINDOWS].astype("int64")
+        self._counts_as_ints(frame)
+        frame[DEADLINE] = pd.to_datetime(frame[DEADLINE].astype("int64"), unit="ms", utc=True)
+        return frame.set_index(pd.Index(frame[KEY].tolist(), dtype=object))
+
+    def _detections(self, chosen: list[tuple], index: pd.Index) -> pd.DataFrame:
+        frame = pd.DataFrame(chosen, columns=[KEY, START, END, *self.names], index=index)
+        if not len(frame):
+            return frame
+        self._counts_as_ints(frame)
+        return frame
+
+    def _counts_as_ints(self, frame: pd.DataFrame) -> None:
+        for name, (kind, _) in zip(self.names, self.plan, strict=True):
+            if kind in (COUNT, DISTINCT) and len(frame):
+                frame[name] = frame[name].astype("int64")
+
+    # ---- state in and out --------------------------------------------------------------------
+
+    def _new_key(self) -> _Key:
+        return _Key([], [[] for _ in self.value_columns], [], [])
+
+    def _held(self, state: pd.DataFrame) -> dict[str, _Key]:
+        """The state's keys as Python lists."""
+        if state.empty:
+            return {}
+        keys = state.index.tolist()
+        t = _split(state["t"])
+        cols = [_split(state[c]) for c in self.value_columns]
+        emitted = _split(state["emitted"])
+        episodes = _split(state["episodes"]) if self.mode == "episode" else [[] for _ in keys]
+        width = 3 + len(self.names)
+        held = {}
+        for n, key in enumerate(keys):
+            marks = emitted[n]
+            k = _Key(t[n], [c[n] for c in cols], [] if self.closing else marks, [])
+            if self.closing and marks:
+                k.closed = marks[0]
+            e = episodes[n]
+            k.episodes = [e[i : i + width] for i in range(0, len(e), width)]
+            held[key] = k
+        return held
+
+    def _frame(self, keys: dict[str, _Key]) -> pd.DataFrame:
+        names = list(keys)
+        ks = list(keys.values())
+        data = {"t": _joined([k.t for k in ks], np.int64)}
+        for c, name in enumerate(self.value_columns):
+            data[name] = _joined([k.cols[c] for k in ks], np.float64)
+        data["emitted"] = _joined([([k.closed] if k.closed != NEVER else []) if self.closing else k.emitted for k in ks], np.int64)
+        if self.mode == "episode":
+            data["episodes"] = _joined([[x for e in k.episodes for x in e] for k in ks], np.float64)
+        return pd.DataFrame(data, index=pd.Index(names, dtype=object))
+
+    def _values(self, counted: pd.DataFrame) -> list[list[float]]:
+        """Each value column's numbers for the records (a distinct count's: a hash of any value)."""
+        out = []
+        for name, hashed in self.fields:
+            column = counted[name]
+            if hashed:
+                # 53 bits: a float64 holds it exactly, and two of a window's values collide with odds of 1 in 2^53.
+                out.append((pd.util.hash_array(column.astype(str).to_numpy()) >> np.uint64(11)).astype(np.float64).tolist())
+            else:
+                out.append(pd.to_numeric(column, errors="raise").to_numpy(dtype=np.float64).tolist())
+        return out
+
+    def _prune(self, k: _Key) -> None:
+        """Keeps what can still count: the records a window may still take (one that a record not
+        late may land in, or one not closed yet), and what emitted that such a window could meet."""
+        t = k.t
+        if not t:
+            return
+        size = self.size
+        earliest = t[-1] - self.grace  # a record not late is at least this
+        if self.session:
+            sessions = self._sessions(k)
+            if not self.closing:  # a closing rule's sessions are held until they close
+                alive = [s for s in sessions if s[1] + size > earliest]
+                for s in sessions[: len(sessions) - len(alive)]:
+                    k.accs.pop(s[0], None)
+                k.sessions = sessions = alive
+                k.emitted = [e for e in k.emitted if sessions and e >= sessions[0][0]]
+            lo = bisect_left(t, sessions[0][0]) if sessions else len(t)
+        elif self.sliding:
+            horizon = min(earliest, k.closed + 1) - size if self.closing else earliest - size
+            lo = bisect_left(t, horizon)
+            k.emitted = [e for e in k.emitted if e >= earliest - size]
+        else:
+            bound = max(earliest, k.closed) if self.closing else earliest  # a window ending by then takes nothing more
+            lo = 0
+            while lo < len(t) and self._starts(t[lo])[-1] + size <= bound:
+                lo += 1
+            k.emitted = [s for s in k.emitted if s + size > earliest]
+            for s in [s for s in k.accs if s + size <= bound]:
+                del k.accs[s]
+        self._drop_front(k, lo)
+
+
+def _joined_frames(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    return b if not len(a) else a if not len(b) else pd.concat([a, b])
+
+
+def _split(column: pd.Series) -> list[list]:
+    """A list column as Python lists, one per row."""
+    values = column.list.flatten().to_numpy().tolist()
+    lengths = column.list.len().to_numpy()
+    out, at = [], 0
+    for n in lengths.tolist():
+        out.append(values[at : at + n])
+        at += n
+    return out
+
+
+def _joined(rows: list[list], dtype: Any) -> Any:
+    lengths = [len(r) for r in rows]
+    return lists(np.array([x for r in rows for x in r], dtype=dtype), lengths)
