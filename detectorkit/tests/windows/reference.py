@@ -17,7 +17,8 @@ plainly: per partition, its event time (the newest record time); per key, its co
   the one it is in), the first time it satisfies the condition; each window once, a sliding window
   not if it overlaps one emitted, a session not if it holds a time of one emitted; a record is one
   detection, its first window.
-- Final: each closed window that satisfies the condition. Episodes: closed windows that satisfy it,
+- Final: each closed window that satisfies the condition. Silent: a sliding window that satisfies
+  it, once closed a silence after its end, if no record came within the silence. Episodes: closed windows that satisfy it,
   each starting no later than the end of the episode so far, are one episode (a session is one),
   over once the partition's time reaches its end + the window (a session: the gap) + the grace.
 - A sliding window holds its end, so it closes (and its episodes end) a millisecond later than the
@@ -51,10 +52,11 @@ class _Key:
     episodes: list[list] = field(default_factory=list)
 
 
-def one_pass(window, aggregates: dict, mode: str, having, rows, partition_of, where=lambda row: True, ttl_ms: int | None = None):
+def one_pass(window, aggregates: dict, mode: str, having, rows, partition_of, where=lambda row: True, ttl_ms: int | None = None, silence_ms: int = 0):
     """(record detections [(n, start, end, *aggregates)], key detections [(key, start, end, *rest)])
     of rows (key, ms, value, status) in order. `having(row)`: the condition on a window's row
-    {name: aggregate}, None for none; `mode`: every, when, final or episode."""
+    {name: aggregate}, None for none; `mode`: every, when, final, episode or silent (a sliding
+    window once `silence_ms` passed after it without a record)."""
     grace = round(window.grace_seconds * 1000)
     session = isinstance(window, w.Session)
     sliding = isinstance(window, w.Sliding)
@@ -62,11 +64,11 @@ def one_pass(window, aggregates: dict, mode: str, having, rows, partition_of, wh
     hop = round(window.hop_seconds * 1000) if isinstance(window, w.Hopping) else size
     # A window closes once the partition's time passes the last instant it takes a record, plus the
     # grace: a sliding window's is its end, [t - size, t]; the others' is before their end.
-    after = grace + (1 if sliding else 0)
+    after = grace + (silence_ms if mode == "silent" else 1 if sliding else 0)
     reach = size + after
     ttl = ttl_ms if ttl_ms is not None else size + grace
     names = list(aggregates)
-    closing = mode in ("final", "episode")
+    closing = mode in ("final", "episode", "silent")
     parts: dict[int, int] = {}
     keys: dict[str, _Key] = {}
     found, fired = [], []
@@ -121,7 +123,9 @@ def one_pass(window, aggregates: dict, mode: str, having, rows, partition_of, wh
                     k.closed_windows.add((a, b))
                     inside = (lambda t, a=a, b=b: a <= t <= b) if sliding else (lambda t, a=a, b=b: a <= t < b)
                 aggs = aggregate(k, inside)
-                if mode == "final":
+                if mode == "silent" and any(b < t < b + silence_ms for t, _ in k.counted):
+                    continue  # not silent after it
+                if mode in ("final", "silent"):
                     if satisfied(aggs):
                         fired.append((key, a, b, *aggs))
                     continue

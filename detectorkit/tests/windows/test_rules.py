@@ -224,3 +224,20 @@ def test_bad_rules_are_refused_saying_what_to_write():
         w.Count("amount")
     with pytest.raises(ValueError, match="may not be named 'key'"):
         w.detector("x", w.Tumbling(60), {"key": w.Count()}, w.Every())
+
+
+def test_active_then_silent_three_records_within_an_hour_then_half_an_hour_without_one():
+    rule = w.detector("went-quiet", w.Sliding(3600), w.Count(), w.Silent(1800, having=lambda w_: w_["count"] >= 3))
+    harness = DetectorHarness(rule)
+    minutes = [("c-1", 0, 0), ("c-1", 10, 0), ("c-1", 20, 0), ("c-1", 45, 0), ("c-2", 0, 0), ("c-2", 100, 0), ("c-3", 200, 0)]
+    harness.batch(frame([(k, m * 60_000, v) for k, m, v in minutes]))
+    fired = harness.take_fired()
+    # c-1 went quiet after 45 min with 4 records in the hour up to it; c-2 had 1 in its hour.
+    assert fired.index.tolist() == ["c-1"] and fired.loc["c-1", "count"] == 4
+    assert fired.loc["c-1", "window_end_ms"] == T0 + 45 * 60_000
+    assert fired.loc["c-1", "deadline"] == pd.Timestamp(T0 + 75 * 60_000, unit="ms", tz="UTC")
+
+
+def test_silent_follows_a_sliding_window_only():
+    with pytest.raises(TypeError, match="window=Sliding"):
+        w.detector("x", w.Tumbling(60), w.Count(), w.Silent(60))

@@ -77,6 +77,9 @@ def rules(draw, emits):
         condition = lambda row: row[name] >= bar  # noqa: E731 - AtLeast and When alike
         if per == "episode":
             emit, mode = (w.AtLeast(bar, of=name, per="episode") if conditioned else w.When(lambda f: f[name] >= bar, per="episode")), "episode"
+    elif kind == "silent":
+        window = w.Sliding(window.seconds if isinstance(window, w.Sliding | w.Tumbling) else 5, window.grace_seconds)
+        emit, mode = w.Silent(draw(st.sampled_from([2, 4])), having=having), "silent"
     else:
         emit, mode = w.Final(having=having, per=per), ("final" if per == "window" else "episode")
     where = draw(st.booleans())
@@ -92,6 +95,7 @@ ROWS = st.lists(
 
 def check(rule, rows, cuts, restarts, partitions):
     window, aggregates, emit, mode, condition, where = rule
+    silence = round(emit.seconds * 1000) if isinstance(emit, w.Silent) else 0
     rows = sorted(rows, key=lambda r: r[1] // 4_000)  # roughly in time, with disorder within 4 s (some of it past the grace)
     reach = window.gap_seconds if isinstance(window, w.Session) else window.seconds
     # Forgets a quiet key as soon as no window can take its records, so keys expire within the seconds the rows span.
@@ -101,7 +105,14 @@ def check(rule, rows, cuts, restarts, partitions):
     harness, found, fired = in_batches(detector, rows, cuts, restarts, partitions)
     names = list(aggregates)
     expected_found, expected_fired = one_pass(
-        window, aggregates, mode, condition, rows, harness.partition_of, where=(lambda r: r[3] == "failed") if where else (lambda r: True)
+        window,
+        aggregates,
+        mode,
+        condition,
+        rows,
+        harness.partition_of,
+        where=(lambda r: r[3] == "failed") if where else (lambda r: True),
+        silence_ms=silence,
     )
     got = sorted((int(i), int(r["window_start_ms"]), int(r["window_end_ms"]), *(float(r[n]) for n in names)) for f in found for i, r in f.iterrows())
     assert got == sorted((n, s + T0, e + T0, *map(pytest.approx, aggs)) for n, s, e, *aggs in expected_found)
@@ -128,7 +139,7 @@ def test_rules_that_emit_as_records_come_answer_as_one_pass_whatever_the_batches
 
 @settings(max_examples=300, deadline=None)
 @given(
-    rule=rules(["final"]),
+    rule=rules(["final", "silent"]),
     rows=ROWS,
     cuts=st.lists(st.integers(0, 60), max_size=8),
     restarts=st.lists(st.booleans(), min_size=9, max_size=9),

@@ -52,7 +52,7 @@ import pandas as pd
 
 from detectorkit.detector import Detector, NoConfig
 from detectorkit.state.declaration import State
-from detectorkit.windows.aggregates import Aggregate, AtLeast, Count, DistinctCount, Emit, Every, Final, Max, Mean, Min, Sum, When
+from detectorkit.windows.aggregates import Aggregate, AtLeast, Count, DistinctCount, Emit, Every, Final, Max, Mean, Min, Silent, Sum, When
 from detectorkit.windows.kinds import Hopping, Session, Sliding, Tumbling, Window
 from detectorkit.windows.rule import Rule
 
@@ -85,7 +85,7 @@ def detector(
         )
 
     per_config = any(callable(part) and not _is_part(part) for part in (window, aggregate, emit)) or _takes_config(where)
-    if not per_config and isinstance(emit, Every | When | Final) and _takes_config(emit.having):
+    if not per_config and isinstance(emit, Every | When | Final | Silent) and _takes_config(emit.having):
         per_config = True
     configure = build if per_config else None
     try:
@@ -138,6 +138,8 @@ def _detector(
 ) -> Detector:
     aggregates = _named(aggregate)
     mode, having, threshold = _emitting(emit, aggregates, settings)
+    if mode == "silent" and not isinstance(window, Sliding):
+        raise TypeError("Silent(seconds) follows a sliding window (the window up to a key's last record before the silence): window=Sliding(...)")
     if isinstance(window, Hopping) and mode == "every":
         raise TypeError("Hopping windows emit When/AtLeast or Final: with Every a record would be a detection once per window it is in")
     if mode in ("final", "episode") and isinstance(window, Hopping) and window.seconds / window.hop_seconds > 50:
@@ -156,7 +158,7 @@ def _detector(
         raise ValueError(f"retention_seconds must be at least the window and its grace, {reach:g} s, not {retention_seconds!r}")
     ttl = max(reach, DEFAULT_RETENTION_SECONDS) if retention_seconds is None else retention_seconds
     rule = Rule(window, aggregates, emit, where, having, threshold, mode)
-    closing = mode in ("final", "episode")
+    closing = mode in ("final", "episode", "silent")
     return Detector(
         name=name,
         detect=rule.detect,
@@ -206,7 +208,9 @@ def _emitting(emit: Emit, aggregates: dict[str, Aggregate], settings: Any) -> tu
         return ("when" if emit.per == "window" else "episode"), _bound(emit.having, settings), None
     if isinstance(emit, Final):
         return ("final" if emit.per == "window" else "episode"), _bound(emit.having, settings), None
-    raise TypeError(f"emit must be Every(), When(...), AtLeast(...) or Final(), not {type(emit).__name__}")
+    if isinstance(emit, Silent):
+        return "silent", _bound(emit.having, settings), None
+    raise TypeError(f"emit must be Every(), When(...), AtLeast(...), Final() or Silent(...), not {type(emit).__name__}")
 
 
 def _state_name(window: Window, aggregates: dict[str, Aggregate], mode: str, emit: Emit) -> str:
@@ -236,6 +240,7 @@ __all__ = [
     "Mean",
     "Min",
     "Session",
+    "Silent",
     "Sliding",
     "Sum",
     "Tumbling",

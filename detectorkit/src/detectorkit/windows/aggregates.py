@@ -112,4 +112,15 @@ class Final:
         _check_per(self.per)
 
 
-Emit = Every | When | AtLeast | Final
+@dataclasses.dataclass(frozen=True)
+class Silent:
+    """For sliding windows: a key's window, where `having` holds, once the key has been silent
+    for `seconds` after it (no record within `seconds` of the window's end, which is its record):
+    "at least 3 records in an hour, then half an hour without one" is
+    `Sliding(3600)`, `Count()`, `Silent(1800, having=lambda w: w["count"] >= 3)`."""
+
+    seconds: float
+    having: Callable[..., Any] | None = None
+
+
+Emit = Every | When | AtLeast | Final | Silent

@@ -102,7 +102,12 @@ class Rule:
         self.session = isinstance(window, Session)
         self.size = window.gap_ms if self.session else ms(window.seconds)
         self.hop = ms(window.hop_seconds) if isinstance(window, Hopping) else self.size
-        self.closing = mode in ("final", "episode")
+        self.closing = mode in ("final", "episode", "silent")
+        if mode == "silent":
+            # A window is judged once no record can come within the silence after its end: a
+            # record at its end + the silence would not break it, so the last that could is a
+            # millisecond before, and the grace after that.
+            self.after = self.grace + ms(emit.seconds)
 
     # ---- the state's columns ----------------------------------------------------------------
 
@@ -332,7 +337,12 @@ class Rule:
             return
         t, size = k.t, self.size
         if self.sliding:
+            silence = self.after - self.grace if self.mode == "silent" else 0
             for end in sorted(set(t[bisect_right(t, k.closed) : bisect_right(t, limit)])):
+                if silence:
+                    following = bisect_right(t, end)
+                    if following < len(t) and t[following] < end + silence:
+                        continue  # a record came within the silence: the key was not silent after it
                 lo, hi = bisect_left(t, end - size), bisect_right(t, end)
                 calls.rows.append((key, end - size, end, *over(self.plan, k.cols, lo, hi)))
                 calls.owner.append(end + self.after)
@@ -397,7 +407,7 @@ class Rule:
             chosen = [r for r, good in zip(rows, ok, strict=True) if good]
             index = [o for o, good in zip(calls.owner, ok, strict=True) if good]
             return self._detections(chosen, pd.Index(index, dtype=dtype)), empty
-        if mode == "final":
+        if mode in ("final", "silent"):
             chosen = [r for r, good in zip(rows, ok, strict=True) if good]
             at = [o for o, good in zip(calls.owner, ok, strict=True) if good]
             out = self._detections(chosen, pd.Index([r[0] for r in chosen], dtype=object))
