@@ -25,8 +25,9 @@ LAYERS = (
     ("metrics", ("detectorkit.metrics",)),
     # A detector's state: declaration, columns, store, changelog and the stateful run of a batch.
     ("state", ("detectorkit.state",)),
-    # What a data scientist writes: a detect function, its config and its declared state, or a window rule.
-    ("detector", ("detectorkit.detector", "detectorkit.windows")),
+    # What a data scientist writes: a detect function, its config and its declared state, or a rule
+    # (windows, patterns).
+    ("detector", ("detectorkit.detector", "detectorkit.windows", "detectorkit.patterns")),
     # The streaming job that runs a detector (or a stage) on Spark over Kafka.
     ("runtime", ("detectorkit.runtime",)),
     # The services built on the runtime: normaliser, notifier.

@@ -18,6 +18,7 @@ A detector that remembers across batches declares its state (see `detectorkit.st
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -81,3 +82,22 @@ class Detector:
     def load_config(self, environ: Mapping[str, str] | None = None) -> Any:
         """The config dataclass filled from DETECTOR_<FIELD> variables; SettingsError on a bad value."""
         return config_from_env(self.config, "DETECTOR_", environ)
+
+
+def takes_config(function: Callable | None) -> bool:
+    """Whether a rule's function (its `where`, a condition) takes the config as a second argument."""
+    if function is None:
+        return False
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+
+
+def bound(function: Callable | None, config: Any) -> Callable | None:
+    """A rule's function of the records alone: with `config` bound if it takes it."""
+    if function is None or not takes_config(function):
+        return function
+    return lambda frame: function(frame, config)

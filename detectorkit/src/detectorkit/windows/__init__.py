@@ -43,14 +43,13 @@ detector from the config it reads from DETECTOR_* at start (the state's expiry i
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pandas as pd
 
-from detectorkit.detector import Detector, NoConfig
+from detectorkit.detector import Detector, NoConfig, bound, takes_config
 from detectorkit.state.declaration import State
 from detectorkit.windows.aggregates import Aggregate, AtLeast, Count, DistinctCount, Emit, Every, Final, Max, Mean, Min, Silent, Sum, When
 from detectorkit.windows.kinds import Hopping, Session, Sliding, Tumbling, Window
@@ -81,11 +80,11 @@ def detector(
     def build(settings: Any) -> Detector:
         chosen = [part(settings) if callable(part) and not _is_part(part) else part for part in (window, aggregate, emit)]
         return _detector(
-            name, *chosen, _bound(where, settings), required_fields, config, event_time_field, key_field, retention_seconds, configure, settings
+            name, *chosen, bound(where, settings), required_fields, config, event_time_field, key_field, retention_seconds, configure, settings
         )
 
-    per_config = any(callable(part) and not _is_part(part) for part in (window, aggregate, emit)) or _takes_config(where)
-    if not per_config and isinstance(emit, Every | When | Final | Silent) and _takes_config(emit.having):
+    per_config = any(callable(part) and not _is_part(part) for part in (window, aggregate, emit)) or takes_config(where)
+    if not per_config and isinstance(emit, Every | When | Final | Silent) and takes_config(emit.having):
         per_config = True
     configure = build if per_config else None
     try:
@@ -102,24 +101,6 @@ def detector(
 def _is_part(value: Any) -> bool:
     """A window, aggregate or emit itself (a dataclass instance), not a function of the config."""
     return isinstance(value, Window | Aggregate | Emit) or isinstance(value, Mapping)
-
-
-def _takes_config(function: Callable | None) -> bool:
-    """Whether a predicate takes the config as a second argument."""
-    if function is None:
-        return False
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
-
-
-def _bound(function: Callable | None, settings: Any) -> Callable[[pd.DataFrame], Any] | None:
-    if function is None or not _takes_config(function):
-        return function
-    return lambda frame: function(frame, settings)
 
 
 def _detector(
@@ -193,7 +174,7 @@ def _emitting(emit: Emit, aggregates: dict[str, Aggregate], settings: Any) -> tu
     """(mode, condition, threshold) of an emit: every, when (each window once), final (each window
     when it closes) or episode; the condition as a function of the windows' frame alone."""
     if isinstance(emit, Every):
-        return "every", _bound(emit.having, settings), None
+        return "every", bound(emit.having, settings), None
     if isinstance(emit, AtLeast):
         of = emit.of
         if of is None:
@@ -205,11 +186,11 @@ def _emitting(emit: Emit, aggregates: dict[str, Aggregate], settings: Any) -> tu
         threshold = (of, float(emit.threshold))
         return ("when" if emit.per == "window" else "episode"), None, threshold
     if isinstance(emit, When):
-        return ("when" if emit.per == "window" else "episode"), _bound(emit.having, settings), None
+        return ("when" if emit.per == "window" else "episode"), bound(emit.having, settings), None
     if isinstance(emit, Final):
-        return ("final" if emit.per == "window" else "episode"), _bound(emit.having, settings), None
+        return ("final" if emit.per == "window" else "episode"), bound(emit.having, settings), None
     if isinstance(emit, Silent):
-        return "silent", _bound(emit.having, settings), None
+        return "silent", bound(emit.having, settings), None
     raise TypeError(f"emit must be Every(), When(...), AtLeast(...), Final() or Silent(...), not {type(emit).__name__}")
 
 
