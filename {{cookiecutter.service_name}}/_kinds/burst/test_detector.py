@@ -61,11 +61,13 @@ def test_a_record_exactly_a_window_after_the_first_completes_the_burst():
     assert list(run.batch(records(*[("c-1", 15 * i) for i in range(5)])).index) == [14]  # 0, 15, ... 60 s
 
 
-def test_a_late_record_counts_within_the_grace_and_not_past_it():
-    # After the record at 30 s, one at 26 s is within the 5 s grace and counts; one at 12 s is not.
+def test_a_late_record_counts_within_the_grace_in_every_window_that_holds_it_and_not_past_it():
+    # After the record at 30 s, one at 26 s is within the 5 s grace: it counts in the window up to
+    # 30 s too, which then holds 3 (as Kafka Streams' sliding windows). One at 12 s is not.
     batch = records(("c-1", 20), ("c-1", 30), ("c-1", 26), ("c-1", 12), ("c-1", 27))
     out = DetectorHarness(DETECTOR, Config(min_records=3, window_seconds=10, grace_seconds=5)).batch(batch)
-    assert list(out.index) == [14] and out.loc[14, "count"] == 3  # 20, 26 and 27 s: [17 s, 27 s]
+    assert list(out.index) == [12]  # the record of 26 s
+    assert out.loc[12].to_dict() == {"key": "c-1", "window_start_ms": ms(20), "window_end_ms": ms(30), "count": 3}
 
 
 def test_a_customer_still_bursting_is_flagged_again_once_a_window_has_passed_since_the_last_flag():
