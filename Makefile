@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup tools chart kafka-manifests demo diamond scale-demo test test-fast test-runtime test-template test-tansu lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
+.PHONY: setup tools chart kafka-manifests demo diamond scale-demo test test-fast test-runtime test-examples test-template test-tansu lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -75,13 +75,18 @@ chart: tools
 # The declared Pythons, then two pytest runs on Apache Kafka (the runtime's tests and the template's
 # each have a `tests` package), then the embedded broker's smoke: the demo and a graceful stop and
 # restart on Tansu.
-test: setup tools lint test-pythons test-runtime test-template test-tansu
+test: setup tools lint test-pythons test-examples test-runtime test-template test-tansu
 
 # The lane to run while working: the runtime's unit tests (no broker, no Spark session, no job
 # process; detectorkit/tests/conftest.py gives every test its lane) and the template hook's checks.
 test-fast: setup
 	$(PYTEST) detectorkit/tests -m unit --durations=10
+	$(PYTEST) examples
 	$(PYTEST) tests/test_hooks.py
+
+# The cookbook (examples/): each rule's tests and its backtest over a planted day, in one process.
+test-examples: setup
+	$(PYTEST) examples --durations=5
 
 test-runtime: setup
 	DETECTORKIT_TEST_BROKER=$(TEST_BROKER) $(PYTEST) detectorkit/tests --durations=20
