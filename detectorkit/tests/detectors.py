@@ -138,3 +138,23 @@ SESSIONS = windows.detector(
     emit=windows.Final(),
     required_fields=("amount",),
 )
+
+# The same burst keyed and timed by the record's fields, as a backtest over files reads them.
+FIELD_BURST = windows.detector(
+    "test-field-burst",
+    window=windows.Sliding(seconds=60),
+    aggregate=windows.Count(),
+    emit=windows.AtLeast(3),
+    key_field="customer",
+    event_time_field="ts",
+)
+
+
+def refusing(records: pd.DataFrame, config: Config) -> pd.DataFrame:
+    if (records["amount"] < 0).any():
+        raise ValueError("a negative amount")
+    return records[["amount"]].iloc[:0]
+
+
+# Raises on every record with a negative amount: they go to the dead letters, the others through.
+REFUSING = Detector(name="test-refusing", detect=refusing, config=Config, required_fields=("amount",))

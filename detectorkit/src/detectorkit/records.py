@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -49,6 +50,14 @@ class Rejected:
     position: int  # the record's row in its Arrow batch
     reason: str
     message: str
+    # A detector's exception: its traceback, for a person to read once (a backtest prints the first).
+    detail: str | None = None
+
+
+def detector_error(position: int, exc: BaseException) -> Rejected:
+    """A record the detector raised on: the exception in a line for the dead letter, its traceback beside it."""
+    message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return Rejected(position, DETECTOR_ERROR, message[:2000], "".join(traceback.format_exception(exc))[-8000:])
 
 
 class Refused(ValueError):

@@ -3,6 +3,7 @@
 import collections
 import json
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from detectorkit import backtest
 from detectorkit.kafka import clients
 from detectorkit.testing import DetectorHarness, Sample, create_test_topics, produce, read_all
 
-from ..detectors import BURST, SESSIONS, THRESHOLD, Config
+from ..detectors import BURST, FIELD_BURST, REFUSING, SESSIONS, THRESHOLD, Config
 from ..jobs import committed, job_env, run
 
 T0 = 1_795_000_000_000
@@ -98,7 +99,8 @@ def test_the_command_writes_detections_and_prints_a_summary(tmp_path):
         "--detector", "tests.detectors:THRESHOLD", "--files", lines(tmp_path, rows), "--key-field", "customer", "--out", str(out)
     )
     assert code == 0, stderr
-    assert "5 records read, 2 detections, 0 dead letters" in stdout
+    assert re.search(r"5 records read in [0-9.]+ s \([0-9,]+ records/s\), 2 detections, 0 dead letters", stdout), stdout
+    assert "backtest: 5 of 5 records (100%)" in stderr  # not a terminal: progress as lines
     assert pd.read_parquet(out)["offset"].tolist() == [3, 4]
     code, _, stderr = cli("--detector", "tests.detectors:THRESHOLD", "--files", "nowhere.jsonl", "--out", str(out))
     assert code == 2 and stderr.count("\n") == 1 and "cannot read nowhere.jsonl" in stderr
@@ -208,8 +210,47 @@ def test_a_services_own_command_takes_backtest_as_its_first_word(tmp_path, capsy
     rows = [{"id": f"r-{i}", "customer": "c-1", "amount": 700.0 * i} for i in range(3)]
     out = tmp_path / "found.jsonl"
     assert run_detector(THRESHOLD, ["backtest", "--files", lines(tmp_path, rows), "--out", str(out)], defaults={"input_topic": "orders"}) == 0
-    assert "3 records read, 1 detections" in capsys.readouterr().out
+    assert re.search(r"3 records read in .* 1 detections", capsys.readouterr().out)
     assert [json.loads(line)["detection"]["amount"] for line in out.read_text().splitlines()] == [1400.0]
+
+
+def test_files_are_keyed_and_timed_by_the_detectors_own_fields_unless_told_otherwise(tmp_path, capsys):
+    from detectorkit.cli.run import run_detector
+
+    rows = [{"id": f"r-{i}", "customer": f"c-{i % 2}", "ts": T0 + 10_000 * i} for i in range(8)]
+    out = tmp_path / "found.jsonl"
+    assert run_detector(FIELD_BURST, ["backtest", "--files", lines(tmp_path, rows), "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "8 records read" in printed and ", 2 detections, 0 dead letters" in printed  # keyed by customer: no missing_field
+    assert "per hour: 2026-11-18T11:00Z 2" in printed  # by ts, not a timestamp of 0 (1970)
+
+
+def test_a_detector_that_raises_shows_its_first_traceback_once(tmp_path, capsys):
+    from detectorkit.cli.run import run_detector
+
+    rows = [{"id": f"r-{i}", "customer": "c-1", "amount": -1.0 if i % 3 == 0 else 1.0} for i in range(9)]
+    assert run_detector(REFUSING, ["backtest", "--files", lines(tmp_path, rows), "--out", str(tmp_path / "f.jsonl"), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "the detector raised on 3 record(s) or timer(s) (dead letters, detector_error); the first:" in printed
+    assert printed.count("Traceback (most recent call last)") == 1 and "ValueError: a negative amount" in printed
+
+
+def test_diff_matches_windows_of_one_key_that_overlap_and_says_so():
+    """A burst found one record sooner (a lower threshold) is the same burst: one in both, not one in each."""
+    minute = 60_000
+
+    def found(key, start, end, offset):
+        return {
+            "service": "s",
+            "detection": {"key": key, "window_start_ms": start, "window_end_ms": end},
+            "source": {"partition": 0, "offset": offset, "timestamp_ms": end, "key": key},
+        }
+
+    a = [found("c-1", T0, T0 + 10 * minute, 5), found("c-1", T0 + 60 * minute, T0 + 70 * minute, 40), found("c-2", T0, T0 + minute, 7)]
+    b = [found("c-1", T0 - minute, T0 + 9 * minute, 4), found("c-2", T0 + 5 * minute, T0 + 6 * minute, 9), detection(0, 3, T0)]
+    diff = backtest.compare(a, b)
+    assert diff.totals() == {"only_a": 2, "only_b": 2, "both": 1}
+    assert diff.lines()[-1] == "compared: 5 by key and overlapping window, 1 by source record or timer"
 
 
 def detection(partition, offset, ms, timer_key=None):

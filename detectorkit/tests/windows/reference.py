@@ -40,6 +40,9 @@ AGGREGATE_OF = {
     "mean": lambda vs: math.fsum(vs) / len(vs),
     "distinct": lambda vs: len(set(vs)),
 }
+# The newest record's value (of records at one time, the one that came last): over (time, value)
+# in arrival order.
+LAST = "last"
 
 
 @dataclass
@@ -77,8 +80,11 @@ def one_pass(window, aggregates: dict, mode: str, having, rows, partition_of, wh
         return [(s, s + size) for s in range((at - size) // hop * hop + hop, at // hop * hop + 1, hop)]
 
     def aggregate(k: _Key, inside) -> tuple:
-        values = [v for t, v in k.counted if inside(t)]
-        return tuple(float(AGGREGATE_OF[a.kind](values)) for a in aggregates.values())
+        held = [(t, v) for t, v in k.counted if inside(t)]
+        values = [v for _, v in held]
+        newest = max(t for t, _ in held)
+        last = [v for t, v in held if t == newest][-1]
+        return tuple(float(last if a.kind == LAST else AGGREGATE_OF[a.kind](values)) for a in aggregates.values())
 
     def sessions(k: _Key) -> list[tuple[int, int]]:
         out = []

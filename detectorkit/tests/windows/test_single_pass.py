@@ -45,7 +45,7 @@ def in_batches(detector, rows, cuts, restarts, partitions):
     return harness, [f for f in found if len(f)], [f for f in fired if len(f)]
 
 
-AGGREGATES = [w.Count(), w.Sum("amount"), w.Min("amount"), w.Max("amount"), w.Mean("amount"), w.DistinctCount("amount")]
+AGGREGATES = [w.Count(), w.Sum("amount"), w.Min("amount"), w.Max("amount"), w.Mean("amount"), w.DistinctCount("amount"), w.Last("amount")]
 
 
 @st.composite

@@ -1,9 +1,12 @@
 """Two detection sets compared: what only A flagged, what only B flagged, what both did, per hour.
 
 A set is a backtest's output file (.jsonl: the output topic's values; .parquet: its table) or a
-detections topic read over a time range (live against shadow). Two detections are the same when they
-come from the same source: the same input record (partition and offset), or the same key's timer
-at the same time; what each says may differ between versions and is not compared.
+detections topic read over a time range (live against shadow). Two detections of windows (or
+episodes: a detection with window_start_ms and window_end_ms) are the same when they are of the same
+key and their windows overlap, each matched once, earliest first: a burst found one record sooner
+by a lower threshold is the same burst. Other detections are the same when they come from the same
+source: the same input record (partition and offset), or the same key's timer at the same time.
+What each says may differ between versions and is not compared.
 """
 
 from __future__ import annotations
@@ -19,8 +22,20 @@ import pandas as pd
 
 from detectorkit.backtest.history import HistoryError, from_kafka
 
+WINDOW = ("window_start_ms", "window_end_ms")
+
+
+def window_of(detection: Mapping[str, Any]) -> tuple[str, int, int] | None:
+    """(key, start, end) of a window's (or an episode's) detection; None for another."""
+    fields = detection.get("detection") or {}
+    if not all(isinstance(fields.get(f), int | float) for f in WINDOW):
+        return None
+    key = fields.get("key", detection["source"].get("key"))
+    return str(key), int(fields[WINDOW[0]]), int(fields[WINDOW[1]])
+
 
 def identity(detection: Mapping[str, Any]) -> tuple:
+    """What a detection that is not of a window comes from: its input record, or its key's timer."""
     source = detection["source"]
     if source.get("timer_ms") is not None:
         return (source["partition"], "timer", source.get("key"), source["timer_ms"])
@@ -36,6 +51,8 @@ class Diff:
     a: str
     b: str
     hours: dict[str, dict[str, int]] = field(default_factory=dict)  # hour -> {"only_a", "only_b", "both"}
+    by_window: int = 0  # detections matched by key and overlapping window
+    by_source: int = 0  # detections matched by their source record or timer
 
     def totals(self) -> dict[str, int]:
         out = collections.Counter()
@@ -49,7 +66,12 @@ class Diff:
         rows = [f"A: {self.a}", f"B: {self.b}", f"{'hour':<{width}}  {'only A':>8}  {'only B':>8}  {'both':>8}"]
         rows += [f"{h:<{width}}  {c['only_a']:>8,}  {c['only_b']:>8,}  {c['both']:>8,}" for h, c in self.hours.items()]
         rows.append(f"{'total':<{width}}  {t['only_a']:>8,}  {t['only_b']:>8,}  {t['both']:>8,}")
-        return rows
+        how = []
+        if self.by_window:
+            how.append(f"{self.by_window:,} by key and overlapping window")
+        if self.by_source:
+            how.append(f"{self.by_source:,} by source record or timer")
+        return rows + ([f"compared: {', '.join(how)}"] if how else [])
 
     def chart(self, path: str | pathlib.Path) -> None:
         """A PNG: per hour, the detections in both, only in A and only in B, stacked."""
@@ -78,15 +100,43 @@ class Diff:
 
 
 def compare(a: list[dict], b: list[dict], name_a: str = "A", name_b: str = "B") -> Diff:
-    ids_a = {identity(d): d for d in a}
-    ids_b = {identity(d): d for d in b}
     hours: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    windowed_a = [d for d in a if window_of(d) is not None]
+    windowed_b = [d for d in b if window_of(d) is not None]
+    matched, unmatched_b = _matched_windows(windowed_a, windowed_b)
+    for d, hit in matched:
+        hours[_hour(d)]["both" if hit else "only_a"] += 1
+    for d in unmatched_b:
+        hours[_hour(d)]["only_b"] += 1
+    ids_a = {identity(d): d for d in a if window_of(d) is None}
+    ids_b = {identity(d): d for d in b if window_of(d) is None}
     for key, d in ids_a.items():
         hours[_hour(d)]["both" if key in ids_b else "only_a"] += 1
     for key, d in ids_b.items():
         if key not in ids_a:
             hours[_hour(d)]["only_b"] += 1
-    return Diff(name_a, name_b, {h: {k: hours[h][k] for k in ("only_a", "only_b", "both")} for h in sorted(hours)})
+    counts = {h: {k: hours[h][k] for k in ("only_a", "only_b", "both")} for h in sorted(hours)}
+    return Diff(name_a, name_b, counts, len(windowed_a) + len(windowed_b), len(ids_a) + len(ids_b))
+
+
+def _matched_windows(a: list[dict], b: list[dict]) -> tuple[list[tuple[dict, bool]], list[dict]]:
+    """Each of `a` and whether a window of `b` matches it (of its key, overlapping it, each matched
+    once, in order of start), and the windows of `b` none matched."""
+    theirs: dict[str, list[tuple[int, int, int]]] = collections.defaultdict(list)
+    for n, d in enumerate(b):
+        key, start, end = window_of(d)
+        theirs[key].append((start, end, n))
+    for spans in theirs.values():
+        spans.sort()
+    out = []
+    for d in sorted(a, key=lambda d: window_of(d)[1:]):
+        key, start, end = window_of(d)
+        spans = theirs.get(key, [])
+        hit = next((i for i, (s, e, _) in enumerate(spans) if s <= end and start <= e), None)
+        if hit is not None:
+            spans.pop(hit)
+        out.append((d, hit is not None))
+    return out, [b[n] for spans in theirs.values() for _, _, n in spans]
 
 
 def load(where: str, base_conf: Mapping[str, Any] | None = None, start_ms: int | None = None, end_ms: int | None = None) -> list[dict]:

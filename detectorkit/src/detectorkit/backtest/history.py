@@ -130,13 +130,18 @@ def from_files(paths: list[str], key_field: str | None = None, time_field: str |
     s3://, gs://, hdfs://). The Kafka key comes from `key_field`, the timestamp from `time_field`
     (epoch ms or ISO 8601); with `partitions` > 1 the keys are spread by a stable hash, and each
     partition's offsets count its own records, as a topic's do."""
+    return _from_values(read_files(paths), key_field, time_field, partitions, topic or files_topic(paths))
+
+
+def read_files(paths: list[str]) -> list[bytes]:
+    """Each record's value, as JSON, of JSON lines or Parquet files; HistoryError for one that cannot be read."""
     values: list[bytes] = []
     for name in paths:
         try:
             values += _read_values(name)
         except (OSError, ValueError, ImportError) as exc:
             raise HistoryError(f"cannot read {name}: {exc}".splitlines()[0]) from None
-    return _from_values(values, key_field, time_field, partitions, topic or files_topic(paths))
+    return values
 
 
 def files_topic(paths: list[str]) -> str:

@@ -34,6 +34,8 @@ class Backtest:
     # Keys whose timers were still pending when history ended: live, a quiet partition's event time
     # moves on with the wall clock (TIMER_IDLE_GRACE_SECONDS) and they would fire; here they do not.
     pending_timers: int = 0
+    # The first exception the detector raised, with its traceback: the dead letters say only its line.
+    first_error: str | None = None
 
     def frame(self) -> pd.DataFrame:
         """The detections as a table: the source's fields as columns, the detection as JSON."""
@@ -101,9 +103,13 @@ def _source(part: Slice) -> Callable[[int], Source]:
 def _collect(result: Backtest, part: Slice, outputs: list[Output], rejected: list, decode: rec.Decode | None) -> None:
     for r in rejected:
         result.dead_letters[r.reason] += 1
+        if result.first_error is None and r.detail is not None:
+            result.first_error = r.detail
     for out in outputs:
         if out.dead_letter is not None:
             result.dead_letters[out.dead_letter[0]] += 1
+            if result.first_error is None and out.dead_letter[0] == rec.DETECTOR_ERROR:
+                result.first_error = f"on_timer of key {out.key!r}: {out.dead_letter[1]}"
             continue
         value = dict(out.value)
         if out.position >= 0:

@@ -43,10 +43,15 @@ class Summary:
     pending_timers: int
     score: Score | None = None
     notes: list[str] = field(default_factory=list)
+    seconds: float | None = None  # how long the backtest took
+    first_error: str | None = None
 
     def lines(self) -> list[str]:
+        took = ""
+        if self.seconds is not None:
+            took = f" in {self.seconds:,.1f} s ({self.records / self.seconds if self.seconds > 0 else 0:,.0f} records/s)"
         out = [
-            f"{self.service}: {self.records:,} records read, {self.detections:,} detections, {sum(self.dead_letters.values()):,} dead letters",
+            f"{self.service}: {self.records:,} records read{took}, {self.detections:,} detections, {sum(self.dead_letters.values()):,} dead letters",
         ]
         if self.dead_letters:
             out.append("dead letters: " + ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.dead_letters.items())))
@@ -61,11 +66,18 @@ class Summary:
             p = "n/a" if s.precision is None else f"{s.precision:.3f}"
             r = "n/a" if s.recall is None else f"{s.recall:.3f}"
             out.append(f"labels by {s.by}: {s.labelled:,} labelled, {s.flagged:,} flagged, {s.both:,} both: precision {p}, recall {r}")
+        if self.first_error is not None:
+            failed = self.dead_letters.get("detector_error", 0)
+            out.append(
+                f"the detector raised on {failed:,} record(s) or timer(s) (dead letters, detector_error); the first:\n{self.first_error.rstrip()}"
+            )
         return out + self.notes
 
 
-def summarise(result: Backtest, labels: tuple[str, set[str]] | None = None) -> Summary:
-    """The summary of a backtest; `labels`: ("id" or "key", the labelled values)."""
+def summarise(result: Backtest, labels: tuple[str, set[str]] | None = None, seconds: float | None = None) -> Summary:
+    """The summary of a backtest; `labels`: ("id" or "key", the labelled values): "flagged" counts
+    the distinct ids (records' `id` fields; a timer's detection has none) or Kafka keys among the
+    detections, "both" those also labelled. `seconds`: how long it took."""
     rules = collections.Counter(str(d["detection"].get("rule", result.service)) for d in result.detections)
     stamps = pd.to_datetime([d["source"]["timestamp_ms"] for d in result.detections], unit="ms", utc=True)
     hours = collections.Counter(t.strftime("%Y-%m-%dT%H:00Z") for t in stamps.floor("h")) if len(stamps) else collections.Counter()
@@ -79,6 +91,8 @@ def summarise(result: Backtest, labels: tuple[str, set[str]] | None = None) -> S
         dict(sorted(hours.items())),
         keys.most_common(TOP_KEYS),
         result.pending_timers,
+        seconds=seconds,
+        first_error=result.first_error,
     )
     if labels is not None:
         by, labelled = labels

@@ -7,13 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from detectorkit import settings as settings_mod
 from detectorkit.cli.exits import EXIT_FAILED, fail
-from detectorkit.cli.progress import bar, have_rich
+from detectorkit.cli.progress import bar, shown
 from detectorkit.detector import Detector
 from detectorkit.kafka import clients
 from detectorkit.settings import SettingsError
@@ -44,12 +44,21 @@ def parser(prog: str) -> argparse.ArgumentParser:
         help="JSON lines (a record's value a line) or Parquet files, instead of the topic: paths or URIs (with --spark, any filesystem Spark reads, "
         "and directories or globs)",
     )
-    p.add_argument("--key-field", default=None, help="files: the field that is the record's Kafka key")
-    p.add_argument("--time-field", default=None, help="files: the field that is the record's Kafka timestamp (epoch ms or ISO 8601)")
+    p.add_argument("--key-field", default=None, help="files: the field that is the record's Kafka key (default: the detector's key_field)")
+    p.add_argument(
+        "--time-field",
+        default=None,
+        help="files: the field that is the record's Kafka timestamp, epoch ms or ISO 8601 (default: the detector's event_time_field)",
+    )
     p.add_argument("--partitions", type=int, default=1, help="files: spread the keys over this many partitions (default 1)")
     p.add_argument("--out", required=True, help="where the detections go: .parquet or .jsonl (the output topic's values)")
     p.add_argument("--labels", default=None, help="a file: a header line 'id' or 'key', then the anomalous ones, one a line")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="a progress bar on stderr (default: on a terminal)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress on stderr: a bar on a terminal, else a line every 10 s (default: on)",
+    )
     p.add_argument(
         "--spark", action="store_true", help="run as a Spark batch job on SPARK_MASTER (Kafka: a task per partition; files: Spark reads them)"
     )
@@ -61,6 +70,9 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
     from detectorkit.runtime.stage import input_decoder
 
     args, rest = parser(f"{detector.name} backtest").parse_known_args(argv)
+    # A file's records keyed and timed as the detector reads them, unless told otherwise.
+    args.key_field = args.key_field or detector.key_field
+    args.time_field = args.time_field or detector.event_time_field
     job = argparse.ArgumentParser(prog=f"{detector.name} backtest")
     settings_mod.add_arguments(job)
     try:
@@ -90,6 +102,7 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
         decode = input_decoder(settings) if not args.files else None
     except (SettingsError, backtest.HistoryError) as exc:
         return fail(str(exc))
+    started = time.monotonic()
     if args.spark:
         from detectorkit.backtest.spark_files import run_files_on_spark
         from detectorkit.runtime.shipping import stage_packages
@@ -106,14 +119,14 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
         except backtest.HistoryError as exc:
             return fail(str(exc))
     else:
-        show = sys.stderr.isatty() and have_rich() if args.progress is None else args.progress and have_rich()
-        with bar(history.records, "backtest", show) as advance:
+        with bar(history.records, "backtest", shown(args.progress)) as advance:
             try:
                 result = backtest.run(detector, history, config, detector.name, progress=advance, decode=decode)
             except backtest.HistoryError as exc:
                 return fail(str(exc), EXIT_FAILED)
+    seconds = time.monotonic() - started
     _write(result, out)
-    summary = backtest.summarise(result, labels)
+    summary = backtest.summarise(result, labels, seconds)
     print("\n".join([*summary.lines(), f"detections written to {out}"]), flush=True)
     return 0
 

@@ -192,12 +192,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("tool", help="consumer-groups, topics, delete-records, get-offsets, transactions, console-consumer, ...")
 
     sub.add_parser("diff", help="compare two detection sets: backtest outputs or topics (detectorkit diff --help)", add_help=False)
+    sub.add_parser("produce", help="put the records of JSON lines or Parquet files on a topic (detectorkit produce --help)", add_help=False)
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "diff":
         from detectorkit.cli.backtest import diff_main
 
         return diff_main(rest)
+    if args.command == "produce":
+        from detectorkit.cli.produce import produce_main
+
+        return produce_main(rest)
     if args.command == "aggregate":
         from detectorkit.metrics.aggregator_service import main as aggregate
 

@@ -9,7 +9,6 @@ record's key) and its value; a rejection goes to the dead-letter topic with its 
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -287,8 +286,7 @@ def run_detector(detector: Detector, config: Any, frame: pd.DataFrame) -> tuple[
         return detections_of(detector.detect(frame, config), frame.index, single=len(frame) == 1), []
     except Exception as exc:  # noqa: BLE001 - any failure of user code is a dead letter, not a crash
         if len(frame) == 1:
-            message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            return [], [rec.Rejected(int(frame.index[0]), rec.DETECTOR_ERROR, message[:2000])]
+            return [], [rec.detector_error(int(frame.index[0]), exc)]
     middle = len(frame) // 2
     found_a, failed_a = run_detector(detector, config, frame.iloc[:middle])
     found_b, failed_b = run_detector(detector, config, frame.iloc[middle:])

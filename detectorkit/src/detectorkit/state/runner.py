@@ -138,8 +138,7 @@ class _Run:
                     self.records(pos, pos + 1)
                     self.records(pos + 1, end)
                 else:
-                    message = "".join(traceback.format_exception_only(type(attempt), attempt)).strip()
-                    self.result.rejected.append(rec.Rejected(int(self.frame.index[pos]), rec.DETECTOR_ERROR, message[:2000]))
+                    self.result.rejected.append(rec.detector_error(int(self.frame.index[pos]), attempt))
             pos = end
 
     def rounds(self) -> bool:

@@ -51,7 +51,7 @@ import pandas as pd
 
 from detectorkit.detector import Detector, NoConfig, bound, takes_config
 from detectorkit.state.declaration import State
-from detectorkit.windows.aggregates import Aggregate, AtLeast, Count, DistinctCount, Emit, Every, Final, Max, Mean, Min, Silent, Sum, When
+from detectorkit.windows.aggregates import Aggregate, AtLeast, Count, DistinctCount, Emit, Every, Final, Last, Max, Mean, Min, Silent, Sum, When
 from detectorkit.windows.kinds import Hopping, Session, Sliding, Tumbling, Window
 from detectorkit.windows.rule import Rule
 
@@ -217,6 +217,7 @@ __all__ = [
     "Every",
     "Final",
     "Hopping",
+    "Last",
     "Max",
     "Mean",
     "Min",

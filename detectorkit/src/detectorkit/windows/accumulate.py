@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 
 # What an aggregate of the rule reads: its kind, and the value column it reads (-1: none).
-COUNT, SUM, MIN, MAX, MEAN, DISTINCT = "count", "sum", "min", "max", "mean", "distinct"
+COUNT, SUM, MIN, MAX, MEAN, DISTINCT, LAST = "count", "sum", "min", "max", "mean", "distinct", "last"
 
 
 def add_exact(partials: list[float], x: float) -> None:
@@ -34,7 +34,7 @@ def add_exact(partials: list[float], x: float) -> None:
 class Accumulator:
     """The running aggregates of one window over the value columns it needs."""
 
-    __slots__ = ("count", "sums", "mins", "maxs", "seen")
+    __slots__ = ("count", "sums", "mins", "maxs", "seen", "newest", "lasts")
 
     def __init__(self, columns: int, distinct: Sequence[bool]):
         self.count = 0
@@ -42,9 +42,16 @@ class Accumulator:
         self.mins = [math.inf] * columns
         self.maxs = [-math.inf] * columns
         self.seen: list[set | None] = [set() if d else None for d in distinct]
+        self.newest = -math.inf
+        self.lasts = [math.nan] * columns
 
-    def add(self, values: Sequence[float]) -> None:
+    def add(self, values: Sequence[float], at: int) -> None:
+        """One record's values, at its time (the newest's are the last values; of records at one
+        time, the one that came last)."""
         self.count += 1
+        if at >= self.newest:
+            self.newest = at
+            self.lasts = list(values)
         for c, x in enumerate(values):
             add_exact(self.sums[c], x)
             if x < self.mins[c]:
@@ -56,7 +63,10 @@ class Accumulator:
                 seen.add(x)
 
     def merge(self, other: Accumulator) -> None:
+        """`other`'s records too (a session that joined this one, later in time)."""
         self.count += other.count
+        if other.newest >= self.newest:
+            self.newest, self.lasts = other.newest, other.lasts
         for c in range(len(self.sums)):
             for x in other.sums[c]:
                 add_exact(self.sums[c], x)
@@ -78,13 +88,16 @@ class Accumulator:
                 out.append(self.mins[c])
             elif kind == MAX:
                 out.append(self.maxs[c])
+            elif kind == LAST:
+                out.append(self.lasts[c])
             else:
                 out.append(len(self.seen[c]))
         return tuple(out)
 
 
 def over(plan: Sequence[tuple[str, int]], columns: Sequence[list[float]], lo: int, hi: int) -> tuple[float, ...]:
-    """The aggregates of the records lo to hi of a key's (time-ordered) value columns."""
+    """The aggregates of the records lo to hi of a key's (time-ordered) value columns: the last is
+    the newest's (of records at one time, the one that came last: it was put after them)."""
     out = []
     for kind, c in plan:
         if kind == COUNT:
@@ -99,6 +112,8 @@ def over(plan: Sequence[tuple[str, int]], columns: Sequence[list[float]], lo: in
             out.append(min(values))
         elif kind == MAX:
             out.append(max(values))
+        elif kind == LAST:
+            out.append(values[-1])
         else:
             out.append(len(set(values)))
     return tuple(out)

@@ -47,13 +47,20 @@ class Mean(_Aggregate):
     kind = "mean"
 
 
+class Last(_Aggregate):
+    """The value of `field` in the window's newest record (of records at one time, the one that
+    came last): with Every, the record's own, beside its window's other aggregates."""
+
+    kind = "last"
+
+
 class DistinctCount(_Aggregate):
     """How many distinct values of `field` (any type: compared by a 53-bit hash of their text)."""
 
     kind = "distinct"
 
 
-Aggregate = Count | Sum | Min | Max | Mean | DistinctCount
+Aggregate = Count | Sum | Min | Max | Mean | DistinctCount | Last
 
 
 # How a rule's windows become detections: per window, or per episode (a run of windows that

@@ -208,7 +208,7 @@ class Rule:
         for start in self._starts(at):
             acc = k.accs.get(start)
             if acc is not None:
-                acc.add(values)
+                acc.add(values, at)
             elif self.closing and start + self.size <= k.closed:
                 continue
             else:
@@ -229,7 +229,7 @@ class Rule:
     def _accumulated(self, k: _Key, start: int, end: int) -> Accumulator:
         acc = Accumulator(len(self.fields), self.distinct)
         for i in range(bisect_left(k.t, start), bisect_left(k.t, end)):
-            acc.add([column[i] for column in k.cols[: len(self.fields)]])
+            acc.add([column[i] for column in k.cols[: len(self.fields)]], k.t[i])
         return acc
 
     def _sliding_candidates(self, key: str, k: _Key, index: int, at: int, calls: _Calls) -> None:
@@ -283,7 +283,7 @@ class Rule:
             sessions.insert(j + 1, session)
             k.accs[at] = Accumulator(len(self.fields), self.distinct)
         acc = k.accs[session[0]]
-        acc.add(values)
+        acc.add(values, at)
         if not self.closing:
             calls.rows.append((key, session[0], session[1], *acc.read(self.plan)))
             calls.owner.append(index)
@@ -299,7 +299,7 @@ class Rule:
                     k.sessions.append([t[lo], t[i - 1]])
                     acc = k.accs[t[lo]] = Accumulator(len(self.fields), self.distinct)
                     for r in range(lo, i):
-                        acc.add([column[r] for column in k.cols[: len(self.fields)]])
+                        acc.add([column[r] for column in k.cols[: len(self.fields)]], t[r])
                     lo = i
         return k.sessions
 
