@@ -55,6 +55,9 @@ class Detector:
     # time only through which deadlines it has passed (a window closes once it has): then they are
     # one pass's, and a batch of records is one call. Window rules are such detectors.
     sees_partition_time: bool = False
+    # For a rule: how many records it dropped as late since it was last asked (older than their
+    # key's newest by more than the grace, or for windows already closed); the job counts them.
+    take_late: Callable[[], int] | None = dataclasses.field(default=None, repr=False, compare=False)
     # Builds the detector for the config the job reads at start (a window sized by a setting); None:
     # this detector serves every config.
     configure: Callable[[Any], Detector] | None = dataclasses.field(default=None, repr=False, compare=False)

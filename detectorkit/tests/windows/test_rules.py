@@ -241,3 +241,19 @@ def test_active_then_silent_three_records_within_an_hour_then_half_an_hour_witho
 def test_silent_follows_a_sliding_window_only():
     with pytest.raises(TypeError, match="window=Sliding"):
         w.detector("x", w.Tumbling(60), w.Count(), w.Silent(60))
+
+
+def test_records_dropped_as_late_are_counted_for_the_job_and_the_backtest():
+    from detectorkit import backtest
+    from detectorkit.metrics.registry import JobMetrics
+
+    rule = w.detector("totals", w.Tumbling(60, grace_seconds=5), w.Count(), w.Final())
+    rows = [("a", 130_000, 0), ("a", 100_000, 0), ("b", 30_000, 0), ("a", 129_000, 0)]  # 30 s late for a; b's window closed
+    harness = DetectorHarness(rule)
+    harness.batch(frame(rows))
+    assert harness.late == 2
+    result = backtest.run(rule, backtest.from_frame(frame(rows)))
+    assert result.late == 2 and any(line.startswith("late: 2 records dropped") for line in backtest.summarise(result).lines())
+    metrics = JobMetrics(process_tree=False)
+    metrics.record_state(0, {"keys": 1, "bytes": 0, "written": 0, "expired": 0, "restored": 0, "restore_seconds": 0, "late": 2})
+    assert metrics.registry.get_sample_value("detector_late_records_total") == 2

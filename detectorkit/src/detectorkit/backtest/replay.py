@@ -36,6 +36,7 @@ class Backtest:
     pending_timers: int = 0
     # The first exception the detector raised, with its traceback: the dead letters say only its line.
     first_error: str | None = None
+    late: int = 0  # records a rule dropped as late
 
     def frame(self) -> pd.DataFrame:
         """The detections as a table: the source's fields as columns, the detection as JSON."""
@@ -86,6 +87,7 @@ def run(
         if progress is not None:
             progress(result.records)
     result.pending_timers = sum(store.pending_timers() for store in stores.values())
+    result.late = sum(store.late for store in stores.values())
     return result
 
 

@@ -45,6 +45,7 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     seconds: float | None = None  # how long the backtest took
     first_error: str | None = None
+    late: int = 0
 
     def lines(self) -> list[str]:
         took = ""
@@ -53,6 +54,8 @@ class Summary:
         out = [
             f"{self.service}: {self.records:,} records read{took}, {self.detections:,} detections, {sum(self.dead_letters.values()):,} dead letters",
         ]
+        if self.late:
+            out.append(f"late: {self.late:,} records dropped, older than their key's newest by more than the grace or for windows already closed")
         if self.dead_letters:
             out.append("dead letters: " + ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.dead_letters.items())))
         if self.by_rule:
@@ -93,6 +96,7 @@ def summarise(result: Backtest, labels: tuple[str, set[str]] | None = None, seco
         result.pending_timers,
         seconds=seconds,
         first_error=result.first_error,
+        late=result.late,
     )
     if labels is not None:
         by, labelled = labels

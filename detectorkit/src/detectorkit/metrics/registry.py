@@ -147,6 +147,11 @@ class JobMetrics:
         )
         self.state_changelog_records = Counter(f"{PREFIX}_state_changelog_records", "State changes written to the changelog topic.", registry=r)
         self.state_expired_keys = Counter(f"{PREFIX}_state_expired_keys", "Keys dropped from the state store by their TTL.", registry=r)
+        self.late_records = Counter(
+            f"{PREFIX}_late_records",
+            "Records a window rule dropped as late: older than their key's newest by more than the grace, or for windows already closed.",
+            registry=r,
+        )
         self.state_restored_records = Counter(
             f"{PREFIX}_state_restored_records", "Changelog records read to restore or catch up state stores.", registry=r
         )
@@ -205,6 +210,7 @@ class JobMetrics:
         self.state_bytes.labels(partition=str(partition)).set(report["bytes"])
         self.state_changelog_records.inc(report["written"])
         self.state_expired_keys.inc(report["expired"])
+        self.late_records.inc(report.get("late", 0))
         self.state_replayed_records.inc(report.get("replayed", 0))
         if report["restored"] or report["restore_seconds"]:
             self.state_restored_records.inc(report["restored"])

@@ -212,6 +212,7 @@ class DetectorStage(StageBase):
             frame[EVENT_TIME] = pd.to_datetime(stamps_ms[positions], unit="ms", utc=True).astype("datetime64[ns, UTC]")
         stamps = pd.Series(stamps_ms[positions], index=frame.index)
         result = run_stateful(self.detector, config, frame, stamps, store, batch.tag, batch.idle_ms)
+        store.late += result.late
         outputs = self._outputs(result.found, batch.source, service)
         for d in result.fired:
             # What the detection is about: the key's timer, in its partition (the notifier's identity of a detection).

@@ -148,7 +148,9 @@ class TaskStores:
             "restored": restored,
             "restore_seconds": seconds,
             "replayed": self.replayed.get(p, 0),
+            "late": store.late,
         }
+        store.late = 0
 
     # ---- step 5: kept -------------------------------------------------------------------------
 

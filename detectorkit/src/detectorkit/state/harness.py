@@ -46,6 +46,7 @@ class DetectorHarness:
     changelog: dict[int, list[tuple[str, bytes | None, int]]] = field(default_factory=dict)
     offsets: dict[int, int] = field(default_factory=dict)
     fired: list[dict] = field(default_factory=list)
+    late: int = 0  # records a rule dropped as late (in the job: detector_late_records_total)
 
     def __post_init__(self) -> None:
         if self.config is None:
@@ -118,6 +119,7 @@ class DetectorHarness:
         store.expire(tag)
         self.changelog.setdefault(p, []).extend((k, v, tag) for k, v in store.take_changes())
         self.offsets[p] = tag
+        self.late += result.late
         for d in result.fired:
             self.fired.append({KEY: d.key, **d.fields, DEADLINE: pd.Timestamp(d.deadline_ms, unit="ms", tz="UTC")})
         return result

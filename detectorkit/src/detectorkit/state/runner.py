@@ -63,6 +63,7 @@ class Result:
     rejected: list[rec.Rejected] = field(default_factory=list)
     fired: list[TimerDetection] = field(default_factory=list)
     failed_timers: list[TimerFailure] = field(default_factory=list)
+    late: int = 0  # records the detector dropped as late (a rule's `take_late`)
 
 
 def run_stateful(
@@ -118,14 +119,15 @@ class _Run:
                 end = pos + expiring
             while True:
                 attempt = self._attempt(pos, end, marks[: end - pos])
-                if isinstance(attempt, Exception) or attempt[3] is None:
+                if isinstance(attempt, Exception) or attempt[2] is None:
                     break
-                end = pos + attempt[3]  # a timer it set falls due before these records end: run up to there first
+                end = pos + attempt[2]  # a timer it set falls due before these records end: run up to there first
             if not isinstance(attempt, Exception):
-                found, fired, prepared, _ = attempt
+                call, prepared, _ = attempt
                 store.write(prepared, self.tag)
-                self.result.found += found
-                self.result.fired += fired
+                self.result.found += call.found
+                self.result.fired += call.fired
+                self.result.late += call.late
                 store.advance(int(marks[end - 1 - pos]))
             elif end - pos > 1 and saved is None:
                 middle = (pos + end) // 2
@@ -167,7 +169,7 @@ class _Run:
             newest = pd.Series(self.times[order]).groupby(by_key).cummax().groupby(by_key).shift(1).to_numpy()
             expiring = newest + ttl < marks[order]
         saved = store.savepoint(names)
-        fired, failed = len(self.result.fired), len(self.result.failed_timers)
+        fired, failed, late = len(self.result.fired), len(self.result.failed_timers), self.result.late
         found: list[tuple[int, dict]] = []
         try:
             while True:
@@ -185,6 +187,7 @@ class _Run:
         except _Raised:
             store.rollback(saved)
             del self.result.fired[fired:], self.result.failed_timers[failed:]
+            self.result.late = late
             return False
         self.result.found += sorted(found, key=lambda f: f[0])
         self.result.fired[fired:] = sorted(self.result.fired[fired:], key=lambda d: d.deadline_ms)
@@ -220,8 +223,9 @@ class _Run:
             call = self._call(positions, marks)
             if isinstance(call, Exception):
                 raise _Raised from call
-            got, fired, prepared, cuts = call
+            got, fired, prepared, cuts, late = call
             self.result.fired += fired
+            self.result.late += late
             cut = np.array([cuts.get(names[c], -1) for c in active.tolist()], dtype=np.int64) if cuts else np.full(len(active), -1)
             kept = cut < 0
             self.store.write(prepared, self.tag)
@@ -250,7 +254,7 @@ class _Run:
             prepared = self.store.prepare(new_state, keys, last, final, batch_keys, tag=self.tag, first_ms=first)
         except Exception as exc:  # noqa: BLE001 - user code: run again record by record, which isolates it
             return exc
-        return found, fired, prepared, cuts
+        return found, fired, prepared, cuts, call.late
 
     def _fire_before(self, pos: int):
         """The timers that record `pos`'s time makes due, fired; what they changed, to undo if the
@@ -287,8 +291,8 @@ class _Run:
         return int(expired[0]) if len(expired) else None
 
     def _attempt(self, pos: int, end: int, marks: np.ndarray):
-        """(detections, what fired within it, prepared changes, where the records must be cut) of
-        one call over records pos to end, or what it raised.
+        """(the call, its prepared changes, where the records must be cut) of one call over records
+        pos to end, or what it raised.
 
         The cut: a record's timer that falls due before the key's next record with a timer (or
         before the records end) must fire before the records after it are run; None if none does."""
@@ -299,7 +303,7 @@ class _Run:
             prepared = self.store.prepare(call.new_state, call.keys, call.last, final, call.batch_keys, tag=self.tag, first_ms=call.first)
         except Exception as exc:  # noqa: BLE001 - user code: isolated by splitting
             return exc
-        return call.found, call.fired, prepared, cut
+        return call, prepared, cut
 
     @property
     def _cuts_at_timers(self) -> bool:
@@ -323,11 +327,14 @@ class _Run:
         np.maximum.at(last, codes, self.times[positions])
         batch_keys = pd.Index(uniques, dtype=object)
         keys = uniques.tolist()
+        if detector.take_late is not None:
+            detector.take_late()  # what a call that raised counted: its records are run again
         out = detector.detect(frame, store.read(keys, first), self.config)
+        late = 0 if detector.take_late is None else detector.take_late()
         found, new_state, timers, fired = _unpack(out, frame.index, len(frame) == 1, "detect", detector.sees_partition_time)
         new_state = detector.state.check_returned(new_state, batch_keys)
         new_state = detector.state.completed(new_state, _left_out(new_state, batch_keys, first, store.read))
-        return _Call(frame, codes, keys, batch_keys, first, last, found, new_state, timers, _timer_detections(fired, batch_keys, None))
+        return _Call(frame, codes, keys, batch_keys, first, last, found, new_state, timers, _timer_detections(fired, batch_keys, None), late)
 
 
 @dataclass
@@ -344,6 +351,7 @@ class _Call:
     new_state: pd.DataFrame
     timers: Any
     fired: list[TimerDetection]
+    late: int = 0  # records the detector dropped as late
 
 
 class _Raised(Exception):

@@ -95,6 +95,7 @@ class PartitionStore(Slots):
         # changelog, where it lands if nobody else wrote in between: a catch-up checks it (state.cache).
         self.last_written: tuple[int, str, bytes | None, int | None] | None = None
         self.event_ms = 0  # the partition's event time: its newest record's
+        self.late = 0  # records its detector dropped as late since the last report
         # Lower bounds, so a batch with nothing to expire or fire scans nothing: the oldest time of
         # a key without a timer, and the earliest timer.
         self._expiry_floor = NO_TIMER

@@ -150,6 +150,7 @@ def _detector(
         event_time_field=event_time_field,
         key_field=key_field,
         sees_partition_time=closing,
+        take_late=rule.take_late,
         configure=configure,
     )
 

@@ -103,6 +103,7 @@ class Rule:
         self.size = window.gap_ms if self.session else ms(window.seconds)
         self.hop = ms(window.hop_seconds) if isinstance(window, Hopping) else self.size
         self.closing = mode in ("final", "episode", "silent")
+        self.late = 0  # records dropped as late since `take_late`
         if mode == "silent":
             # A window is judged once no record can come within the silence after its end: a
             # record at its end + the silence would not break it, so the last that could is a
@@ -144,6 +145,7 @@ class Rule:
                     self._close(key, k, int(marks[i]), calls)
                 self._record(key, k, int(index[i]), int(times[i]), [column[i] for column in values], calls)
             last_mark[key] = int(marks[rows[-1]])
+        self.late += calls.late
         found, fired = self._choose(calls, touched, records.index.dtype)
         if self.mode == "episode":
             fired = _joined_frames(fired, self._end_episodes(touched, last_mark))
@@ -181,6 +183,11 @@ class Rule:
             index=pd.Index(list(timers), dtype=object),
         )
         return detections, self._frame(held), at
+
+    def take_late(self) -> int:
+        """How many records were dropped as late since the last call."""
+        late, self.late = self.late, 0
+        return late
 
     # ---- a record ----------------------------------------------------------------------------
 
