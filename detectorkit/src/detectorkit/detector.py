@@ -27,6 +27,13 @@ import pandas as pd
 from detectorkit.settings import config_from_env
 from detectorkit.state.declaration import State
 
+# What a data scientist writes, as types: a stateless detect, a stateful one (its third value: timers
+# indexed like the records), and on_timer (its third value: timers indexed by key). See
+# detectorkit.state.declaration for the whole contract.
+Detect = Callable[[pd.DataFrame, Any], pd.DataFrame]
+StatefulDetect = Callable[[pd.DataFrame, pd.DataFrame, Any], tuple[pd.DataFrame, pd.DataFrame] | tuple[pd.DataFrame, pd.DataFrame, pd.Series]]
+OnTimer = Callable[[pd.DataFrame, Any], tuple[pd.DataFrame, pd.DataFrame] | tuple[pd.DataFrame, pd.DataFrame, pd.Series]]
+
 
 @dataclasses.dataclass(frozen=True)
 class NoConfig:
@@ -36,13 +43,13 @@ class NoConfig:
 @dataclasses.dataclass(frozen=True)
 class Detector:
     name: str
-    detect: Callable[[pd.DataFrame, Any], pd.DataFrame]
+    detect: Detect | StatefulDetect
     config: type = NoConfig
     required_fields: tuple[str, ...] = ()
     # Per-key state kept across batches; None: the detector sees each batch alone.
     state: State | None = None
     # Called with the keys whose timers fired (see detectorkit.state.declaration).
-    on_timer: Callable[[pd.DataFrame, Any], tuple] | None = None
+    on_timer: OnTimer | None = None
     # The field a record's event time comes from (epoch milliseconds or ISO 8601) instead of its
     # Kafka timestamp; a record where it cannot be read is a dead letter (bad_event_time).
     event_time_field: str | None = None

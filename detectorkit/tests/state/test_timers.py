@@ -111,6 +111,20 @@ def test_on_timer_that_raises_is_a_dead_letter_and_the_others_fire():
     assert fired_of(run) == [("a", 10)]
 
 
+def test_on_timer_that_re_arms_at_or_before_its_deadline_is_refused_as_a_dead_letter_and_later_fires_again():
+    def again(fired, config):
+        detections, new_state = on_timer(fired, config)
+        later = fired["deadline"] + pd.Timedelta(seconds=0 if "loop" in fired.index else 5)
+        return detections, fired[["last_ms"]], later
+
+    run = DetectorHarness(Detector(name="s", detect=detect, config=Config, state=State(columns=("last_ms",)), on_timer=again))
+    run.batch(stream([("a", 0), ("loop", 0)]))
+    with pytest.raises(DetectorError, match="at or before the deadline it fired at") as refused:
+        run.batch(stream([("c", 30)]))
+    assert [f.key for f in refused.value.failed_timers] == ["loop"]
+    assert fired_of(run) == [("a", 10), ("a", 15), ("a", 20), ("a", 25), ("a", 30)]  # re-armed 5 s on each time
+
+
 def test_the_event_time_a_quiet_partition_reached_survives_a_restart():
     """A late record after the wall clock moved a quiet partition on: with or without a restart, its
     key's timer (already past) fires at once. The partition's event time is in the changelog too."""

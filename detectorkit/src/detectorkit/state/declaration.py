@@ -34,9 +34,12 @@ changes nothing; a key's last record with one wins). A timer fires once the part
 (its newest record time) reaches it: `on_timer(fired, config) -> (detections, new_state[, timers])`
 gets the state of the keys whose timers fired, indexed by key, with a `deadline` column, and returns
 detections and timers indexed by key; its new state follows the same rule (a fired key left out
-keeps its state, `STATE.deleted(keys)` forgets them). A timer needs its key to have state after the
-call: one set on a key it deletes is refused. A key with a pending timer is kept past its TTL until
-the timer fires. That is how a detector flags what did not happen ("a customer who paid
+keeps its state, `STATE.deleted(keys)` forgets them). A key may have several detections (several
+rows); a detection's time, its Kafka timestamp and what identifies it downstream, is its `deadline`
+column if it returns one, else the timer's. A fired timer is spent: on_timer re-arms it by returning
+one, later than the deadline it fired at (one at or before it would fire for ever, and is refused: a
+dead letter). A timer needs its key to have state after the call: one set on a key it deletes is
+refused. A key with a pending timer is kept past its TTL until the timer fires. That is how a detector flags what did not happen ("a customer who paid
 every hour went silent for 3 hours"). A partition that gets no records at all for
 TIMER_IDLE_GRACE_SECONDS has its event time moved to the wall clock minus that grace, so its timers
 fire without records (a processing-time fallback: only there may a replay answer differently).

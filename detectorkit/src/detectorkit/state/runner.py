@@ -460,8 +460,12 @@ def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int
         found = _timer_detections(detections, index, dict(due))
         new_state = detector.state.check_returned(new_state, index)
         new_state = detector.state.completed(new_state, _left_out(new_state, index, None, lambda keys, _: store.frame_of(keys)))
-        # A fired timer is spent: the key has a timer again only if on_timer sets one.
-        timers = {k: None for k in keys} | _key_timers(timers, index)
+        # A fired timer is spent: the key has a timer again only if on_timer sets one, later.
+        again = _key_timers(timers, index)
+        looping = [k for k, at in due if again.get(k, at + 1) <= at]
+        if looping:
+            raise ValueError(f"on_timer set a timer at or before the deadline it fired at (it would fire for ever), for {looping[:3]}")
+        timers = {k: None for k in keys} | again
         prepared = store.prepare(new_state, keys, [store.seen_of(k) for k in keys], timers, tag=tag)
     except Exception as exc:  # noqa: BLE001 - user code: a dead letter, never a crash
         if len(due) > 1:
