@@ -116,9 +116,11 @@ bench: setup
 bench-stateful: setup
 	$(PY) bench/run.py --stateful
 
-# A backtest's speed in one process, against the stage alone on the same records (~1 min).
+# A backtest's speed in one process, against the stage alone on the same records (~1 min); then every
+# window kind and emit, a pattern and hand-written timers on three streams (bench/results/backtest-rules.md).
 bench-backtest: setup
 	$(PY) bench/backtest.py
+	$(PY) bench/backtest.py --rules --records 300000
 
 # Exactly-once against at-least-once, the pair alone on 5,000,000 records each: issue 20's throughput
 # target on runs long enough to judge it (~2 min; bench/results/exactly-once-5m/latest.md).

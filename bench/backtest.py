@@ -24,8 +24,9 @@ import tempfile
 import time
 
 import numpy as np
+import pandas as pd
 
-from detectorkit import Detector, backtest, windows
+from detectorkit import Detector, State, backtest, patterns, windows
 from detectorkit.backtest.replay import run
 
 THRESHOLD = 1000.0
@@ -39,6 +40,56 @@ def threshold(records, config):
 DETECTORS = {
     "threshold (stateless)": Detector(name="threshold", detect=threshold, required_fields=("amount",)),
     "burst window rule (stateful)": windows.detector("burst", windows.Sliding(60, grace_seconds=5), windows.Count(), windows.AtLeast(5)),
+}
+
+
+def _silence(records, state, config):
+    """A timer per record: each record moves its key's timer to its time + 30 min."""
+    last = records.groupby("key")["event_time"].max()
+    new = pd.DataFrame({"last_ms": last.astype("int64") // 1_000_000}, index=last.index)
+    return records.iloc[:0], new, records["event_time"] + pd.Timedelta(minutes=30)
+
+
+def _silent(fired, config):
+    return pd.DataFrame({"last_ms": fired["last_ms"]}, index=fired.index), _SILENCE.deleted(fired.index)
+
+
+_SILENCE = State(columns={"last_ms": "int64"})
+
+# Each window kind with each way to emit, a pattern, and hand-written timers, on the same records.
+RULES = {
+    "sliding, count, AtLeast": windows.detector("r", windows.Sliding(60, grace_seconds=5), windows.Count(), windows.AtLeast(5)),
+    "sliding, count, AtLeast per episode": windows.detector(
+        "r", windows.Sliding(60, grace_seconds=5), windows.Count(), windows.AtLeast(5, per="episode")
+    ),
+    "sliding, count, Final with a condition": windows.detector(
+        "r", windows.Sliding(60, grace_seconds=5), windows.Count(), windows.Final(having=lambda w: w["count"] >= 5)
+    ),
+    "sliding, count, Silent": windows.detector("r", windows.Sliding(600), windows.Count(), windows.Silent(300, having=lambda w: w["count"] >= 3)),
+    "sliding, count + mean + last, Every with a condition": windows.detector(
+        "r",
+        windows.Sliding(3600, grace_seconds=5),
+        {"n": windows.Count(), "mean": windows.Mean("amount"), "last": windows.Last("amount")},
+        windows.Every(having=lambda w: (w["n"] >= 10) & (w["last"] > 5 * w["mean"])),
+    ),
+    "tumbling, sum, AtLeast": windows.detector("r", windows.Tumbling(300, grace_seconds=5), windows.Sum("amount"), windows.AtLeast(5000)),
+    "tumbling, sum, Final": windows.detector("r", windows.Tumbling(300, grace_seconds=30), windows.Sum("amount"), windows.Final()),
+    "tumbling, sum, Final with a condition": windows.detector(
+        "r", windows.Tumbling(300, grace_seconds=30), windows.Sum("amount"), windows.Final(having=lambda w: w["sum"] > 5000)
+    ),
+    "tumbling, count + sum, Final per episode": windows.detector(
+        "r",
+        windows.Tumbling(60, grace_seconds=5),
+        {"n": windows.Count(), "total": windows.Sum("amount")},
+        windows.Final(having=lambda w: w["n"] >= 3, per="episode"),
+    ),
+    "hopping, distinct, AtLeast": windows.detector("r", windows.Hopping(600, 300), windows.DistinctCount("amount"), windows.AtLeast(5)),
+    "session, count, Final": windows.detector("r", windows.Session(60, grace_seconds=5), windows.Count(), windows.Final()),
+    "session, sum, AtLeast": windows.detector("r", windows.Session(60, grace_seconds=5), windows.Sum("amount"), windows.AtLeast(2000)),
+    "pattern, followed_by": patterns.followed_by(
+        "r", first=lambda r: r["amount"] > 500, then=lambda r: r["amount"] > 1000, within_seconds=600, grace_seconds=5
+    ),
+    "hand-written, a timer per record": Detector(name="r", detect=_silence, state=_SILENCE, on_timer=_silent),
 }
 
 
@@ -66,7 +117,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--partitions", type=int, default=8)
     p.add_argument("--kafka", action="store_true", help="from a topic on Apache Kafka: in this process, then as a Spark job (local[2])")
     p.add_argument("--spark-files", action="store_true", help="from a JSON lines file: in this process, then read by Spark (local[2])")
+    p.add_argument("--rules", action="store_true", help="every window kind and emit, a pattern and hand-written timers, uniform and skewed")
+    p.add_argument("--out", default="bench/results/backtest-rules", help="--rules: where the results go (.md and .json)")
     args = p.parse_args(argv)
+    if args.rules:
+        return rules(args.records, args.partitions, pathlib.Path(args.out))
     if args.kafka:
         return from_kafka(args.records, args.partitions)
     if args.spark_files:
@@ -168,6 +223,77 @@ def files_on_spark(count: int, partitions: int) -> int:
         spark_wall, _ = timed(lambda: there.setdefault("result", run_files_on_spark(spark, detector, [path.as_uri()], **fields)))
         compared("Spark reading the file, local[2]", count, spark_wall, there["result"], wall, here["result"])
         spark.stop()
+    return 0
+
+
+def skewed_records(path: pathlib.Path, count: int, keys: int, hot: float, seed: int = 7) -> None:
+    """`count` records over `keys` customers in random order, `hot` of them the one busiest customer's,
+    event time 5 ms a record."""
+    rng = np.random.default_rng(seed)
+    customer = rng.integers(1, keys, count)
+    customer[rng.random(count) < hot] = 0
+    amount = np.round(rng.lognormal(5, 1.2, count), 2)
+    t0 = 1_795_000_000_000
+    with path.open("w") as f:
+        for n, c, a in zip(range(count), customer.tolist(), amount.tolist(), strict=True):
+            f.write(json.dumps({"id": f"r-{n}", "customer": f"c-{c}", "amount": a, "ts": t0 + 5 * n}) + "\n")
+
+
+# The streams each rule runs over: 2,000 customers in random order (issue 53's), the stateful
+# benchmark's (100,000 customers, a rotating few hundred busy), one customer with 12% of the records,
+# and 120,000 customers with a record now and then (the hand-written timers' case: a timer per
+# record, most of them firing).
+STREAMS = {
+    "2,000 keys": lambda path, count: skewed_records(path, count, 2_000, 0.0),
+    "100,000 keys, a few hundred busy": lambda path, count: write_records(path, count),
+    "one key 12%": lambda path, count: skewed_records(path, count, 2_000, 0.12),
+    "120,000 keys": lambda path, count: skewed_records(path, count, 120_000, 0.0),
+}
+TARGET = 50_000  # records/s in one process: issue 53's, for every rule
+
+
+def rules(count: int, partitions: int, out: pathlib.Path) -> int:
+    """Each rule over each stream, in one process through the stage alone (records already read),
+    beside the stateless threshold detector on the same records: records/s and CPU per 1M."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for stream, make in STREAMS.items():
+            path = pathlib.Path(tmp) / "records.jsonl"
+            make(path, count)
+            slices = list(backtest.from_files([str(path)], key_field="customer", time_field="ts", partitions=partitions).slices)
+            print(f"{count:,} records, {stream}, {partitions} partitions", flush=True)
+            peer = None
+            for name, detector in {"threshold (stateless)": DETECTORS["threshold (stateless)"], **RULES}.items():
+                history = backtest.History("memory", count, iter(slices), {})
+                found = {}
+                wall, cpu = timed(lambda detector=detector, history=history, found=found: found.setdefault("r", run(detector, history)))
+                peer = peer or wall
+                row = {"stream": stream, "rule": name, "records_per_second": round(count / wall), "cpu_seconds_per_1m": round(cpu / count * 1e6, 2)}
+                row |= {"detections": len(found["r"].detections), "stateless_ratio": round(peer / wall, 2)}
+                rows.append(row)
+                met = "" if name.startswith("threshold") else ("  meets" if count / wall >= TARGET else "  BELOW") + f" {TARGET:,}/s"
+                print(
+                    f"  {name}: {row['records_per_second']:,} records/s ({row['cpu_seconds_per_1m']} s CPU per 1M), "
+                    f"{row['detections']:,} detections, {row['stateless_ratio']}x the stateless detector's speed{met}",
+                    flush=True,
+                )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    out.with_suffix(".json").write_text(json.dumps({"when": stamp, "records": count, "partitions": partitions, "rows": rows}, indent=1))
+    lines = [
+        f"# Rules in one process ({stamp}, {count:,} records per stream, {partitions} partitions)",
+        "",
+        "`make bench-backtest ARGS=--rules`: each rule through the stage alone (records already read), beside the stateless threshold",
+        f"detector on the same records. Target: {TARGET:,} records/s for every rule on every stream.",
+        "",
+        "| stream | rule | records/s | CPU s per 1M | detections | x stateless |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['stream']} | {r['rule']} | {r['records_per_second']:,} | {r['cpu_seconds_per_1m']} | {r['detections']:,} | {r['stateless_ratio']} |"
+        for r in rows
+    ]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return 0
 
 

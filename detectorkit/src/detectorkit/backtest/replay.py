@@ -82,7 +82,7 @@ def run(
             batch = KeyedBatch(part.values, part.keys, part.stamps_ms, _source(part), store, tag, part.topic)
             outputs, rejected = stage.run_keyed(batch, config, service)
             store.expire(tag)
-            store.take_changes()  # what live writes to the changelog: nothing to keep here
+            store.drop_changes()  # what live writes to the changelog: nothing to keep here
         _collect(result, part, outputs, rejected, decode)
         if progress is not None:
             progress(result.records)

@@ -303,6 +303,12 @@ class PartitionStore(Slots):
             self._event_written = self.event_ms
         return list(changes.items())
 
+    def drop_changes(self) -> None:
+        """Forget the changes since the last `take_changes` without encoding them: nothing keeps
+        them (a backtest)."""
+        self._changes = {}
+        self._event_written = self.event_ms
+
     def clear_timer(self, key: str, tag: int) -> None:
         """`key` loses its timer and keeps its state (its firing failed: a dead letter)."""
         slot = self._slot[key]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 # What an aggregate of the rule reads: its kind, and the value column it reads (-1: none).
 COUNT, SUM, MIN, MAX, MEAN, DISTINCT, LAST = "count", "sum", "min", "max", "mean", "distinct", "last"
@@ -32,47 +33,56 @@ def add_exact(partials: list[float], x: float) -> None:
 
 
 class Accumulator:
-    """The running aggregates of one window over the value columns it needs."""
+    """The running aggregates of one window over the value columns it needs: `needs`, per column,
+    which of sum, min, max, distinct and last it keeps (a count is always kept)."""
 
-    __slots__ = ("count", "sums", "mins", "maxs", "seen", "newest", "lasts")
+    __slots__ = ("count", "sums", "mins", "maxs", "seen", "newest", "lasts", "needs")
 
-    def __init__(self, columns: int, distinct: Sequence[bool]):
+    def __init__(self, needs: Sequence[Needs]):
+        self.needs = needs
         self.count = 0
-        self.sums: list[list[float]] = [[] for _ in range(columns)]
-        self.mins = [math.inf] * columns
-        self.maxs = [-math.inf] * columns
-        self.seen: list[set | None] = [set() if d else None for d in distinct]
         self.newest = -math.inf
-        self.lasts = [math.nan] * columns
+        if not needs:  # a count alone: nothing per column
+            self.sums = self.mins = self.maxs = self.seen = self.lasts = ()
+            return
+        self.sums: list[list[float]] = [[] for _ in needs]
+        self.mins = [math.inf] * len(needs)
+        self.maxs = [-math.inf] * len(needs)
+        self.seen: list[set | None] = [set() if n.distinct else None for n in needs]
+        self.lasts = [math.nan] * len(needs)
 
     def add(self, values: Sequence[float], at: int) -> None:
         """One record's values, at its time (the newest's are the last values; of records at one
         time, the one that came last)."""
         self.count += 1
+        if not values:
+            return
         if at >= self.newest:
             self.newest = at
-            self.lasts = list(values)
-        for c, x in enumerate(values):
-            add_exact(self.sums[c], x)
-            if x < self.mins[c]:
+            self.lasts = values
+        for c, need in enumerate(self.needs):
+            x = values[c]
+            if need.sum:
+                add_exact(self.sums[c], x)
+            if need.min and x < self.mins[c]:
                 self.mins[c] = x
-            if x > self.maxs[c]:
+            if need.max and x > self.maxs[c]:
                 self.maxs[c] = x
-            seen = self.seen[c]
-            if seen is not None:
-                seen.add(x)
+            if need.distinct:
+                self.seen[c].add(x)
 
     def merge(self, other: Accumulator) -> None:
         """`other`'s records too (a session that joined this one, later in time)."""
         self.count += other.count
         if other.newest >= self.newest:
             self.newest, self.lasts = other.newest, other.lasts
-        for c in range(len(self.sums)):
-            for x in other.sums[c]:
-                add_exact(self.sums[c], x)
+        for c, need in enumerate(self.needs):
+            if need.sum:
+                for x in other.sums[c]:
+                    add_exact(self.sums[c], x)
             self.mins[c] = min(self.mins[c], other.mins[c])
             self.maxs[c] = max(self.maxs[c], other.maxs[c])
-            if self.seen[c] is not None:
+            if need.distinct:
                 self.seen[c] |= other.seen[c]
 
     def read(self, plan: Sequence[tuple[str, int]]) -> tuple[float, ...]:
@@ -93,6 +103,20 @@ class Accumulator:
             else:
                 out.append(len(self.seen[c]))
         return tuple(out)
+
+
+class Needs(NamedTuple):
+    """What an accumulator keeps of one value column."""
+
+    sum: bool
+    min: bool
+    max: bool
+    distinct: bool
+
+
+def needs_of(plan: Sequence[tuple[str, int]], columns: int) -> tuple[Needs, ...]:
+    kinds = [{kind for kind, c in plan if c == column} for column in range(columns)]
+    return tuple(Needs(bool(k & {SUM, MEAN}), MIN in k, MAX in k, DISTINCT in k) for k in kinds)
 
 
 def over(plan: Sequence[tuple[str, int]], columns: Sequence[list[float]], lo: int, hi: int) -> tuple[float, ...]:

@@ -20,6 +20,7 @@ end, number of windows and each aggregate's peak, end to end.
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left, bisect_right, insort_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,27 +31,29 @@ import pandas as pd
 
 from detectorkit.state.columns import lists
 from detectorkit.state.declaration import DEADLINE, EVENT_TIME, KEY, PARTITION_TIME
-from detectorkit.windows.accumulate import COUNT, DISTINCT, Accumulator, over
+from detectorkit.windows.accumulate import COUNT, DISTINCT, Accumulator, needs_of, over
 from detectorkit.windows.kinds import Hopping, Session, Sliding, Window, ms, ms_or_zero
 
 NEVER = -(2**62)  # no window closed yet
+# A window holding more records than this keeps its aggregates running through a call, instead of
+# taking them over its records at each one (a busy key's window: thousands of records).
+BUSY = 16
 START, END, WINDOWS = "window_start_ms", "window_end_ms", "windows"
 
 
-@dataclass
 class _Key:
-    """One key's state while a call runs: Python lists, sorted by time."""
+    """One key's state while a call runs: Python lists, sorted by time. `accs`: running aggregates
+    by window (tumbling, hopping: its start) or session (its first record), made from the held
+    records when first needed in a call; `sessions`: [first, last] of each, in time order; `now`:
+    the partition's event time when its windows were last closed."""
 
-    t: list[int]
-    cols: list[list[float]]
-    emitted: list[int]
-    episodes: list[list[float]]
-    closed: int = NEVER
-    now: int = NEVER  # the partition's event time when its windows were last closed
-    # Running aggregates by window (tumbling, hopping: its start) or session (its first record),
-    # made from the held records when first needed in a call.
-    accs: dict[int, Accumulator] = field(default_factory=dict)
-    sessions: list[list[int]] | None = None  # [first, last] of each session, in time order
+    __slots__ = ("t", "cols", "emitted", "episodes", "closed", "now", "accs", "sessions")
+
+    def __init__(self, t: list[int], cols: list[list[float]], emitted: list[int], episodes: list[list[float]], closed: int = NEVER):
+        self.t, self.cols, self.emitted, self.episodes, self.closed = t, cols, emitted, episodes, closed
+        self.now = NEVER
+        self.accs: dict[int, Accumulator] = {}
+        self.sessions: list[list[int]] | None = None
 
 
 @dataclass
@@ -92,7 +95,8 @@ class Rule:
                 fields.append(column)
             plan.append((a.kind, fields.index(column)))
         self.fields, self.plan = tuple(fields), tuple(plan)
-        self.distinct = tuple(hashed for _, hashed in fields)
+        self.needs = needs_of(self.plan, len(fields))
+        self.width = max(1, len(fields))  # value columns held: "v" always, for the state's shape
         self.grace = ms_or_zero(window.grace_seconds)
         self.sliding = isinstance(window, Sliding)
         # A window closes once the partition's event time passes the last instant a record may land
@@ -112,7 +116,7 @@ class Rule:
 
     # ---- the state's columns ----------------------------------------------------------------
 
-    @property
+    @functools.cached_property
     def value_columns(self) -> list[str]:
         return ["v", *(f"v{i}" for i in range(1, len(self.fields)))]
 
@@ -137,14 +141,15 @@ class Rule:
         by_key = pd.Series(np.arange(len(keys))).groupby(pd.factorize(keys)[0], sort=False).indices if len(keys) else {}
         touched: dict[str, _Key] = {}
         last_mark: dict[str, int] = {}
+        times, marks, index = times.tolist(), marks.tolist(), index.tolist()
         for rows in by_key.values():
             key = keys[rows[0]]
             k = touched[key] = held.pop(key, None) or self._new_key()
             for i in rows.tolist():
                 if self.closing:
-                    self._close(key, k, int(marks[i]), calls)
-                self._record(key, k, int(index[i]), int(times[i]), [column[i] for column in values], calls)
-            last_mark[key] = int(marks[rows[-1]])
+                    self._close(key, k, marks[i], calls)
+                self._record(key, k, index[i], times[i], [column[i] for column in values], calls)
+            last_mark[key] = marks[rows[-1]]
         self.late += calls.late
         found, fired = self._choose(calls, touched, records.index.dtype)
         if self.mode == "episode":
@@ -212,19 +217,13 @@ class Rule:
             if not self.closing:
                 self._sliding_candidates(key, k, index, at, calls)
             return
+        if self.closing:
+            return  # its windows' aggregates are taken when they close (`_close`), once
         for start in self._starts(at):
-            acc = k.accs.get(start)
-            if acc is not None:
-                acc.add(values, at)
-            elif self.closing and start + self.size <= k.closed:
-                continue
-            else:
-                acc = k.accs[start] = self._accumulated(k, start, start + self.size)
-            if not self.closing:
-                calls.rows.append((key, start, start + self.size, *acc.read(self.plan)))
-                calls.owner.append(index)
-                if self.mode == "every":
-                    break  # a tumbling window: one
+            calls.rows.append((key, start, start + self.size, *self._window(k, start, values, at)))
+            calls.owner.append(index)
+            if self.mode == "every":
+                break  # a tumbling window: one
 
     def _starts(self, at: int) -> list[int]:
         """The starts of the tumbling or hopping windows a time is in, oldest first."""
@@ -233,10 +232,25 @@ class Rule:
             return [last]
         return list(range((at - self.size) // self.hop * self.hop + self.hop, last + 1, self.hop))
 
-    def _accumulated(self, k: _Key, start: int, end: int) -> Accumulator:
-        acc = Accumulator(len(self.fields), self.distinct)
-        for i in range(bisect_left(k.t, start), bisect_left(k.t, end)):
-            acc.add([column[i] for column in k.cols[: len(self.fields)]], k.t[i])
+    def _window(self, k: _Key, start: int, values: list[float], at: int) -> tuple[float, ...]:
+        """A tumbling or hopping window's aggregates after a record at `at` (in the key's records):
+        over its records, or, for a busy window, kept running from then on in the call."""
+        acc = k.accs.get(start)
+        if acc is not None:
+            acc.add(values, at)
+            return acc.read(self.plan)
+        lo, hi = bisect_left(k.t, start), bisect_left(k.t, start + self.size)
+        if hi - lo > BUSY:
+            acc = k.accs[start] = self._accumulated(k, lo, hi)
+            return acc.read(self.plan)
+        return over(self.plan, k.cols, lo, hi)
+
+    def _accumulated(self, k: _Key, lo: int, hi: int) -> Accumulator:
+        """The running aggregates of the key's records lo to hi."""
+        acc = Accumulator(self.needs)
+        width = len(self.fields)
+        for i in range(lo, hi):
+            acc.add([column[i] for column in k.cols[:width]], k.t[i])
         return acc
 
     def _sliding_candidates(self, key: str, k: _Key, index: int, at: int, calls: _Calls) -> None:
@@ -288,7 +302,7 @@ class Rule:
         else:
             session = [at, at]
             sessions.insert(j + 1, session)
-            k.accs[at] = Accumulator(len(self.fields), self.distinct)
+            k.accs[at] = Accumulator(self.needs)
         acc = k.accs[session[0]]
         acc.add(values, at)
         if not self.closing:
@@ -304,7 +318,7 @@ class Rule:
             for i in range(1, len(t) + 1):
                 if i == len(t) or t[i] - t[i - 1] >= self.size:
                     k.sessions.append([t[lo], t[i - 1]])
-                    acc = k.accs[t[lo]] = Accumulator(len(self.fields), self.distinct)
+                    acc = k.accs[t[lo]] = Accumulator(self.needs)
                     for r in range(lo, i):
                         acc.add([column[r] for column in k.cols[: len(self.fields)]], t[r])
                     lo = i
@@ -357,8 +371,7 @@ class Rule:
             return
         starts = sorted({s for x in t[: bisect_left(t, limit)] for s in self._starts(x) if k.closed < s + size <= limit})
         for start in starts:
-            acc = k.accs.pop(start, None) or self._accumulated(k, start, start + size)
-            calls.rows.append((key, start, start + size, *acc.read(self.plan)))
+            calls.rows.append((key, start, start + size, *over(self.plan, k.cols, bisect_left(t, start), bisect_left(t, start + size))))
             calls.owner.append(start + size + self.grace)
         k.closed = limit
         # A record whose every window has closed counts no more.
@@ -522,7 +535,7 @@ class Rule:
     # ---- state in and out --------------------------------------------------------------------
 
     def _new_key(self) -> _Key:
-        return _Key([], [[] for _ in self.value_columns], [], [])
+        return _Key([], [[] for _ in range(self.width)], [], [])
 
     def _held(self, state: pd.DataFrame) -> dict[str, _Key]:
         """The state's keys as Python lists."""
