@@ -40,6 +40,7 @@ STARTS_ITS_OWN = {
     "runtime/test_jvm.py::test_a_built_archive_is_mapped_by_a_services_jvm_and_a_broken_one_is_ignored": "e2e",
     "runtime/test_on_kafka.py": "e2e",
     "runtime/test_restart.py": "e2e",
+    "runtime/test_repartition.py::test_a_rule_keyed_by_a_field_answers_exactly_once_through_kill_9s_in_either_reader": "e2e",
     "runtime/test_slices.py::test_a_rebalance_mid_slice_hands_partitions_over_after_the_slices_checkpoint": "e2e",
     "runtime/test_scaling.py": "e2e",
     "state/test_state_on_kafka.py::test_kill_9_replays_the_uncommitted_batch_from_the_state_the_offsets_reflect": "e2e",

@@ -158,3 +158,9 @@ def refusing(records: pd.DataFrame, config: Config) -> pd.DataFrame:
 
 # Raises on every record with a negative amount: they go to the dead letters, the others through.
 REFUSING = Detector(name="test-refusing", detect=refusing, config=Config, required_fields=("amount",))
+
+# Every `every`-th record of a customer, keyed by the record's `customer` field through a topic of
+# the job's own (runtime.repartition): the input is keyed by something else.
+COUNT_BY_CUSTOMER = Detector(
+    name="test-count-by-customer", detect=every_nth, config=CountConfig, state=State(columns=("count",)), key_field="customer", repartition=True
+)

@@ -62,6 +62,9 @@ class Detector:
     # time only through which deadlines it has passed (a window closes once it has): then they are
     # one pass's, and a batch of records is one call. Window rules are such detectors.
     sees_partition_time: bool = False
+    # With key_field: the job re-keys its input by that field through a topic of its own
+    # (runtime.repartition) instead of dead-lettering a record whose Kafka key is another value.
+    repartition: bool = False
     # For a rule: how many records it dropped as late since it was last asked (older than their
     # key's newest by more than the grace, or for windows already closed); the job counts them.
     take_late: Callable[[], int] | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -82,6 +85,8 @@ class Detector:
             raise TypeError(f"Detector(state=...) takes a detectorkit.State, not {type(self.state).__name__}")
         if self.on_timer is not None and self.state is None:
             raise TypeError("Detector(on_timer=...) needs state=State(...): a timer belongs to a key's state")
+        if self.repartition and self.key_field is None:
+            raise TypeError("Detector(repartition=True) re-keys the input by key_field: name it, key_field=...")
         if self.sees_partition_time and self.state is None:
             raise TypeError("Detector(sees_partition_time=True) needs state=State(...): the time is a partition's, seen by keyed state")
 

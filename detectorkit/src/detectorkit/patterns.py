@@ -54,6 +54,7 @@ def followed_by(
     event_time_field: str | None = None,
     key_field: str | None = None,
     retention_seconds: float | None = None,
+    repartition: bool = False,
 ) -> Detector:
     """A stateful `Detector`: a record `then` takes within `within_seconds` after one `first` took,
     per key. `first` and `then` take the records (and the config, as a second argument);
@@ -74,6 +75,7 @@ def followed_by(
             state=State(columns=dict(_COLUMNS), ttl_seconds=ttl, name="patterns.followed-by"),
             event_time_field=event_time_field,
             key_field=key_field,
+            repartition=repartition,
             configure=configure,
         )
 

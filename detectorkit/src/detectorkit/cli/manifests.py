@@ -20,9 +20,12 @@ if TYPE_CHECKING:
     from detectorkit.runtime.stage import Stage
 
 
-def service_of(settings: Settings, name: str, state: State | None, also_reads: tuple[tuple[str, str], ...] = ()) -> manifests.Service:
-    """The job as its Kafka resources see it: its settings, its state's changelog, and what its
-    relay reads (Stage.also_reads)."""
+def service_of(
+    settings: Settings, name: str, state: State | None, also_reads: tuple[tuple[str, str], ...] = (), repartitioned: bool = False
+) -> manifests.Service:
+    """The job as its Kafka resources see it: its settings, its state's changelog, what its relay
+    reads (Stage.also_reads), and its repartition topic if it re-keys its input (Stage.repartition_field)."""
+    from detectorkit.runtime import repartition
     from detectorkit.state.changelog import TOPIC_CONFIG
 
     return manifests.Service(
@@ -37,6 +40,8 @@ def service_of(settings: Settings, name: str, state: State | None, also_reads: t
         changelog=state.changelog_topic(settings.consumer_group) if state is not None else None,
         changelog_config=dict(TOPIC_CONFIG),
         also_reads=also_reads,
+        repartition=repartition.topic_of(settings.consumer_group) if repartitioned else None,
+        repartition_config=dict(repartition.TOPIC_CONFIG) if repartitioned else {},
     )
 
 
@@ -58,7 +63,7 @@ def manifests_main(detector: Detector | Stage, argv: Sequence[str], defaults: Ma
         stage = stage.configured(stage.load_config())
     except SettingsError as exc:
         return fail(str(exc))
-    service = service_of(settings, detector.name, stage.state, stage.also_reads(settings))
+    service = service_of(settings, detector.name, stage.state, stage.also_reads(settings), stage.repartition_field is not None)
     try:
         text = manifests.as_yaml(manifests.manifests(service, args.cluster, args.authentication, args.replicas), f"{prog} --cluster {args.cluster}")
     except ImportError as exc:

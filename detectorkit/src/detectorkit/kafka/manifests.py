@@ -37,6 +37,9 @@ class Service:
     changelog_config: dict[str, str] = field(default_factory=dict)
     # What it reads beside its input, each in a consumer group of its own: (topic, group).
     also_reads: tuple[tuple[str, str], ...] = ()
+    # Its repartition topic (runtime.repartition), also its feeder's consumer group; None: none.
+    repartition: str | None = None
+    repartition_config: dict[str, str] = field(default_factory=dict)
 
 
 def manifests(service: Service, cluster: str, authentication: str = "tls", replicas: int = 3) -> list[dict[str, Any]]:
@@ -46,6 +49,8 @@ def manifests(service: Service, cluster: str, authentication: str = "tls", repli
     if service.changelog is not None:
         # The input's partition count: a key's state lives in the partition its records come from.
         owned.append(topic(service.changelog, service.partitions, replicas, dict(service.changelog_config), labels))
+    if service.repartition is not None:
+        owned.append(topic(service.repartition, service.partitions, replicas, dict(service.repartition_config), labels))
     return [*owned, user(service.name, authentication, labels, acls(service))]
 
 
@@ -73,8 +78,13 @@ def acls(service: Service) -> list[dict[str, Any]]:
         rules.append(rule("topic", service.changelog, ["Read", "Write", "Describe"]))
     for topic_name, group in service.also_reads:
         rules += [rule("topic", topic_name, ["Read", "Describe"]), rule("group", group, ["Read", "Describe"])]
+    if service.repartition is not None:
+        # Its feeder writes the topic in a group of that name; the job reads it in its own.
+        rules += [rule("topic", service.repartition, ["Read", "Write", "Describe"]), rule("group", service.repartition, ["Read", "Describe"])]
     if service.exactly_once:
         rules.append(rule("transactionalId", f"{service.consumer_group}-", ["Write", "Describe"], pattern="prefix"))
+        if service.repartition is not None:
+            rules.append(rule("transactionalId", f"{service.repartition}-", ["Write", "Describe"], pattern="prefix"))
     # Nothing on the cluster: idempotent producers need only Write on their topics (Kafka 3.0,
     # KIP-679), and with the topics made elsewhere the job describes no configuration.
     return merged(rules)

@@ -40,6 +40,7 @@ from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.metrics import build_info
 from detectorkit.metrics.registry import JobMetrics
 from detectorkit.metrics.reporter import MetricsReporter
+from detectorkit.runtime import repartition
 from detectorkit.runtime.assignment import Assignment
 from detectorkit.runtime.batch_committer import BatchCommitter, BatchResult, JobStats
 from detectorkit.runtime.health import Progress
@@ -76,6 +77,16 @@ class StreamJob:
         self._spark = spark
         self.config = self.stage.load_config() if config is None else config
         self.stage = reading_input(self.stage.configured(self.config), self.settings)
+        # Keys from a field (runtime.repartition): a feeder re-keys the input into a topic of the
+        # job's own, which this job then reads from its first record.
+        self._feeder: StreamJob | None = None
+        field = self.stage.repartition_field
+        if field is not None:
+            s = self.settings
+            topic = repartition.topic_of(s.consumer_group)
+            feeder = s.model_copy(update={"output_topic": topic, "consumer_group": topic})
+            self._feeder = StreamJob(repartition.RepartitionStage(f"{self.stage.name}-repartition", field), feeder, spark)
+            self.settings = s.model_copy(update={"input_topic": topic, "starting_offsets": "earliest"})
         s = self.settings
         self._base = clients.base(s.kafka_bootstrap_servers, s.kafka_options)
         self.broker_kind = s.kafka_broker_kind
@@ -170,6 +181,8 @@ class StreamJob:
         s = self.settings
         timeout = s.connect_timeout_seconds
         plan = self.make_plan()
+        if self._feeder is not None:
+            self._start_feeder()
         if plan.exactly_once:
             try:
                 transactions.check_broker(clients.producer(self._base), s.consumer_group, timeout)
@@ -267,6 +280,23 @@ class StreamJob:
             threading.Thread(target=self._commit_slices, args=(plan.slice_commit_interval_seconds,), name="slice-commits", daemon=True).start()
         self.supervisor.ready.wait(timeout + s.group_session_timeout_seconds)
         return self.query
+
+    def _start_feeder(self) -> None:
+        """The repartition topic (made, or with TOPICS_AS_CODE checked), then the feeder reading
+        into it; the job fails with it."""
+        feeder, s = self._feeder, self.settings
+        if s.topics_as_code:
+            repartition.require(self._base, s.input_topic, feeder.settings.input_topic, s.connect_timeout_seconds)
+        else:
+            repartition.create(self._base, s.input_topic, feeder.settings.input_topic, s.connect_timeout_seconds)
+        feeder.start()
+
+        def watch() -> None:
+            feeder.terminated(None)
+            if feeder.error() is not None and not self._leaving.is_set():
+                self.supervisor.fail(f"the repartition feeder failed: {feeder.error()}")
+
+        threading.Thread(target=watch, name="repartition-feeder", daemon=True).start()
 
     def _warm_workers(self) -> None:
         n = max(1, self.spark.sparkContext.defaultParallelism)
@@ -388,7 +418,9 @@ class StreamJob:
 
     def caught_up(self) -> bool:
         """True while nothing waits to be read: no batch running and no new record seen (also
-        when the group gave this instance no partition)."""
+        when the group gave this instance no partition); the feeder's too."""
+        if self._feeder is not None and not self._feeder.caught_up():
+            return False
         query, running = self.query, self._running()
         if running is not None and not running:
             return True
@@ -417,7 +449,10 @@ class StreamJob:
     # ---- health (runtime.health asks) -------------------------------------------------------------
 
     def is_reading(self) -> bool:
-        """Joined and reading what the group gave it: its query runs, or it was given nothing."""
+        """Joined and reading what the group gave it: its query runs, or it was given nothing (and
+        its feeder too)."""
+        if self._feeder is not None and not self._feeder.is_reading():
+            return False
         running, query = self._running(), self.query
         return running is not None and (not running or (query is not None and query.isActive))
 
@@ -426,11 +461,14 @@ class StreamJob:
         seconds = self.progress.seconds()
         if self._control is not None:
             seconds = min(seconds, self._control.seconds_since_report())
+        if self._feeder is not None:
+            seconds = max(seconds, self._feeder.seconds_since_progress())  # the one that stands still
         return seconds
 
     def records_waiting(self) -> int:
-        """The lag of the partitions it owns, as last measured (each batch, each metrics report)."""
-        return self.metrics.lag_total()
+        """The lag of the partitions it owns, as last measured (each batch, each metrics report),
+        and its feeder's."""
+        return self.metrics.lag_total() + (self._feeder.records_waiting() if self._feeder is not None else 0)
 
     def terminated(self, timeout: float) -> bool:
         """Wait up to `timeout` s; True once the job has ended, failed or not (see `error()`)."""
@@ -444,8 +482,11 @@ class StreamJob:
         """Finish the batch in flight (its offsets get committed), stop the query, then leave the
         group, so the partitions' next owner starts exactly after what was committed. If the batch
         takes longer than `timeout`, the query is stopped under it: its tasks are cancelled and
-        its offsets not committed, so the next owner reads it again."""
+        its offsets not committed, so the next owner reads it again. A feeder stops first: what it
+        committed is in its topic, for whoever reads it next."""
         self._leaving.set()
+        if self._feeder is not None:
+            self._feeder.stop(timeout)
         if self._serving is not None and self._serving is not threading.current_thread():
             # It may be handing partitions over: a batch's worth of waiting at most.
             self._serving.join(timeout + 120.0)
@@ -467,6 +508,8 @@ class StreamJob:
             relay.stop(timeout)
 
     def close(self, timeout: float = 120.0) -> None:
+        if self._feeder is not None:
+            self._feeder.close(timeout)
         self._stop_relay(min(timeout, 10.0))  # a job that failed: what is delivered now is the next one's to skip
         if self._reporter is not None:
             try:

@@ -76,6 +76,8 @@ class JobPlan:
                 "PROCESSING_GUARANTEE=exactly-once needs Apache Kafka: the embedded broker (Tansu) shows aborted transactions "
                 "to read_committed consumers, so nothing written there can be exactly once; use at-least-once with it"
             )
+        if stage.repartition_field is not None and s.slice_seconds > 0:
+            raise SettingsError("a detector with repartition=True runs two readers (runtime.repartition), in micro-batches: unset SLICE_SECONDS")
         stateful = stage.state is not None
         # Exactly-once commits a partition's changes with its offset in each batch's transaction; a
         # broker that keeps no metadata with a commit has nowhere to say where the changelog is.

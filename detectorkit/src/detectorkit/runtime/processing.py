@@ -102,7 +102,8 @@ def send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int,
             continue
         p = int(partitions[out.position])
         key = keys[out.position].as_py() if out.key is None else out.key.encode()
-        sink.send(ctx.output_topic, key, json.dumps(out.value, default=str).encode(), timestamp_ms=out.timestamp_ms)
+        value = out.raw if out.raw is not None else json.dumps(out.value, default=str).encode()
+        sink.send(ctx.output_topic, key, value, timestamp_ms=out.timestamp_ms)
         summaries.setdefault(p, PartitionSummary()).detected_at.append(stamps[out.position].as_py())
 
 

@@ -46,6 +46,7 @@ class Output:
     partition: int | None = None  # the input partition, when `position` is -1
     # (reason, message, value): not an output but a dead letter that names no input record.
     dead_letter: tuple[str, str, bytes] | None = None
+    raw: bytes | None = None  # the value as it is written, instead of `value` as JSON (a record re-keyed)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,11 @@ class Stage(Protocol):
         group), so that its Kafka user is granted those too (kafka.manifests)."""
         ...
 
+    @property
+    def repartition_field(self) -> str | None:
+        """0. The field its input is re-keyed by first, through a topic of the job's own; None: none."""
+        ...
+
 
 class StageBase:
     """What a stage without a lifecycle does at each point: nothing."""
@@ -143,6 +149,11 @@ class StageBase:
     def also_reads(self, settings: Any) -> tuple[tuple[str, str], ...]:
         return ()
 
+    @property
+    def repartition_field(self) -> str | None:
+        """The field the job re-keys its input by before the stage (runtime.repartition); None: none."""
+        return None
+
 
 @dataclass(frozen=True)
 class DetectorStage(StageBase):
@@ -157,6 +168,10 @@ class DetectorStage(StageBase):
     @property
     def name(self) -> str:
         return self.detector.name
+
+    @property
+    def repartition_field(self) -> str | None:
+        return self.detector.key_field if self.detector.repartition else None
 
     def load_config(self) -> Any:
         return self.detector.load_config()

@@ -70,17 +70,29 @@ def detector(
     event_time_field: str | None = None,
     key_field: str | None = None,
     retention_seconds: float | None = None,
+    repartition: bool = False,
 ) -> Detector:
     """A stateful `Detector` computing `aggregate` (one, or several by name) over `window` for each
     key and emitting by `emit`. `window`, `aggregate` and `emit` may each be a function of the
     detector's config; `where` and an emit's `having` may take the config as a second argument.
     `retention_seconds`: how long a quiet key's windows are kept after its newest record (default
-    an hour, or the window and its grace if longer)."""
+    an hour, or the window and its grace if longer). `repartition`: with `key_field`, the job
+    re-keys its input by it (runtime.repartition)."""
 
     def build(settings: Any) -> Detector:
         chosen = [part(settings) if callable(part) and not _is_part(part) else part for part in (window, aggregate, emit)]
         return _detector(
-            name, *chosen, bound(where, settings), required_fields, config, event_time_field, key_field, retention_seconds, configure, settings
+            name,
+            *chosen,
+            bound(where, settings),
+            required_fields,
+            config,
+            event_time_field,
+            key_field,
+            retention_seconds,
+            repartition,
+            configure,
+            settings,
         )
 
     per_config = any(callable(part) and not _is_part(part) for part in (window, aggregate, emit)) or takes_config(where)
@@ -114,6 +126,7 @@ def _detector(
     event_time_field: str | None,
     key_field: str | None,
     retention_seconds: float | None,
+    repartition: bool,
     configure: Callable[[Any], Detector] | None,
     settings: Any,
 ) -> Detector:
@@ -149,6 +162,7 @@ def _detector(
         on_timer=rule.on_timer if closing else None,
         event_time_field=event_time_field,
         key_field=key_field,
+        repartition=repartition,
         sees_partition_time=closing,
         take_late=rule.take_late,
         configure=configure,
