@@ -124,3 +124,11 @@ def test_a_rule_keyed_by_a_field_answers_exactly_once_through_kill_9s_in_either_
     assert set(dead) == {(s.partition, s.offset) for s in sent if s.sample.kind != "valid"} and set(dead.values()) == {1}
     # The kills left writes behind that were aborted, in the topic between the readers or after them.
     assert len(read_all(bs, topic)) + len(read_all(bs, topics.output)) > len(between) + len(found), "no kill left an aborted write behind"
+
+
+def test_a_backtest_of_a_repartitioned_rule_over_the_input_topic_says_what_to_read_instead(capsys):
+    from detectorkit.cli.backtest import backtest_main
+
+    code = backtest_main(COUNT_BY_CUSTOMER, ["--out", "x.jsonl", "--kafka-bootstrap-servers", "localhost:1"], defaults={"input_topic": "orders"})
+    assert code == 2
+    assert "keyed by 'customer' through its repartition topic: backtest over files (--files), or over that topic" in capsys.readouterr().err

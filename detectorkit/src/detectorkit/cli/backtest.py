@@ -67,6 +67,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
 
 def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str, Any] | None = None) -> int:
     from detectorkit import backtest
+    from detectorkit.runtime.repartition import topic_of as repartition_topic
     from detectorkit.runtime.stage import input_decoder
 
     args, rest = parser(f"{detector.name} backtest").parse_known_args(argv)
@@ -89,6 +90,11 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
         else:
             if not settings.kafka_bootstrap_servers:
                 raise SettingsError("a backtest over the input topic needs KAFKA_BOOTSTRAP_SERVERS (or --files)")
+            if detector.repartition and settings.input_topic != repartition_topic(settings.consumer_group):
+                raise SettingsError(
+                    f"{detector.name} is keyed by {detector.key_field!r} through its repartition topic: backtest over files (--files), or "
+                    f"over that topic, INPUT_TOPIC={repartition_topic(settings.consumer_group)}"
+                )
             conf = clients.base(settings.kafka_bootstrap_servers, settings.kafka_options)
             history = backtest.from_kafka(
                 conf,
