@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
+import zlib
 
 import common
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -136,6 +137,32 @@ def reference_bursts(values: list[tuple[bytes, bytes, bool]], times: list[int]) 
     return found
 
 
+def reference_closed(values: list[tuple[bytes, bytes, bool]], times: list[int], kind: str) -> int:
+    """How many windows a rule that emits when they close gives (a count per customer in tumbling
+    windows, or sessions, contenders/rules.py), in one pass over each partition's records in order:
+    a window closes once its partition's newest record time reaches its end (a session's: its last
+    record and the gap) and the grace. The key's partition: librdkafka's default partitioner, a
+    CRC-32 of the key."""
+    import rules
+
+    windows: dict[bytes, list] = {}
+    newest: dict[int, int] = {}
+    for (key, _, _), t in zip(values, times, strict=True):
+        p = zlib.crc32(key) % common.PARTITIONS
+        newest[p] = max(newest.get(p, t), t)
+        mine = windows.setdefault(key, [])
+        if kind == "tumbling":
+            start = t // rules.SIZE_MS * rules.SIZE_MS
+            if not mine or mine[-1] != start:
+                mine.append(start)
+        elif mine and t - mine[-1] < rules.GAP_MS:
+            mine[-1] = t
+        else:
+            mine.append(t)
+    reach = rules.SIZE_MS if kind == "tumbling" else rules.GAP_MS
+    return sum(1 for key, mine in windows.items() for w in mine if w + reach + rules.GRACE_MS <= newest[zlib.crc32(key) % common.PARTITIONS])
+
+
 def produce(base: dict, topic: str, values: list[tuple[bytes, bytes, bool]], times: list[int]) -> float:
     """The records, each with its event time as its Kafka timestamp, as the normaliser writes them."""
     producer = Producer(clients.producer(base))
@@ -179,6 +206,24 @@ def threshold_service(cmd: str, bootstrap: str, in_topic: str, prefix: str) -> c
     return common.Contender(
         "threshold detector service (stateless, this project)", out, [cmd], service_env(bootstrap, in_topic, out, group, f"{prefix}.metrics")
     )
+
+
+def rule_service(rule: str, name: str, bootstrap: str, in_topic: str, prefix: str, slug: str) -> common.Contender:
+    """A rule of contenders/rules.py run as a detector service: `detectorkit run --detector rules:RULE`."""
+    out, group = f"{prefix}.{slug}.out", f"{prefix}-{slug}"
+    env = service_env(bootstrap, in_topic, out, group, f"{prefix}.metrics")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(common.HERE / "contenders"), os.environ.get("PYTHONPATH")) if p)
+    return common.Contender(name, out, [sys.executable, "-m", "detectorkit", "run", "--detector", f"rules:{rule}"], env)
+
+
+def streams_closing(java: list[str], bootstrap: str, in_topic: str, prefix: str, state_dir: str, kind: str) -> common.Contender:
+    """Kafka Streams' count per customer in tumbling windows or sessions, with suppress(untilWindowCloses)."""
+    import rules
+
+    out, group = f"{prefix}.streams-{kind}.out", f"{prefix}-streams-{kind}"
+    size = rules.SIZE_MS if kind == "tumbling" else rules.GAP_MS
+    args = [bootstrap, in_topic, out, group, kind, str(size), str(rules.GRACE_MS), str(common.CORES), state_dir]
+    return common.Contender(f"Kafka Streams {kind} (DSL count, suppress until the window closes)", out, [*java, *args])
 
 
 def streams_burst(java: list[str], bootstrap: str, in_topic: str, prefix: str, state_dir: str, slug: str = "streams") -> common.Contender:
@@ -334,7 +379,9 @@ def markdown(result: dict) -> str:
         "",
         f"Burst rule: a customer with {p['min_records']} records within {p['window_seconds']:g} s of event time, flagged at most once "
         f"per window ({p['bursts']:,} detections by a single-pass reference); threshold rule: amount above {common.THRESHOLD:g} "
-        f"({p['above_threshold']:,} detections).",
+        f"({p['above_threshold']:,} detections); a count per customer emitted when its window closes, in tumbling windows of 60 s "
+        f"({p['tumbling_windows_closed']:,}) and in sessions of a 60 s gap ({p['sessions_closed']:,}), 5 s grace (bench/contenders/rules.py, "
+        "Kafka Streams' bench.Closing); and the burst rule keyed by the record's customer field through a repartition topic.",
         "",
         "| contender | records/s | CPU s per 1M records (steady) | CPU s per 1M records (total) | peak memory (PSS) "
         "| first detection after launch | detections | changelog records written | complete |",
@@ -372,6 +419,11 @@ def markdown(result: dict) -> str:
         f"{_met(r['cpu_stateful_to_stateless'] <= 1.5)} |",
         f"| restore of {p['restore_keys']:,} keys, ours / Kafka Streams' (seconds; below 1 is faster) | "
         f"{r['restore_ours_to_streams']:.2f}× | reported |",
+        f"| throughput, tumbling windows emitted when they close, ours / Kafka Streams' (suppress) | {r['tumbling_final_ours_to_streams']:.2f}× | "
+        "reported |",
+        f"| throughput, sessions emitted when they close, ours / Kafka Streams' (suppress) | {r['session_final_ours_to_streams']:.2f}× | reported |",
+        f"| what keying through a repartition topic costs: the burst's throughput with it / without | "
+        f"{r['repartitioned_to_keyed_throughput']:.2f}× (CPU per record {r['repartitioned_to_keyed_cpu']:.2f}×) | reported |",
         "",
         "## How",
         "",
@@ -407,6 +459,8 @@ def main(argv=None) -> int:
 
     burst_cmd, threshold_cmd = ensure_burst_service(), common.ensure_service()
     java = common.ensure_kafka_streams("bench.Burst")
+    closing_java = common.ensure_kafka_streams("bench.Closing")
+    sys.path.insert(0, str(common.HERE / "contenders"))
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bootstrap:
@@ -422,6 +476,7 @@ def main(argv=None) -> int:
     try:
         values, times = burst_records(args.records)
         bursts, above = reference_bursts(values, times), sum(1 for *_, high in values if high)
+        tumbling, sessions = reference_closed(values, times, "tumbling"), reference_closed(values, times, "session")
         in_topic = f"bench.{run_id}.stateful.in"
         clients.create_topics(base, {in_topic: common.PARTITIONS})
         rate = produce(base, in_topic, values, times)
@@ -431,6 +486,14 @@ def main(argv=None) -> int:
             (burst_service(burst_cmd, bootstrap, in_topic, prefix), bursts),
             (threshold_service(threshold_cmd, bootstrap, in_topic, prefix), above),
             (streams_burst(java, bootstrap, in_topic, prefix, str(state_dirs / "throughput")), bursts),
+            (rule_service("TUMBLING", "tumbling windows, Final (window rule, this project)", bootstrap, in_topic, prefix, "tumbling"), tumbling),
+            (streams_closing(closing_java, bootstrap, in_topic, prefix, str(state_dirs / "tumbling"), "tumbling"), tumbling),
+            (rule_service("SESSIONS", "sessions, Final (window rule, this project)", bootstrap, in_topic, prefix, "sessions"), sessions),
+            (streams_closing(closing_java, bootstrap, in_topic, prefix, str(state_dirs / "sessions"), "session"), sessions),
+            (
+                rule_service("BURST_REPARTITIONED", "burst, keyed through a repartition topic (this project)", bootstrap, in_topic, prefix, "repart"),
+                bursts,
+            ),
         ]
         throughput = []
         for c, expected in runs:
@@ -472,11 +535,19 @@ def main(argv=None) -> int:
             broker.stop()
         shutil.rmtree(state_dirs, ignore_errors=True)
 
-    by = {t["name"].split()[0]: t for t in throughput}
+    def named(prefix: str) -> dict:
+        return next(t for t in throughput if t["name"].startswith(prefix))
+
+    burst, threshold, streams_burst_ = named("burst detector"), named("threshold"), named("Kafka Streams burst")
+    repartitioned = named("burst, keyed through")
     ratios = {
-        "throughput_ours_to_streams": common.ratio(by["burst"]["records_per_s"], by["Kafka"]["records_per_s"]),
-        "cpu_stateful_to_stateless": common.ratio(by["burst"]["steady_cpu_seconds_per_million"], by["threshold"]["steady_cpu_seconds_per_million"]),
-        "cpu_total_stateful_to_stateless": common.ratio(by["burst"]["cpu_seconds_per_million"], by["threshold"]["cpu_seconds_per_million"]),
+        "throughput_ours_to_streams": common.ratio(burst["records_per_s"], streams_burst_["records_per_s"]),
+        "cpu_stateful_to_stateless": common.ratio(burst["steady_cpu_seconds_per_million"], threshold["steady_cpu_seconds_per_million"]),
+        "cpu_total_stateful_to_stateless": common.ratio(burst["cpu_seconds_per_million"], threshold["cpu_seconds_per_million"]),
+        "tumbling_final_ours_to_streams": common.ratio(named("tumbling")["records_per_s"], named("Kafka Streams tumbling")["records_per_s"]),
+        "session_final_ours_to_streams": common.ratio(named("sessions")["records_per_s"], named("Kafka Streams session")["records_per_s"]),
+        "repartitioned_to_keyed_throughput": common.ratio(repartitioned["records_per_s"], burst["records_per_s"]),
+        "repartitioned_to_keyed_cpu": common.ratio(repartitioned["steady_cpu_seconds_per_million"], burst["steady_cpu_seconds_per_million"]),
     }
     if restore:
         ratios["restore_ours_to_streams"] = common.ratio(restore["ours"]["seconds"], restore["streams"]["seconds"])
@@ -491,6 +562,8 @@ def main(argv=None) -> int:
             "window_seconds": WINDOW_SECONDS,
             "bursts": bursts,
             "above_threshold": above,
+            "tumbling_windows_closed": tumbling,
+            "sessions_closed": sessions,
             "restore_keys": args.restore_keys,
             "partitions": common.PARTITIONS,
             "cores": common.CORES,
