@@ -116,3 +116,15 @@ def bound(function: Callable | None, config: Any) -> Callable | None:
     if function is None or not takes_config(function):
         return function
     return lambda frame: function(frame, config)
+
+
+def defaults_of(config: type, needed: bool, rule: str) -> Any:
+    """The config's defaults, for a rule to be built with at import; None for a rule that does not
+    depend on its config (`needed` False) and whose config has none. A rule built from its config
+    needs a default for every field."""
+    try:
+        return config()
+    except TypeError as exc:
+        if not needed:
+            return None
+        raise TypeError(f"{rule}(config={config.__name__}): a rule built from its config needs a default for every field ({exc})") from None

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from detectorkit.detector import Detector, NoConfig, bound, takes_config
+from detectorkit.detector import Detector, NoConfig, bound, defaults_of, takes_config
 from detectorkit.state.columns import lists
 from detectorkit.state.declaration import EVENT_TIME, KEY, State
 from detectorkit.windows import DEFAULT_RETENTION_SECONDS
@@ -81,16 +81,7 @@ def followed_by(
 
     per_config = callable(within_seconds) or takes_config(first) or takes_config(then)
     configure = build if per_config else None
-    try:
-        defaults = config()
-    except TypeError as exc:
-        if configure is None:
-            defaults = None
-        else:
-            raise TypeError(
-                f"patterns.followed_by(config={config.__name__}): a pattern built from its config needs a default for every field ({exc})"
-            ) from None
-    return build(defaults)
+    return build(defaults_of(config, per_config, "patterns.followed_by"))
 
 
 _COLUMNS = {"first": "list<int64>", "then": "list<int64>", "newest": "int64"}

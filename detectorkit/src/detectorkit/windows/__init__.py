@@ -49,7 +49,7 @@ from typing import Any
 
 import pandas as pd
 
-from detectorkit.detector import Detector, NoConfig, bound, takes_config
+from detectorkit.detector import Detector, NoConfig, bound, defaults_of, takes_config
 from detectorkit.state.declaration import State
 from detectorkit.windows.aggregates import Aggregate, AtLeast, Count, DistinctCount, Emit, Every, Final, Last, Max, Mean, Min, Silent, Sum, When
 from detectorkit.windows.kinds import Hopping, Session, Sliding, Tumbling, Window
@@ -99,15 +99,7 @@ def detector(
     if not per_config and isinstance(emit, Every | When | Final | Silent) and takes_config(emit.having):
         per_config = True
     configure = build if per_config else None
-    try:
-        defaults = config()
-    except TypeError as exc:
-        if configure is None:
-            defaults = None
-        else:
-            message = f"windows.detector(config={config.__name__}): a rule built from its config needs a default for every field ({exc})"
-            raise TypeError(message) from None
-    return build(defaults)
+    return build(defaults_of(config, per_config, "windows.detector"))
 
 
 def _is_part(value: Any) -> bool:
