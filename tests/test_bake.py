@@ -23,6 +23,7 @@ COMBINATIONS = [
     {},
     {"service_name": "fraud-velocity", "description": "Too many orders from one card in a minute.", "detector_kind": "burst"},
     {"service_name": "gone-quiet", "description": "Customers who stopped sending records.", "detector_kind": "silence"},
+    {"service_name": "big-hours", "description": "Customers who spent more than 10,000 in an hour.", "detector_kind": "totals"},
     {"service_name": "x", "input_topic": "orders_v2", "output_topic": "alerts.fraud", "dlq_topic": "x-dead"},
     {"service_name": "geo-mismatch", "package_name": "geo", "consumer_group": "geo.v3", "author_name": "Ana O'Neil"},
     {"service_name": "quotes", "description": 'Says "hello" \\ and {braces}'},

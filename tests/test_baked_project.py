@@ -47,6 +47,7 @@ SUITES = {
     "threshold": {},
     "burst": {"service_name": "order-bursts", "package_name": "bursts", "input_topic": "orders", "detector_kind": "burst"},
     "silence": {"service_name": "quiet-customers", "package_name": "quiet", "detector_kind": "silence"},
+    "totals": {"service_name": "hourly-totals", "package_name": "totals", "detector_kind": "totals"},
 }
 
 

@@ -127,13 +127,13 @@ def test_main_passes_good_answers(monkeypatch):
     assert hook.main() == 0
 
 
-@pytest.mark.parametrize("kind", ["threshold", "burst", "silence"])
+@pytest.mark.parametrize("kind", ["threshold", "burst", "silence", "totals"])
 def test_every_detector_kind_passes(kind):
     assert hook.check_detector_kind(kind) is None
 
 
 def test_an_unknown_detector_kind_says_which_to_type():
-    assert hook.check_detector_kind("spike").endswith("type one of threshold, burst, silence")
+    assert hook.check_detector_kind("spike").endswith("type one of threshold, burst, silence, totals")
 
 
 def test_each_kind_offered_has_a_folder_of_its_files_and_nothing_else():
@@ -144,7 +144,7 @@ def test_each_kind_offered_has_a_folder_of_its_files_and_nothing_else():
         assert sorted(p.name for p in (KINDS / kind).iterdir()) == sorted(post_gen.places("pkg"))
 
 
-@pytest.mark.parametrize("kind", ["threshold", "burst", "silence"])
+@pytest.mark.parametrize("kind", ["threshold", "burst", "silence", "totals"])
 def test_keep_kind_puts_the_chosen_files_in_place_and_drops_the_other_kinds(tmp_path, kind):
     shutil.copytree(KINDS, tmp_path / "_kinds")
     (tmp_path / "src" / "pkg").mkdir(parents=True)
@@ -155,7 +155,7 @@ def test_keep_kind_puts_the_chosen_files_in_place_and_drops_the_other_kinds(tmp_
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == sorted(post_gen.places("pkg").values())
 
 
-@pytest.mark.parametrize("kind", ["threshold", "burst", "silence"])
+@pytest.mark.parametrize("kind", ["threshold", "burst", "silence", "totals"])
 def test_a_bake_holds_its_kinds_files_under_the_usual_names_and_no_other_kinds(cookies, kind):
     result = cookies.bake(extra_context={"service_name": f"svc-{kind}", "detector_kind": kind})
     assert result.exit_code == 0, result.exception
