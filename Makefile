@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup tools chart kafka-manifests demo diamond scale-demo test test-fast test-runtime test-examples test-template test-tansu lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
+.PHONY: setup tools chart kafka-manifests demo diamond scale-demo test test-fast test-runtime test-examples test-lanes test-template test-tansu lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -72,10 +72,13 @@ chart: tools
 	$(HELM) lint --strict deploy/helm/detectorkit-job --values deploy/helm/values/kafka.yaml --values deploy/helm/values/normaliser.yaml
 	$(HELM) package deploy/helm/detectorkit-job --destination dist
 
-# The declared Pythons, then two pytest runs on Apache Kafka (the runtime's tests and the template's
-# each have a `tests` package), then the embedded broker's smoke: the demo and a graceful stop and
-# restart on Tansu.
-test: setup tools lint test-pythons test-examples test-runtime test-template test-tansu
+# The declared Pythons and the cookbook, then two pytest runs on Apache Kafka at once (the runtime's
+# tests and the template's each have a `tests` package; scripts/test-lanes.sh), then the embedded
+# broker's smoke: the demo and a graceful stop and restart on Tansu.
+test: setup tools lint test-pythons test-examples test-lanes test-tansu
+
+test-lanes: setup
+	bash scripts/test-lanes.sh
 
 # The lane to run while working: the runtime's unit tests (no broker, no Spark session, no job
 # process; detectorkit/tests/conftest.py gives every test its lane) and the template hook's checks.
