@@ -4,6 +4,7 @@ of order within the grace and later than it, against `reference.one_pass`, writt
 definitions alone."""
 
 import math
+from unittest import mock
 
 import pandas as pd
 import pytest
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 
 from detectorkit import windows as w
 from detectorkit.testing import DetectorHarness
+from detectorkit.windows import rule as engine
+from detectorkit.windows.rule import BUSY
 
 from .reference import one_pass
 
@@ -93,7 +96,14 @@ ROWS = st.lists(
 )
 
 
-def check(rule, rows, cuts, restarts, partitions):
+def check(rule, rows, cuts, restarts, partitions, busy=BUSY):
+    """`busy`: above how many records a window keeps its aggregates running (windows.rule.BUSY):
+    0, every window's are, through the same records as taken over them."""
+    with mock.patch.object(engine, "BUSY", busy):
+        _check(rule, rows, cuts, restarts, partitions)
+
+
+def _check(rule, rows, cuts, restarts, partitions):
     window, aggregates, emit, mode, condition, where = rule
     silence = round(emit.seconds * 1000) if isinstance(emit, w.Silent) else 0
     rows = sorted(rows, key=lambda r: r[1] // 4_000)  # roughly in time, with disorder within 4 s (some of it past the grace)
@@ -132,9 +142,10 @@ def check(rule, rows, cuts, restarts, partitions):
     cuts=st.lists(st.integers(0, 60), max_size=8),
     restarts=st.lists(st.booleans(), min_size=9, max_size=9),
     partitions=st.integers(1, 2),
+    busy=st.sampled_from([0, BUSY]),
 )
-def test_rules_that_emit_as_records_come_answer_as_one_pass_whatever_the_batches(rule, rows, cuts, restarts, partitions):
-    check(rule, rows, cuts, restarts, partitions)
+def test_rules_that_emit_as_records_come_answer_as_one_pass_whatever_the_batches(rule, rows, cuts, restarts, partitions, busy):
+    check(rule, rows, cuts, restarts, partitions, busy)
 
 
 @settings(max_examples=300, deadline=None)
@@ -144,9 +155,10 @@ def test_rules_that_emit_as_records_come_answer_as_one_pass_whatever_the_batches
     cuts=st.lists(st.integers(0, 60), max_size=8),
     restarts=st.lists(st.booleans(), min_size=9, max_size=9),
     partitions=st.integers(1, 2),
+    busy=st.sampled_from([0, BUSY]),
 )
-def test_rules_that_emit_when_windows_close_answer_as_one_pass_whatever_the_batches(rule, rows, cuts, restarts, partitions):
-    check(rule, rows, cuts, restarts, partitions)
+def test_rules_that_emit_when_windows_close_answer_as_one_pass_whatever_the_batches(rule, rows, cuts, restarts, partitions, busy):
+    check(rule, rows, cuts, restarts, partitions, busy)
 
 
 def test_the_reference_and_the_rule_agree_on_a_sum_to_the_last_bit():

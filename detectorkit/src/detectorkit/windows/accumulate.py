@@ -9,6 +9,7 @@ redeploy.
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -141,3 +142,72 @@ def over(plan: Sequence[tuple[str, int]], columns: Sequence[list[float]], lo: in
         else:
             out.append(len(set(values)))
     return tuple(out)
+
+
+class Run:
+    """The aggregates of a key's records lo to hi (indices into its time-ordered columns) kept as
+    the range moves forward: records added at hi, taken away at lo, each once; a sliding window's
+    over a key's records in time order, at the cost of the records it moves past, not of its size.
+    A sum takes a value away exactly (its negation, in the partials); min and max keep the records
+    that can still be one (a monotonic queue of indices); a distinct count counts each value."""
+
+    __slots__ = ("lo", "hi", "plan", "needs", "sums", "mins", "maxs", "seen")
+
+    def __init__(self, plan: Sequence[tuple[str, int]], needs: Sequence[Needs], at: int):
+        self.plan, self.needs = plan, needs
+        self.lo = self.hi = at  # empty, from record `at` on
+        self.sums: list[list[float]] = [[] for _ in needs]
+        self.mins: list[collections.deque] = [collections.deque() for _ in needs]
+        self.maxs: list[collections.deque] = [collections.deque() for _ in needs]
+        self.seen: list[collections.Counter | None] = [collections.Counter() if n.distinct else None for n in needs]
+
+    def moved(self, columns: Sequence[list[float]], lo: int, hi: int) -> tuple[float, ...]:
+        """The aggregates of records lo to hi, both at or past where the run stood."""
+        for c, need in enumerate(self.needs):
+            values = columns[c]
+            for i in range(self.hi, hi):
+                x = values[i]
+                if need.sum:
+                    add_exact(self.sums[c], x)
+                if need.min:
+                    queue = self.mins[c]
+                    while queue and values[queue[-1]] >= x:
+                        queue.pop()
+                    queue.append(i)
+                if need.max:
+                    queue = self.maxs[c]
+                    while queue and values[queue[-1]] <= x:
+                        queue.pop()
+                    queue.append(i)
+                if need.distinct:
+                    self.seen[c][x] += 1
+            for i in range(self.lo, lo):
+                x = values[i]
+                if need.sum:
+                    add_exact(self.sums[c], -x)
+                if need.distinct:
+                    seen = self.seen[c]
+                    seen[x] -= 1
+                    if not seen[x]:
+                        del seen[x]
+            for queue in (self.mins[c], self.maxs[c]):
+                while queue and queue[0] < lo:
+                    queue.popleft()
+        self.lo, self.hi = lo, hi
+        out = []
+        for kind, c in self.plan:
+            if kind == COUNT:
+                out.append(hi - lo)
+            elif kind == SUM:
+                out.append(math.fsum(self.sums[c]))
+            elif kind == MEAN:
+                out.append(math.fsum(self.sums[c]) / (hi - lo))
+            elif kind == MIN:
+                out.append(columns[c][self.mins[c][0]])
+            elif kind == MAX:
+                out.append(columns[c][self.maxs[c][0]])
+            elif kind == LAST:
+                out.append(columns[c][hi - 1])
+            else:
+                out.append(len(self.seen[c]))
+        return tuple(out)

@@ -31,7 +31,7 @@ import pandas as pd
 
 from detectorkit.state.columns import lists
 from detectorkit.state.declaration import DEADLINE, EVENT_TIME, KEY, PARTITION_TIME
-from detectorkit.windows.accumulate import COUNT, DISTINCT, Accumulator, needs_of, over
+from detectorkit.windows.accumulate import COUNT, DISTINCT, Accumulator, Run, needs_of, over
 from detectorkit.windows.kinds import Hopping, Session, Sliding, Window, ms, ms_or_zero
 
 NEVER = -(2**62)  # no window closed yet
@@ -47,13 +47,16 @@ class _Key:
     records when first needed in a call; `sessions`: [first, last] of each, in time order; `now`:
     the partition's event time when its windows were last closed."""
 
-    __slots__ = ("t", "cols", "emitted", "episodes", "closed", "now", "accs", "sessions")
+    __slots__ = ("t", "cols", "emitted", "episodes", "closed", "now", "accs", "sessions", "run")
 
     def __init__(self, t: list[int], cols: list[list[float]], emitted: list[int], episodes: list[list[float]], closed: int = NEVER):
         self.t, self.cols, self.emitted, self.episodes, self.closed = t, cols, emitted, episodes, closed
         self.now = NEVER
         self.accs: dict[int, Accumulator] = {}
         self.sessions: list[list[int]] | None = None
+        # A sliding window's running aggregates while its records come in time order (None: none,
+        # or its indices no longer hold: a record put before others, records dropped).
+        self.run: Run | None = None
 
 
 @dataclass
@@ -210,6 +213,8 @@ class Rule:
             calls.late += 1
             return  # every window it would land in has closed
         place = bisect_right(t, at)
+        if place < len(t):
+            k.run = None  # a record among the others: the run's indices shift
         t.insert(place, at)
         for c, column in enumerate(k.cols):
             column.insert(place, values[c] if c < len(values) else 0.0)
@@ -263,8 +268,18 @@ class Rule:
             ends += sorted(set(t[above : bisect_right(t, at + size)]))
         for end in ends:
             lo, hi = bisect_left(t, end - size), bisect_right(t, end)
-            calls.rows.append((key, end - size, end, *over(self.plan, k.cols, lo, hi)))
+            calls.rows.append((key, end - size, end, *self._sliding(k, lo, hi)))
             calls.owner.append(index)
+
+    def _sliding(self, k: _Key, lo: int, hi: int) -> tuple[float, ...]:
+        """The aggregates of the key's records lo to hi: over them, or (a window of many records
+        with values to read) from the key's run, moved forward."""
+        if not self.fields or hi - lo <= BUSY:
+            return over(self.plan, k.cols, lo, hi)
+        run = k.run
+        if run is None or lo < run.lo or hi < run.hi:
+            run = k.run = Run(self.plan, self.needs, lo)
+        return run.moved(k.cols, lo, hi)
 
     def _record_session(self, key: str, k: _Key, index: int, at: int, values: list[float], calls: _Calls) -> None:
         gap, sessions = self.size, self._sessions(k)
@@ -365,7 +380,7 @@ class Rule:
                     if following < len(t) and t[following] < end + silence:
                         continue  # a record came within the silence: the key was not silent after it
                 lo, hi = bisect_left(t, end - size), bisect_right(t, end)
-                calls.rows.append((key, end - size, end, *over(self.plan, k.cols, lo, hi)))
+                calls.rows.append((key, end - size, end, *self._sliding(k, lo, hi)))
                 calls.owner.append(end + self.after)
             k.closed = limit
             return
@@ -382,6 +397,7 @@ class Rule:
 
     def _drop_front(self, k: _Key, n: int) -> None:
         if n:
+            k.run = None
             del k.t[:n]
             for column in k.cols:
                 del column[:n]
