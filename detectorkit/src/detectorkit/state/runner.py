@@ -449,7 +449,7 @@ def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int
     keys = [k for k, _ in due]
     index = pd.Index(keys, dtype=object, name=KEY)
     fired = store.frame_of(keys)
-    fired[DEADLINE] = pd.to_datetime([at for _, at in due], unit="ms", utc=True).astype("datetime64[ns, UTC]")
+    fired[DEADLINE] = pd.DatetimeIndex((np.array([at for _, at in due], dtype=np.int64) * 1_000_000).view("datetime64[ns]")).tz_localize("UTC")
     if detector.sees_partition_time:
         fired[PARTITION_TIME] = pd.to_datetime(event_ms, unit="ms", utc=True).astype("datetime64[ns, UTC]")
     try:

@@ -35,6 +35,7 @@ from detectorkit.windows.accumulate import COUNT, DISTINCT, Accumulator, Run, ne
 from detectorkit.windows.kinds import Hopping, Session, Sliding, Window, ms, ms_or_zero
 
 NEVER = -(2**62)  # no window closed yet
+NO_TIME = np.iinfo(np.int64).min  # NaT, as nanoseconds
 # A window holding more records than this keeps its aggregates running through a call, instead of
 # taking them over its records at each one (a busy key's window: thousands of records).
 BUSY = 16
@@ -170,7 +171,7 @@ class Rule:
         # Each counted key's timer, on its last record: when its earliest open window closes.
         last = records[records[KEY].isin(list(touched))].groupby(KEY, sort=False).tail(1)
         at = [self._next_close(touched[key]) for key in last[KEY].tolist()]
-        timers = pd.Series(pd.to_datetime([pd.NaT if a is None else a for a in at], unit="ms", utc=True), index=last.index)
+        timers = pd.Series(_times(at), index=last.index)
         return found, new_state, timers, fired
 
     def on_timer(self, fired: pd.DataFrame, config: Any) -> tuple:
@@ -187,7 +188,7 @@ class Rule:
             self._prune(k)
         timers = {key: self._next_close(k) for key, k in held.items()}
         at = pd.Series(
-            pd.to_datetime([pd.NaT if t is None else t for t in timers.values()], unit="ms", utc=True),
+            _times(list(timers.values())),
             index=pd.Index(list(timers), dtype=object),
         )
         return detections, self._frame(held), at
@@ -627,6 +628,12 @@ class Rule:
             for s in [s for s in k.accs if s + size <= bound]:
                 del k.accs[s]
         self._drop_front(k, lo)
+
+
+def _times(ms: list[int | None]) -> pd.DatetimeIndex:
+    """Times in epoch ms (None: none) as UTC times, NaT for none: as arrays, not one Timestamp each."""
+    ns = np.array([NO_TIME if m is None else m * 1_000_000 for m in ms], dtype=np.int64)
+    return pd.DatetimeIndex(ns.view("datetime64[ns]")).tz_localize("UTC")
 
 
 def _joined_frames(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
