@@ -278,23 +278,32 @@ def rules(count: int, partitions: int, out: pathlib.Path) -> int:
                     flush=True,
                 )
     out.parent.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    out.with_suffix(".json").write_text(json.dumps({"when": stamp, "records": count, "partitions": partitions, "rows": rows}, indent=1))
-    lines = [
-        f"# Rules in one process ({stamp}, {count:,} records per stream, {partitions} partitions)",
-        "",
-        "`make bench-backtest ARGS=--rules`: each rule through the stage alone (records already read), beside the stateless threshold",
-        f"detector on the same records. Target: {TARGET:,} records/s for every rule on every stream.",
-        "",
-        "| stream | rule | records/s | CPU s per 1M | detections | x stateless |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
-    lines += [
-        f"| {r['stream']} | {r['rule']} | {r['records_per_second']:,} | {r['cpu_seconds_per_1m']} | {r['detections']:,} | {r['stateless_ratio']} |"
-        for r in rows
-    ]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    result = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "records": count, "partitions": partitions, "rows": rows}
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    out.with_suffix(".md").write_text(rules_markdown(result))
     return 0
+
+
+def rules_markdown(result: dict) -> str:
+    lines = [
+        f"# Rules in one process ({result['when']}, {result['records']:,} records per stream, {result['partitions']} partitions)",
+        "",
+        f"`python bench/backtest.py --rules --records {result['records']}` (in `make bench-backtest`): each rule through the stage alone "
+        "(records already read and parsed by it, its state and timers, no Kafka), beside the stateless threshold detector on the same "
+        f"records. Issue 53's target: {TARGET:,} records/s for every rule in one process, on 2,000 keys in random order and on a stream "
+        "where one key holds 12% of the records; the streams of many sparse keys (most with a record or two per slice of 50,000) show "
+        "where it is not met: a rule that emits when windows close visits each key twice, at its records and when its windows close.",
+        "",
+        "| stream | rule | records/s | CPU s per 1M | detections | x stateless | target |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in result["rows"]:
+        met = "" if r["rule"].startswith("threshold") else ("met" if r["records_per_second"] >= TARGET else "below")
+        lines.append(
+            f"| {r['stream']} | {r['rule']} | {r['records_per_second']:,} | {r['cpu_seconds_per_1m']} | {r['detections']:,} | "
+            f"{r['stateless_ratio']} | {met} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 CLUSTERS: list = []
