@@ -31,14 +31,18 @@ import pandas as pd
 
 from detectorkit.state.columns import lists
 from detectorkit.state.declaration import DEADLINE, EVENT_TIME, KEY, PARTITION_TIME
-from detectorkit.windows.accumulate import COUNT, DISTINCT, Accumulator, Run, needs_of, over
-from detectorkit.windows.kinds import Hopping, Session, Sliding, Window, ms, ms_or_zero
+from detectorkit.windows import vectorised
+from detectorkit.windows.accumulate import COUNT, DISTINCT, SUM, Accumulator, Run, needs_of, over
+from detectorkit.windows.kinds import Hopping, Session, Sliding, Tumbling, Window, ms, ms_or_zero
 
 NEVER = -(2**62)  # no window closed yet
 NO_TIME = np.iinfo(np.int64).min  # NaT, as nanoseconds
 # A window holding more records than this keeps its aggregates running through a call, instead of
 # taking them over its records at each one (a busy key's window: thousands of records).
 BUSY = 16
+# Whether the commonest rules run as array operations over the batch (`vectorised`): off, the
+# engine runs them too (the tests compare the two).
+VECTORISED = True
 START, END, WINDOWS = "window_start_ms", "window_end_ms", "windows"
 
 
@@ -117,6 +121,17 @@ class Rule:
             # record at its end + the silence would not break it, so the last that could is a
             # millisecond before, and the grace after that.
             self.after = self.grace + ms(emit.seconds)
+        # A count or a sum over sliding or tumbling windows, for every record or on reaching a
+        # threshold: array operations over the batch (`vectorised`), the same answers and state.
+        one = next(iter(aggregates.values()))
+        self.shape = None
+        if (
+            isinstance(window, Sliding | Tumbling)
+            and len(aggregates) == 1
+            and one.kind in (COUNT, SUM)
+            and ((mode == "every" and having is None) or (mode == "when" and threshold is not None))
+        ):
+            self.shape = (one.field, None if threshold is None else threshold[1])
 
     # ---- the state's columns ----------------------------------------------------------------
 
@@ -135,6 +150,11 @@ class Rule:
 
     def detect(self, records: pd.DataFrame, state: pd.DataFrame, config: Any) -> tuple:
         counted = records if self.where is None else records[np.asarray(self.where(records), dtype=bool)]
+        if self.shape is not None and VECTORISED and len(counted):
+            return self._detect_vectorised(records, counted, state)
+        return self._detect(records, counted, state)
+
+    def _detect(self, records: pd.DataFrame, counted: pd.DataFrame, state: pd.DataFrame) -> tuple:
         held = self._held(state)
         calls = _Calls()
         times = counted[EVENT_TIME].astype("int64").to_numpy() // 1_000_000
@@ -173,6 +193,31 @@ class Rule:
         at = [self._next_close(touched[key]) for key in last[KEY].tolist()]
         timers = pd.Series(_times(at), index=last.index)
         return found, new_state, timers, fired
+
+    def _detect_vectorised(self, records: pd.DataFrame, counted: pd.DataFrame, state: pd.DataFrame) -> tuple:
+        """`detect` as array operations; the keys they leave (a record back in time under a sliding
+        window) through the engine."""
+        field_, threshold = self.shape
+        done = vectorised.detect(self.size, self.grace, self.sliding, field_, threshold, counted, state)
+        if done is None:
+            return self._detect(records, counted, state)
+        found, new_state, slow, late = done
+        self.late += late
+        name = self.names[0]
+        out = pd.DataFrame(
+            {KEY: found["key"], START: found["start"], END: found["end"], name: found["value"]},
+            index=pd.Index(found["index"], dtype=records.index.dtype),
+        )
+        self._counts_as_ints(out)
+        if slow is not None:
+            mine = counted[KEY].isin(slow).to_numpy()
+            more, more_state = self._detect(counted[mine], counted[mine], state[state.index.isin(slow)])
+            out = _joined_frames(out, more)
+            new_state = pd.concat([new_state, more_state])
+        unseen = pd.Index(records[KEY].unique()).difference(new_state.index).difference(state.index)
+        if len(unseen):
+            new_state = pd.concat([new_state, self._frame({k: self._new_key() for k in unseen})])
+        return out, new_state
 
     def on_timer(self, fired: pd.DataFrame, config: Any) -> tuple:
         """The windows (and episodes) of each fired key that the partition's event time has closed."""
