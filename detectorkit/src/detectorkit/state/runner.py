@@ -168,7 +168,9 @@ class _Run:
         if ttl is not None and n > 1 and int(marks[-1]) - int(self.times.min()) > ttl:
             newest = pd.Series(self.times[order]).groupby(by_key).cummax().groupby(by_key).shift(1).to_numpy()
             expiring = newest + ttl < marks[order]
-        saved = store.savepoint(names)
+        # What to undo if a call raises after others wrote: none without timers and expiries, where
+        # every key's records go in one call and nothing is written before it answers.
+        saved = store.savepoint(names) if self.detector.on_timer is not None or expiring.any() else None
         fired, failed, late = len(self.result.fired), len(self.result.failed_timers), self.result.late
         found: list[tuple[int, dict]] = []
         try:
@@ -185,7 +187,8 @@ class _Run:
                 ends = np.minimum(stop[active], first_flag[ahead[active] + 1])
                 found += self._run_segments(active, ahead, ends, order, marks, names)
         except _Raised:
-            store.rollback(saved)
+            if saved is not None:
+                store.rollback(saved)
             del self.result.fired[fired:], self.result.failed_timers[failed:]
             self.result.late = late
             return False
