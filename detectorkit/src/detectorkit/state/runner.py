@@ -94,6 +94,8 @@ class _Run:
     store: PartitionStore
     tag: int
     result: Result
+    # The batch's keys factorised (`rounds`), which a call over the whole batch takes as they are.
+    _whole: tuple[np.ndarray, np.ndarray] | None = None
 
     def records(self, lo: int, hi: int) -> None:
         """Records lo to hi, in order. Before a record, the timers at or before the event time it
@@ -152,7 +154,7 @@ class _Run:
         runs them, splitting down to the records that make it fail."""
         store, n = self.store, len(self.frame)
         keys = self.frame[KEY].to_numpy()
-        codes, uniques = pd.factorize(keys)
+        codes, uniques = self._whole = pd.factorize(keys)
         names = uniques.tolist()
         # Each key's records in offset order, the keys one after another.
         order = np.argsort(codes, kind="stable")
@@ -222,7 +224,9 @@ class _Run:
         starts, ends = ahead[active], ends
         while len(active):
             lengths = ends - starts
-            positions = np.sort(order[np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))])
+            total = int(lengths.sum())
+            # Every record at once (no timer or expiry cut any key): the batch as it is.
+            positions = np.arange(total) if total == len(order) else np.sort(order[np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(total)])
             call = self._call(positions, marks)
             if isinstance(call, Exception):
                 raise _Raised from call
@@ -318,12 +322,15 @@ class _Run:
         """`detect` over the records at `positions` (offset order), `marks` the event time at each:
         what it answered, checked, with the state of the keys it left out (raises what it raised)."""
         detector, store = self.detector, self.store
-        frame = self.frame.iloc[positions]
+        # Positions are distinct and in order: as many as the batch's are all of it, taken without
+        # a copy of the values (a column `detect` adds stays its own).
+        whole = len(positions) == len(self.frame)
+        frame = self.frame.copy(deep=False) if whole else self.frame.iloc[positions]
         if detector.sees_partition_time:
             frame = frame.assign(**{PARTITION_TIME: pd.to_datetime(marks, unit="ms", utc=True).astype("datetime64[ns, UTC]")})
         # Each key once, in the order of its first record, with the partition's event time at its
         # first record (what its expiry is judged by) and its last record's time.
-        codes, uniques = pd.factorize(frame[KEY].to_numpy())
+        codes, uniques = self._whole if whole and self._whole is not None else pd.factorize(frame[KEY].to_numpy())
         first = np.full(len(uniques), np.iinfo(np.int64).max)
         last = np.full(len(uniques), np.iinfo(np.int64).min)
         np.minimum.at(first, codes, marks)
