@@ -226,7 +226,10 @@ class _Run:
             lengths = ends - starts
             total = int(lengths.sum())
             # Every record at once (no timer or expiry cut any key): the batch as it is.
-            positions = np.arange(total) if total == len(order) else np.sort(order[np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(total)])
+            if total == len(order):
+                positions = np.arange(total)
+            else:
+                positions = np.sort(order[np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(total)])
             call = self._call(positions, marks)
             if isinstance(call, Exception):
                 raise _Raised from call
