@@ -1080,8 +1080,8 @@ def test_each_shared_job_on_strimzi_runs_as_its_kafka_user_with_exactly_the_righ
     """Each shared job's pod, with the settings the chart gives it, authenticates with the Secret of
     its KafkaUser in deploy/strimzi/ (mutual TLS, the cluster's TLS listener, no topic made), and that
     user's rights are what its own settings ask for: the chart and the resources cannot drift apart."""
+    from detectorkit import manifests as kafka_manifests
     from detectorkit.cli.manifests import service_of
-    from detectorkit.kafka import manifests as kafka_manifests
     from detectorkit.metrics.aggregator_service import AggregatorService, add_arguments
     from detectorkit.roles.normaliser import NORMALISER
     from detectorkit.roles.notifier import Notifier

@@ -16,6 +16,9 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "detectorkit"
 LAYERS = (
     # What every layer shares: logging, and the parsed records with their dead-letter reasons.
     ("base", ("detectorkit.logs", "detectorkit.records")),
+    # What a job needs of the platform as Strimzi's resources (topics, its user's rights): written
+    # from names alone, so the metrics aggregator and the CLI both print theirs.
+    ("manifests", ("detectorkit.manifests",)),
     # Kafka clients, planning, sources and sinks: they know Kafka, nothing of detectors or Spark jobs.
     ("kafka", ("detectorkit.kafka",)),
     # The job's settings read Kafka options from the environment and judge them by kafka's own

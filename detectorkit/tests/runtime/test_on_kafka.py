@@ -153,8 +153,8 @@ def test_a_job_with_strimzis_tls_user_and_its_generated_rights_runs_stateful_and
     (user.crt, user.key; the cluster CA's ca.crt): a stateful job with exactly-once on topics made
     from its KafkaTopics (TOPICS_AS_CODE) runs, so every right it uses is there, the changelog's
     and the transactional ids' included."""
+    from detectorkit import manifests
     from detectorkit.cli.manifests import service_of
-    from detectorkit.kafka import manifests
     from detectorkit.runtime.stage import as_stage
 
     from ..detectors import COUNT, every_nth_reference
@@ -200,8 +200,8 @@ def test_the_diamonds_shared_jobs_run_as_their_strimzi_users_with_only_their_gen
     KafkaUser its own `kafka-manifests` prints (deploy/strimzi/ holds them), granted as Strimzi grants
     it to its certificate's principal, over mutual TLS, with topics as code: all three run and do
     their work at once, the two jobs reporting their metrics to the aggregator's table."""
+    from detectorkit import manifests
     from detectorkit.cli.manifests import service_of
-    from detectorkit.kafka import manifests
     from detectorkit.metrics.aggregator_service import AggregatorService
     from detectorkit.roles.normaliser import NORMALISER
     from detectorkit.roles.notifier import Notifier

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from detectorkit import Detector, State, windows
+from detectorkit import Detector, State, manifests, windows
 from detectorkit.cli.manifests import service_of
-from detectorkit.kafka import clients, manifests
+from detectorkit.kafka import clients
 from detectorkit.kafka.broker_kind import profile
 from detectorkit.runtime import repartition
 from detectorkit.runtime.job_plan import JobPlan

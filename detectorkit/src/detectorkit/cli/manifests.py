@@ -1,5 +1,5 @@
 """`<service> kafka-manifests` (and `detectorkit normalise|notify kafka-manifests`): the Strimzi
-resources the service needs (kafka.manifests), as YAML on stdout, from the settings and the detector
+resources the service needs (detectorkit.manifests), as YAML on stdout, from the settings and the detector
 or stage exactly as the live job reads them."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from detectorkit import manifests
 from detectorkit import settings as settings_mod
 from detectorkit.cli.exits import fail
 from detectorkit.detector import Detector
-from detectorkit.kafka import manifests
 from detectorkit.settings import Settings, SettingsError
 from detectorkit.state import State
 

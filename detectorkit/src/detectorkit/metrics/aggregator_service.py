@@ -24,8 +24,8 @@ import structlog
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry, start_http_server
 
-from detectorkit import logs
-from detectorkit.kafka import clients, manifests
+from detectorkit import logs, manifests
+from detectorkit.kafka import clients
 from detectorkit.metrics.aggregator import AggregateCollector, Aggregator, to_json
 from detectorkit.settings import kafka_options_from_env
 

@@ -116,7 +116,7 @@ class Stage(Protocol):
 
     def also_reads(self, settings: Any) -> tuple[tuple[str, str], ...]:
         """What its relay reads beside the input, each in a consumer group of its own: (topic,
-        group), so that its Kafka user is granted those too (kafka.manifests)."""
+        group), so that its Kafka user is granted those too (detectorkit.manifests)."""
         ...
 
     @property

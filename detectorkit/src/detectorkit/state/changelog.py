@@ -58,7 +58,7 @@ class StateContext:
     # there and the records after it are replayed (runtime.processing).
     flush_interval_seconds: float = 0.0
     # The group a restore's consumer names: the service's own, whose Read right a user with only the
-    # service's rights (kafka.manifests) has; it never subscribes or commits, only assigns.
+    # service's rights (detectorkit.manifests) has; it never subscribes or commits, only assigns.
     group: str = "detectorkit-restore"
 
 

@@ -1,7 +1,7 @@
 """Test helpers: what a service's tests import, and a notebook too.
 
 `DetectorHarness` runs a detector over a sequence of batches, with restarts, without Kafka or Spark
-(see `detectorkit.state.harness`); importing this module imports neither pytest nor the Kafka
+(`detectorkit.testing.harness`); importing this module imports neither pytest nor the Kafka
 client, which only the helpers that talk to a broker load, when called. The fixtures that start a
 broker (`kafka_bootstrap_servers`, `kafka_broker_kind`) are `detectorkit.pytest_plugin`'s, which
 pytest loads by itself where detectorkit is installed.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from detectorkit.samples import Sample, samples
 from detectorkit.settings import SettingsError
-from detectorkit.state.harness import DetectorError, DetectorHarness, event_times
+from detectorkit.testing.harness import DetectorError, DetectorHarness, event_times
 
 # Sample, samples and SettingsError too: a service's tests import this face alone, not the modules behind it.
 __all__ = [

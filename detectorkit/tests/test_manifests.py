@@ -1,17 +1,18 @@
-"""Strimzi's resources a service needs (kafka.manifests, `<service> kafka-manifests`): the topics
+"""Strimzi's resources a service needs (detectorkit.manifests, `<service> kafka-manifests`): the topics
 it owns and its user's rights, from its settings and detector. Applied to a real broker's ACLs in
 runtime/test_on_kafka.py; validated against Strimzi's schemas in the template's tests/test_deploy.py."""
 
 import pytest
 
+from detectorkit import manifests
 from detectorkit.cli.manifests import service_of
 from detectorkit.cli.run import run_detector
-from detectorkit.kafka import manifests, transactions
+from detectorkit.kafka import transactions
 from detectorkit.runtime.stage import as_stage
 from detectorkit.settings import Settings
 from detectorkit.state.changelog import TOPIC_CONFIG
 
-from ..detectors import COUNT, THRESHOLD
+from .detectors import COUNT, THRESHOLD
 
 
 def settings(**extra):
