@@ -138,9 +138,9 @@ def main(argv: list[str]) -> int:
                 found["result"] = run(detector, history)
 
             wall, cpu = timed(whole)
-            # The peer: the same slices already read, through the stage alone.
-            slices = list(backtest.from_files([str(path)], key_field="customer", time_field="ts", partitions=args.partitions).slices)
-            history = backtest.History("memory", args.records, iter(slices), {})
+            # The peer: the same chunks already read, through the stage alone.
+            chunks = list(backtest.from_files([str(path)], key_field="customer", time_field="ts", partitions=args.partitions).chunks)
+            history = backtest.History("memory", args.records, iter(chunks), {})
             stage_wall, stage_cpu = timed(lambda detector=detector, history=history: run(detector, history))
             result = found["result"]
             print(
@@ -260,11 +260,11 @@ def rules(count: int, partitions: int, out: pathlib.Path) -> int:
         for stream, make in STREAMS.items():
             path = pathlib.Path(tmp) / "records.jsonl"
             make(path, count)
-            slices = list(backtest.from_files([str(path)], key_field="customer", time_field="ts", partitions=partitions).slices)
+            chunks = list(backtest.from_files([str(path)], key_field="customer", time_field="ts", partitions=partitions).chunks)
             print(f"{count:,} records, {stream}, {partitions} partitions", flush=True)
             peer = None
             for name, detector in {"threshold (stateless)": DETECTORS["threshold (stateless)"], **RULES}.items():
-                history = backtest.History("memory", count, iter(slices), {})
+                history = backtest.History("memory", count, iter(chunks), {})
                 found = {}
                 wall, cpu = timed(lambda detector=detector, history=history, found=found: found.setdefault("r", run(detector, history)))
                 peer = peer or wall
@@ -291,7 +291,7 @@ def rules_markdown(result: dict) -> str:
         f"`python bench/backtest.py --rules --records {result['records']}` (in `make bench-backtest`): each rule through the stage alone "
         "(records already read and parsed by it, its state and timers, no Kafka), beside the stateless threshold detector on the same "
         f"records. Issue 53's target: {TARGET:,} records/s for every rule in one process, on 2,000 keys in random order and on a stream "
-        "where one key holds 12% of the records; the streams of many sparse keys (most with a record or two per slice of 50,000) show "
+        "where one key holds 12% of the records; the streams of many sparse keys (most with a record or two per chunk of 50,000) show "
         "where it is not met: a rule that emits when windows close visits each key twice, at its records and when its windows close.",
         "",
         "| stream | rule | records/s | CPU s per 1M | detections | x stateless | target |",

@@ -16,7 +16,7 @@ Nothing is written to Kafka and no offset is committed: the service's consumer g
 from __future__ import annotations
 
 from detectorkit.backtest.diff import Diff, compare
-from detectorkit.backtest.history import History, HistoryError, Slice, from_files, from_frame, from_kafka
+from detectorkit.backtest.history import Chunk, History, HistoryError, from_files, from_frame, from_kafka
 from detectorkit.backtest.replay import Backtest, run, run_on_spark
 from detectorkit.backtest.summary import Score, Summary, read_labels, summarise
 
@@ -27,7 +27,7 @@ __all__ = [
     "History",
     "HistoryError",
     "Score",
-    "Slice",
+    "Chunk",
     "Summary",
     "from_files",
     "from_frame",

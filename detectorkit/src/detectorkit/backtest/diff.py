@@ -145,7 +145,7 @@ def load(where: str, base_conf: Mapping[str, Any] | None = None, start_ms: int |
         if base_conf is None:
             raise HistoryError(f"{where}: reading a topic needs KAFKA_BOOTSTRAP_SERVERS")
         history = from_kafka(base_conf, where.removeprefix("topic:"), start_ms, end_ms)
-        return [json.loads(v) for part in history.slices for v in part.values.to_pylist() if v is not None]
+        return [json.loads(v) for part in history.chunks for v in part.values.to_pylist() if v is not None]
     path = pathlib.Path(where)
     try:
         if path.suffix == ".parquet":

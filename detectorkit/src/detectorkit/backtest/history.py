@@ -1,7 +1,7 @@
 """Where a backtest's records come from: a range of the input topic, read as the live job reads it
 (never committing, in no consumer group of the service's), or files of records.
 
-Either way a history is a sequence of `Slice`s, each one partition's records in offset order: what
+Either way a history is a sequence of `Chunk`s, each one partition's records in offset order: what
 a live task hands the detector, so the backtest parses, rejects and detects exactly as live does.
 """
 
@@ -21,8 +21,8 @@ import pyarrow as pa
 from detectorkit.kafka import broker_kind, clients, end_offsets, planning, range_reader
 from detectorkit.records import event_times_ms
 
-# Records per slice from files: a live batch's order of size.
-FILE_SLICE_RECORDS = 50_000
+# Records per chunk from files: a live batch's order of size.
+FILE_CHUNK_RECORDS = 50_000
 
 
 class HistoryError(ValueError):
@@ -30,7 +30,7 @@ class HistoryError(ValueError):
 
 
 @dataclass
-class Slice:
+class Chunk:
     """One partition's records, in offset order."""
 
     topic: str
@@ -46,11 +46,11 @@ class Slice:
 
 @dataclass
 class History:
-    """Slices of each partition, the partitions one after another; `records`: how many in all."""
+    """Chunks of each partition, the partitions one after another; `records`: how many in all."""
 
     topic: str
     records: int
-    slices: Iterator[Slice]
+    chunks: Iterator[Chunk]
     ranges: dict[int, tuple[int, int]]  # partition -> [start, end) offsets read
     broker_kind: str | None = None  # a Kafka history's broker, resolved
 
@@ -86,7 +86,7 @@ def from_kafka(
             raise HistoryError(f"--from offset {first[p]} of {topic}-{p} is gone (retention); it begins at {earliest[p]}")
     ranges = {p: (first[p], max(first[p], last[p])) for p in partitions}
     total = sum(e - s for s, e in ranges.values())
-    return History(topic, total, kafka_slices(base_conf, topic, kind, ranges, timeout), ranges, kind)
+    return History(topic, total, kafka_chunks(base_conf, topic, kind, ranges, timeout), ranges, kind)
 
 
 def _offsets(ends, which: str, given, partitions: list[int], earliest: dict[int, int], latest: dict[int, int]) -> dict[int, int]:
@@ -104,15 +104,15 @@ def _offsets(ends, which: str, given, partitions: list[int], earliest: dict[int,
     return {p: latest[p] if found[p] < 0 else found[p] for p in partitions}
 
 
-def kafka_slices(base_conf: Mapping[str, Any], topic: str, kind: str, ranges: dict[int, tuple[int, int]], timeout: float) -> Iterator[Slice]:
-    """The slices of `ranges` (partition -> [start, end)), read with the live source's reader."""
+def kafka_chunks(base_conf: Mapping[str, Any], topic: str, kind: str, ranges: dict[int, tuple[int, int]], timeout: float) -> Iterator[Chunk]:
+    """The chunks of `ranges` (partition -> [start, end)), read with the live source's reader."""
     consumer = clients.new_consumer(range_reader.reader_conf(base_conf, f"detectorkit-backtest-{uuid.uuid4().hex[:12]}", kind))
     try:
         for p, (s, e) in sorted(ranges.items()):
             if e <= s:
                 continue
             for batch in range_reader.read_ranges(consumer, [planning.PartitionRange(topic, p, s, e)], True, timeout):
-                yield Slice(
+                yield Chunk(
                     topic,
                     p,
                     batch.column("offset").to_numpy(),
@@ -202,11 +202,11 @@ def _from_values(values: list[bytes], key_field: str | None, time_field: str | N
     keys, stamps, part = keyed(values, key_field, time_field, partitions)
     rows_of = {p: np.flatnonzero(part == p) for p in range(partitions)}
 
-    def slices() -> Iterator[Slice]:
+    def chunks() -> Iterator[Chunk]:
         for p, at in rows_of.items():
-            for lo in range(0, len(at), FILE_SLICE_RECORDS):
-                rows = at[lo : lo + FILE_SLICE_RECORDS]
-                yield Slice(
+            for lo in range(0, len(at), FILE_CHUNK_RECORDS):
+                rows = at[lo : lo + FILE_CHUNK_RECORDS]
+                yield Chunk(
                     topic,
                     p,
                     np.arange(lo, lo + len(rows), dtype=np.int64),
@@ -215,7 +215,7 @@ def _from_values(values: list[bytes], key_field: str | None, time_field: str | N
                     stamps[rows],
                 )
 
-    return History(topic, len(values), slices(), {p: (0, len(at)) for p, at in rows_of.items()})
+    return History(topic, len(values), chunks(), {p: (0, len(at)) for p, at in rows_of.items()})
 
 
 def _parsed(value: bytes) -> Any:

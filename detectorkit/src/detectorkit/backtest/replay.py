@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from detectorkit import records as rec
-from detectorkit.backtest.history import History, Slice, kafka_slices
+from detectorkit.backtest.history import Chunk, History, kafka_chunks
 from detectorkit.detector import Detector
 from detectorkit.runtime.stage import DetectorStage, KeyedBatch, Output, Source
 from detectorkit.state.store import PartitionStore
@@ -72,7 +72,7 @@ def run(
     service = service or stage.name
     result = Backtest(service)
     stores: dict[int, PartitionStore] = {}
-    for part in history.slices:
+    for part in history.chunks:
         result.records += len(part)
         if stage.state is None:
             outputs, rejected = stage.run(part.values, config, _source(part), service)
@@ -91,7 +91,7 @@ def run(
     return result
 
 
-def _source(part: Slice) -> Callable[[int], Source]:
+def _source(part: Chunk) -> Callable[[int], Source]:
     keys = part.keys
 
     def source(position: int) -> Source:
@@ -102,7 +102,7 @@ def _source(part: Slice) -> Callable[[int], Source]:
     return source
 
 
-def _collect(result: Backtest, part: Slice, outputs: list[Output], rejected: list, decode: rec.Decode | None) -> None:
+def _collect(result: Backtest, part: Chunk, outputs: list[Output], rejected: list, decode: rec.Decode | None) -> None:
     for r in rejected:
         result.dead_letters[r.reason] += 1
         if result.first_error is None and r.detail is not None:
@@ -151,7 +151,7 @@ def run_on_spark(
 
     def task(items):
         for p, s, e in items:
-            history = History(topic, e - s, kafka_slices(conf, topic, kind, {p: (s, e)}, timeout), {p: (s, e)})
+            history = History(topic, e - s, kafka_chunks(conf, topic, kind, {p: (s, e)}, timeout), {p: (s, e)})
             yield run(detector, history, config, name, decode=decode)
 
     if not ranges:

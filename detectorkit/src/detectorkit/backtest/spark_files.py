@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 
 from detectorkit.backtest.history import (
-    FILE_SLICE_RECORDS,
+    FILE_CHUNK_RECORDS,
+    Chunk,
     History,
     HistoryError,
-    Slice,
     files_topic,
     is_parquet,
     keyed,
@@ -68,13 +68,13 @@ def run_files_on_spark(
     ordered = records.repartition(partitions, "part").sortWithinPartitions("part", *ORDER)
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        found = run(detector, History(topic, 0, _slices(topic, batches), {}), config, name)
+        found = run(detector, History(topic, 0, _chunks(topic, batches), {}), config, name)
         yield pa.RecordBatch.from_pylist([{"result": pickle.dumps(found)}], DONE)
 
-    # Batches of a file slice's size: the stage runs fewer, larger slices (the session's own
+    # Batches of a file chunk's size: the stage runs fewer, larger chunks (the session's own
     # setting comes back after).
     conf, before = "spark.sql.execution.arrow.maxRecordsPerBatch", spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", None)
-    spark.conf.set(conf, str(FILE_SLICE_RECORDS))
+    spark.conf.set(conf, str(FILE_CHUNK_RECORDS))
     try:
         return merged(name, [pickle.loads(row.result) for row in ordered.mapInArrow(task, spark_schema(DONE)).collect()])
     finally:
@@ -135,23 +135,23 @@ def spark_schema(schema: pa.Schema) -> Any:
     return from_arrow_schema(schema)
 
 
-def _slices(topic: str, batches: Iterator[pa.RecordBatch]) -> Iterator[Slice]:
-    """A task's records, sorted by partition and place, as each partition's slices with its own
+def _chunks(topic: str, batches: Iterator[pa.RecordBatch]) -> Iterator[Chunk]:
+    """A task's records, sorted by partition and place, as each partition's chunks with its own
     offsets counting from 0."""
     offset: dict[int, int] = {}
     for batch in batches:
         if batch.num_rows == 0:
             continue
         parts = batch.column("part").to_numpy()
-        # Where the partition changes within the batch: the slices' bounds.
+        # Where the partition changes within the batch: the chunks' bounds.
         bounds = [0, *(np.flatnonzero(np.diff(parts)) + 1).tolist(), len(parts)]
         for lo, hi in zip(bounds, bounds[1:], strict=False):
             p = int(parts[lo])
-            for at in range(lo, hi, FILE_SLICE_RECORDS):
-                rows = batch.slice(at, min(hi, at + FILE_SLICE_RECORDS) - at)
+            for at in range(lo, hi, FILE_CHUNK_RECORDS):
+                rows = batch.slice(at, min(hi, at + FILE_CHUNK_RECORDS) - at)
                 first = offset.get(p, 0)
                 offset[p] = first + rows.num_rows
-                yield Slice(
+                yield Chunk(
                     topic,
                     p,
                     np.arange(first, offset[p], dtype=np.int64),
