@@ -12,7 +12,7 @@ from detectorkit.detector import Detector
 from detectorkit.kafka.range_reader import arrow_schema
 from detectorkit.runtime.batches import by_partition
 from detectorkit.runtime.processing import process_batch
-from detectorkit.runtime.stage import as_stage, run_detector
+from detectorkit.runtime.stage import as_stage, detect_isolating
 from detectorkit.runtime.task_context import PartitionSummary, TaskContext
 
 from ..detectors import THRESHOLD, Config
@@ -63,14 +63,14 @@ def test_parse_sorts_records_from_the_bad_ones():
 
 def test_detections_keep_the_position_of_their_record():
     frame = pd.DataFrame({"amount": [5.0, 2000.0, 3000.0]}, index=[4, 7, 9])
-    found, failed = run_detector(THRESHOLD, Config(), frame)
+    found, failed = detect_isolating(THRESHOLD, Config(), frame)
     assert [p for p, _ in found] == [7, 9] and failed == []
     assert found[0][1] == {"amount": 2000.0}
 
 
 def test_a_raising_batch_is_split_until_only_the_bad_records_are_left():
     frame = pd.DataFrame({"amount": [5.0, "n/a", 3000.0, "x"]}, index=[0, 1, 2, 3])
-    found, failed = run_detector(THRESHOLD, Config(), frame)
+    found, failed = detect_isolating(THRESHOLD, Config(), frame)
     assert [p for p, _ in found] == [2]
     assert [(r.position, r.reason) for r in failed] == [(1, rec.DETECTOR_ERROR), (3, rec.DETECTOR_ERROR)]
     assert "TypeError" in failed[0].message
@@ -85,7 +85,7 @@ def test_splitting_calls_the_detector_far_fewer_times_than_records():
 
     amounts = [float(i) for i in range(1024)]
     amounts[700] = "n/a"
-    found, failed = run_detector(Detector(name="c", detect=counting), Config(threshold=1000.0), pd.DataFrame({"amount": amounts}))
+    found, failed = detect_isolating(Detector(name="c", detect=counting), Config(threshold=1000.0), pd.DataFrame({"amount": amounts}))
     assert [r.position for r in failed] == [700]
     assert [p for p, _ in found] == list(range(1001, 1024))
     assert len(calls) <= 2 * 10 + 1
@@ -93,7 +93,7 @@ def test_splitting_calls_the_detector_far_fewer_times_than_records():
 
 def test_a_detector_returning_the_wrong_type_loses_nothing():
     broken = Detector(name="broken", detect=lambda records, config: records.to_dict())
-    found, failed = run_detector(broken, None, pd.DataFrame({"amount": [1, 2]}))
+    found, failed = detect_isolating(broken, None, pd.DataFrame({"amount": [1, 2]}))
     assert found == [] and len(failed) == 2
     assert "must return a pandas DataFrame" in failed[0].message
 
@@ -102,7 +102,7 @@ def test_a_detector_inventing_an_index_is_caught():
     def made_up(records, config):
         return pd.DataFrame({"x": [1]}, index=[999])
 
-    found, failed = run_detector(Detector(name="made-up", detect=made_up), None, pd.DataFrame({"amount": [1, 2]}, index=[0, 1]))
+    found, failed = detect_isolating(Detector(name="made-up", detect=made_up), None, pd.DataFrame({"amount": [1, 2]}, index=[0, 1]))
     # Record by record, each output row belongs to the one record given: nothing is lost.
     assert [p for p, _ in found] == [0, 1] and failed == []
 

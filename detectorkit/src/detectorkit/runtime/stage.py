@@ -193,7 +193,7 @@ class DetectorStage(StageBase):
 
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[rec.Rejected]]:
         frame, rejected = rec.parse_arrow(values, self.detector.required_fields, self.decode)
-        found, failed = run_detector(self.detector, config, frame)
+        found, failed = detect_isolating(self.detector, config, frame)
         return self._outputs(found, source, service), rejected + failed
 
     def run_keyed(self, batch: KeyedBatch, config: Any, service: str) -> tuple[list[Output], list[rec.Rejected]]:
@@ -289,7 +289,7 @@ def reading_input(stage: Stage, settings: Settings) -> Stage:
     return stage if decode is None else stage.reading(decode)
 
 
-def run_detector(detector: Detector, config: Any, frame: pd.DataFrame) -> tuple[list[tuple[int, dict]], list[rec.Rejected]]:
+def detect_isolating(detector: Detector, config: Any, frame: pd.DataFrame) -> tuple[list[tuple[int, dict]], list[rec.Rejected]]:
     """Detections as (record position, fields); records on which the detector raises are rejected.
 
     The detector runs on the whole batch; if it raises, the batch is split in halves and each half
@@ -304,6 +304,6 @@ def run_detector(detector: Detector, config: Any, frame: pd.DataFrame) -> tuple[
         if len(frame) == 1:
             return [], [rec.detector_error(int(frame.index[0]), exc)]
     middle = len(frame) // 2
-    found_a, failed_a = run_detector(detector, config, frame.iloc[:middle])
-    found_b, failed_b = run_detector(detector, config, frame.iloc[middle:])
+    found_a, failed_a = detect_isolating(detector, config, frame.iloc[:middle])
+    found_b, failed_b = detect_isolating(detector, config, frame.iloc[middle:])
     return found_a + found_b, failed_a + failed_b
