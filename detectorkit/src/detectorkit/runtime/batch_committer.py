@@ -1,4 +1,4 @@
-"""The driver's end of a batch (steps 7 and 8 of runtime.checkpoint): fold what the tasks report,
+"""The driver's end of a batch (steps 5 and 7 of runtime.checkpoint): fold what the tasks report,
 commit the batch's end offsets with where each partition's changelog is, count; and between
 batches, measure lag and commit the same positions again now and then.
 
@@ -123,7 +123,7 @@ class BatchCommitter:
     # ---- a batch ------------------------------------------------------------------------------
 
     def finish(self, batch_id: int, results: list[TaskResult], started: float) -> BatchResult:
-        """Steps 7-8 of the commit sequence, once every task has flushed: the output and the state's
+        """Steps 5 and 7 of the commit sequence, once every task has flushed: the output and the state's
         changes are written, so the position may move."""
         folded = self._fold(results)
         collected = time.monotonic()

@@ -1,24 +1,23 @@
-"""A batch's commit sequence, in the order it runs: nothing is committed that is not written, and
+"""A task's commit sequence, in the order it runs: nothing is committed that is not written, and
 no state change stands for an output that was not written (Quix Streams' `Checkpoint.commit`).
 
-In each task (a Python worker, `runtime.processing.run_task`), steps 3 to 7 being `TaskCheckpoint.commit`:
+In each task (a Python worker: `runtime.processing.run_task` for a micro-batch, `runtime.slices`
+at each of a slice's checkpoints), steps 3 to 6 being `TaskCheckpoint.commit`:
   1. the records are processed: detections and dead letters sent as they are found;
   2. the timers of partitions with nothing to read fire (a tick of the source);
   3. the outputs are flushed;
-  4. the state's changes are sent, one record per key tagged with the batch's end, and flushed;
-  5. the stores go back into the worker's cache, at the range's end and tick, each with where its
-     changes should have landed in the changelog (checked by its next catch-up, state.cache): last
-     in the task, after 7 where the task commits, so a task that failed leaves none behind and its
-     stores are read back instead;
-  6. (gone: a stage's deliveries ran here, in the driver; the notifier's outputs are now an outbox
-     that its relay delivers once they are committed, roles.notification_relay);
-  7. the partitions' next offsets are committed. With exactly-once (PROCESSING_GUARANTEE) by the
-     task: 3 to 7 are one Kafka transaction per input partition (runtime.writers), so outputs, dead
+  4. the state's changes are sent, one record per key tagged with the input position they stand
+     for, and flushed;
+  5. the partitions' next offsets are committed. With exactly-once (PROCESSING_GUARANTEE) by the
+     task: 3 to 5 are one Kafka transaction per input partition (runtime.writers), so outputs, dead
      letters, the state's changes and the partition's next offset become visible together or not
-     at all. At-least-once by the driver, once every task has returned
-     (`runtime.batch_committer.BatchCommitter.finish`), for the partitions this instance still owns;
-  8. in the driver: metrics, and the batch's log line.
-A crash before 7 replays the batch from the committed offsets, with state read back as of them
+     at all. At-least-once by the driver, once every task has reported
+     (`runtime.batch_committer.BatchCommitter`), for the partitions this instance still owns;
+  6. the stores go back into the worker's cache, each with where its changes should have landed in
+     the changelog (checked by its next catch-up, state.cache): after 5, so a task that failed
+     leaves none behind and its stores are read back instead;
+  7. in the driver: metrics, and the batch's log line.
+A crash before 5 replays the batch from the committed offsets, with state read back as of them
 (changes tagged past them are skipped): outputs may repeat, nothing is lost.
 """
 
@@ -46,7 +45,7 @@ class TaskCheckpoint:
     ends: dict[int, int]  # each partition's next offset: its range's end, read in full
 
     def commit(self) -> CommitsFailed | None:
-        """Steps 3 to 7 of the task, in order; what failed to commit, if some transactions did."""
+        """Steps 3 to 6 of the task, in order; what failed to commit, if some transactions did."""
         ctx, writer, stores, summaries = self.ctx, self.writer, self.stores, self.summaries
         # 3. the outputs.
         writer.flush_outputs()
@@ -62,14 +61,14 @@ class TaskCheckpoint:
         if stores is not None:
             for p in due:
                 # The changelog now reflects the input up to the batch's end: with the offset, the
-                # driver commits this (step 7), and a restore reads it up to there and replays the rest.
+                # driver commits this (step 5), and a restore reads it up to there and replays the rest.
                 stores.stores[p].flushed_at = now
                 summaries[p].durable = stores.tags[p]
         if self.ends:  # (a task that claimed nothing has nothing to commit)
             crash_points.reach("before-commit")
-        # 7. where the task commits (exactly-once); else the driver does, after every task.
+        # 5. where the task commits (exactly-once); else the driver does, after every task.
         failed = writer.commit(self.ends)
-        # 5. only now: a task that failed before here leaves no store behind.
+        # 6. only now: a task that failed before here leaves no store behind.
         if stores is not None and failed is None:
             stores.keep(ctx, summaries)
         return failed

@@ -354,7 +354,7 @@ class StreamJob:
             structlog.contextvars.unbind_contextvars("batch")
 
     def _process(self, frame, batch_id: int, started: float) -> BatchResult:
-        """One batch: steps 1-7 ran in the tasks; 7-8 (at-least-once) in the committer (runtime.checkpoint)."""
+        """One batch: steps 1-6 ran in the tasks; 5 (at-least-once) and 7 in the committer (runtime.checkpoint)."""
         if self._control is not None:
             results = self._run_slice()
         else:

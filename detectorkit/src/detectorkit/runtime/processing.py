@@ -1,9 +1,11 @@
 """One Spark task's work: parse, detect, write detections and dead letters, report what was done.
 
-It runs on the executors, in the Python worker of the job's source, which reads the task's planned
-Kafka offset ranges itself (or in `mapInArrow` over records Spark delivers), so records never pass
-through the driver. What it yields is a summary per Kafka partition, which the
-driver collects to commit offsets and count.
+It runs on the executors, in a Python worker that reads the task's Kafka partitions itself (a
+micro-batch's planned ranges through the job's source, `process_planned`, or a slice's,
+`runtime.slices`), so records never pass through the driver. What it yields is a summary per Kafka
+partition, which the driver collects to commit offsets and count. The pieces both loops share are
+here: which ranges a task takes (`claim`), a chunk of records through the stage (`process_chunk`),
+the timers of quiet partitions (`fire_quiet`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +41,7 @@ _log = structlog.get_logger("detectorkit.state")
 
 
 def process_batch(ctx: TaskContext, batch: pa.RecordBatch, sink: sinks.Sink, summaries: dict[int, PartitionSummary]) -> None:
-    """A stateless stage's records, as read (a stage with state goes by partition: `_process`)."""
+    """A stateless stage's records, as read (a stage with state goes by partition: `process_chunk`)."""
     if batch.num_rows == 0:
         return
     process_records(ctx, batch, sink, summaries, None, None)
@@ -119,17 +121,54 @@ def process_planned(ctx: TaskContext, source: SourceOptions, ranges: list[Partit
     (kafka.claims), the partitions whose stores this worker holds first."""
     setup_worker(ctx)
     if claim is not None:
-        held = cache.held(ctx.state, ctx.stage.state) if ctx.state is not None else set()
-        current = cache.current(ctx.state, ctx.stage.state, {r.partition: (r.start, r.tick) for r in ranges}) if ctx.state is not None else None
-        if ctx.exactly_once and source.group_metadata is not None:
-            held |= transactions.held(source.group, source.topic, bytes.fromhex(source.group_metadata))
-        ranges = claims.take(claim, ranges, held, current)
+        ranges = take_claimed(ctx, source, claim, ranges)
     writer = TransactionalWriter(ctx, source, ranges) if ctx.exactly_once else AtLeastOnceWriter(ctx)
     with writer:
         todo = writer.todo(ranges)
         stores = TaskStores.open(ctx, todo, source) if ctx.state is not None else None
         ends: dict[int, int] = {}
         return iter(list(run_task(ctx, _read(source, todo, ends), ends, stores, writer)))
+
+
+def take_claimed(ctx: TaskContext, source: SourceOptions, claim: Claim, ranges: list[PartitionRange]) -> list[PartitionRange]:
+    """The share of `ranges` a task's `claim` takes (kafka.claims): first the partitions whose
+    stores, or whose open transactions, this worker holds."""
+    held = cache.held(ctx.state, ctx.stage.state) if ctx.state is not None else set()
+    current = cache.current(ctx.state, ctx.stage.state, {r.partition: (r.start, r.tick) for r in ranges}) if ctx.state is not None else None
+    if ctx.exactly_once and source.group_metadata is not None:
+        held |= transactions.held(source.group, source.topic, bytes.fromhex(source.group_metadata))
+    return claims.take(claim, ranges, held, current)
+
+
+def process_chunk(
+    ctx: TaskContext,
+    batches: Iterable[pa.RecordBatch],
+    writer: Writer,
+    stores: TaskStores | None,
+    summaries: dict[int, PartitionSummary],
+    tags: dict[int, int] | None = None,
+) -> None:
+    """Step 1: records through the stage, their detections and dead letters sent. A stateless
+    stage's go as read; with state, or a transaction per partition, each partition's records of
+    `batches` go at once, so a key they share is read, decoded, encoded and written once. `tags`:
+    each partition's position after them, which its state's changes stand for."""
+    crash_points.reach("before-produce")
+    if stores is None and not writer.splits_by_partition:
+        for batch in batches:
+            process_batch(ctx, batch, writer.sink_of(-1), summaries)
+            crash_points.reach("during-produce")
+        return
+    for p, part in by_partition(batches):
+        if stores is not None and tags is not None:
+            stores.tags[p] = tags[p]
+        process_records(ctx, part, writer.sink_of(p), summaries, stores, p)
+        crash_points.reach("during-produce")
+
+
+def fire_quiet(ctx: TaskContext, stores: TaskStores, writer: Writer, summaries: dict[int, PartitionSummary]) -> None:
+    """Step 2: the timers of the partitions with nothing to read (`stores.idle`), their detections sent."""
+    for p, found in stores.fire_idle(ctx):
+        send_outputs(ctx, found, writer.sink_of(p), summaries, None, None, None, ctx.state.input_topic)
 
 
 def _read(source: SourceOptions, ranges: list[PartitionRange], ends: dict[int, int]) -> Iterator[pa.RecordBatch]:
@@ -150,28 +189,15 @@ def run_task(
     """A task's records through the stage, its timers, then its checkpoint (runtime.checkpoint);
     yields its result, a row per partition, once the checkpoint is done."""
     summaries: dict[int, PartitionSummary] = {}
-    # 1. the records.
-    crash_points.reach("before-produce")
-    if stores is None and not writer.splits_by_partition:
-        for batch in batches:
-            process_batch(ctx, batch, writer.sink_of(-1), summaries)
-            crash_points.reach("during-produce")
-    else:
-        # With state, a partition's records of the whole task go through the detector at once
-        # (the reader hands them over in interleaved chunks of 20,000): a key the chunks share
-        # is read, decoded, encoded and written once, not once a chunk. It holds the task's
-        # records (MAX_RECORDS_PER_BATCH at most) in Arrow meanwhile. With exactly-once each
-        # partition's records go to its own transaction, so they are split by partition too.
-        for p, part in by_partition(batches):
-            process_records(ctx, part, writer.sink_of(p), summaries, stores, p)
-            crash_points.reach("during-produce")
+    # 1. the records: with state, the whole task's as one chunk (the reader hands them over in
+    # interleaved chunks of 20,000; held in Arrow meanwhile, MAX_RECORDS_PER_BATCH at most).
+    process_chunk(ctx, batches, writer, stores, summaries)
     if stores is not None:
         # 2. the timers of partitions with nothing to read.
-        for p, found in stores.fire_idle(ctx):
-            send_outputs(ctx, found, writer.sink_of(p), summaries, None, None, None, ctx.state.input_topic)
+        fire_quiet(ctx, stores, writer, summaries)
         for p in stores.stores:
             summaries.setdefault(p, PartitionSummary())
-    # 3-7.
+    # 3-6.
     failed = checkpoint.TaskCheckpoint(ctx, writer, stores, summaries, ends).commit()
     lost = failed.partitions if failed is not None else frozenset()
     for p in lost:

@@ -31,21 +31,19 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from detectorkit.kafka import claims, range_reader, transactions
+from detectorkit.kafka import claims, range_reader
 from detectorkit.kafka.claims import Claim
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.position_reader import PositionReader
 from detectorkit.kafka.range_reader import CHUNK_RECORDS
 from detectorkit.kafka.source_options import SourceOptions
-from detectorkit.runtime import checkpoint, crash_points
-from detectorkit.runtime.batches import by_partition
-from detectorkit.runtime.processing import process_batch, process_records, send_outputs, setup_worker, summary_batch, take_counts
+from detectorkit.runtime import checkpoint
+from detectorkit.runtime.processing import fire_quiet, process_chunk, setup_worker, summary_batch, take_claimed, take_counts
 from detectorkit.runtime.slice_control import Link
 from detectorkit.runtime.task_context import PartitionSummary, TaskContext
 from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
 from detectorkit.runtime.task_stores import TaskStores
 from detectorkit.runtime.writers import AtLeastOnceWriter, CommitsFailed, TransactionalWriter, Writer
-from detectorkit.state import cache
 
 # The longest a task waits for records in one poll: how late it sees the driver's word to end.
 _MAX_WAIT_SECONDS = 0.1
@@ -160,12 +158,7 @@ def _mine(ctx: TaskContext, spec: SliceSpec, index: int) -> list[PartitionRange]
     ranges = _ranges(spec.source.topic, spec.positions, spec.tick)
     if spec.claims is None:
         return ranges[index :: spec.tasks]
-    held = cache.held(ctx.state, ctx.stage.state) if ctx.state is not None else set()
-    current = cache.current(ctx.state, ctx.stage.state, {r.partition: (r.start, r.tick) for r in ranges}) if ctx.state is not None else None
-    source = spec.source
-    if ctx.exactly_once and source.group_metadata is not None:
-        held |= transactions.held(source.group, source.topic, bytes.fromhex(source.group_metadata))
-    return claims.take(spec.claims[index], ranges, held, current)
+    return take_claimed(ctx, spec.source, spec.claims[index], ranges)
 
 
 def _run(ctx: TaskContext, spec: SliceSpec, ranges: list[PartitionRange], link: Link) -> Iterator[pa.RecordBatch]:
@@ -265,23 +258,12 @@ class _Loop:
                 return None
 
     def _process(self, batch: pa.RecordBatch) -> None:
-        ctx, writer, stores = self.ctx, self.writer, self.stores
-        crash_points.reach("before-produce")
-        if stores is None and not writer.splits_by_partition:
-            process_batch(ctx, batch, writer.sink_of(-1), self.summaries)
-            crash_points.reach("during-produce")
-            return
-        for p, part in by_partition([batch]):
-            if stores is not None:
-                stores.tags[p] = self.reader.position[p]  # its changes reflect the input up to here
-            process_records(ctx, part, writer.sink_of(p), self.summaries, stores, p)
-            crash_points.reach("during-produce")
+        process_chunk(self.ctx, [batch], self.writer, self.stores, self.summaries, self.reader.position)
 
     def _fire_quiet(self, quiet: set[int]) -> bool:
         """Fires the quiet partitions' timers; True if there were any (their state may have changed)."""
         self.stores.idle = quiet
-        for p, found in self.stores.fire_idle(self.ctx):
-            send_outputs(self.ctx, found, self.writer.sink_of(p), self.summaries, None, None, None, self.ctx.state.input_topic)
+        fire_quiet(self.ctx, self.stores, self.writer, self.summaries)
         return bool(quiet)
 
     def _checkpoint(self, last: bool = False) -> CommitsFailed | None:
@@ -302,7 +284,7 @@ class _Loop:
         self.done.update(ends)
         if stores is not None:
             stores.idle = set()
-        if isinstance(self.writer, TransactionalWriter) and not last:
+        if not last:
             # Not after the last: the worker keeps the producer for the next slice, which begins its own.
             self.writer.begin_next()
         durable = {p: s.durable for p, s in self.summaries.items() if s.durable is not None}

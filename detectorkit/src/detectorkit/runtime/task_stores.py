@@ -152,7 +152,7 @@ class TaskStores:
         }
         store.late = 0
 
-    # ---- step 5: kept -------------------------------------------------------------------------
+    # ---- step 6: kept -------------------------------------------------------------------------
 
     def keep(self, ctx: TaskContext, summaries: dict[int, PartitionSummary]) -> None:
         for p, store in self.stores.items():

@@ -49,7 +49,10 @@ class Writer(Protocol):
         """Step 4's end: the state's changes (of the partitions in `due`) written."""
 
     def commit(self, ends: dict[int, int]) -> CommitsFailed | None:
-        """Step 7 where the task commits: each partition's next offset. None if all committed."""
+        """Step 5 where the task commits: each partition's next offset. None if all committed."""
+
+    def begin_next(self) -> None:
+        """After a commit that is not the task's last, what the next checkpoint writes into."""
 
 
 class AtLeastOnceWriter(AbstractContextManager):
@@ -85,6 +88,9 @@ class AtLeastOnceWriter(AbstractContextManager):
 
     def commit(self, ends: dict[int, int]) -> CommitsFailed | None:
         return None  # the driver's, once every task has flushed
+
+    def begin_next(self) -> None:
+        return None  # one producer, no transaction to open
 
 
 class TransactionalWriter(AbstractContextManager):
@@ -132,8 +138,7 @@ class TransactionalWriter(AbstractContextManager):
         return None  # flushed with the changes, which join the same transactions first
 
     def flush_changes(self, due: set[int]) -> None:
-        # Every partition's, as without transactions: a stage's deliveries (step 6) come after what
-        # they deliver is written (the commit would flush them too, but after the deliveries).
+        # Every partition's, due or not: `flush_outputs` left each transaction's outputs to this flush.
         for p in sorted(self._starts):
             if p not in self._done:
                 self.txns.of(p).flush(self.ctx.flush_timeout)
