@@ -12,9 +12,9 @@ from detectorkit.kafka.membership import CommitRefused
 from detectorkit.kafka.planning import DataLossError
 from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
 from detectorkit.runtime import task_result
-from detectorkit.runtime.assignment import Assignment
-from detectorkit.runtime.batch_committer import BatchCommitter
+from detectorkit.runtime.driver_checkpoint import DriverCheckpoint
 from detectorkit.runtime.job_plan import Guarantee, JobPlan
+from detectorkit.runtime.partition_owner import PartitionOwner
 from detectorkit.runtime.stage import as_stage
 from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
 from detectorkit.settings import Settings, SettingsError
@@ -97,7 +97,7 @@ class Ends:
 
 
 def committer_of(plan, member):
-    committer = BatchCommitter(plan, JobMetrics())
+    committer = DriverCheckpoint(plan, JobMetrics())
     committer.member, committer.ends = member, Ends()
     return committer
 
@@ -188,7 +188,7 @@ def test_a_slices_driver_knows_its_input_was_created_again_by_its_id(monkeypatch
     monkeypatch.setattr(clients, "topic_id", lambda admin, topic, timeout: next(ids))
 
     def assignment(**options):
-        a = Assignment(plan_of(THRESHOLD, **options), {}, None, None, None, None, None, threading.Event(), start_query=None)
+        a = PartitionOwner(plan_of(THRESHOLD, **options), {}, None, None, None, None, None, threading.Event(), start_query=None)
         a._admin = object()
         return a
 

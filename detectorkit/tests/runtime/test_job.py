@@ -200,18 +200,18 @@ def test_a_query_that_died_is_never_dropped_silently_when_its_partitions_go():
 
 def driver_parts(stage, start_query=None, **options):
     """A job's driver parts without Spark or a broker: its plan, committer, query runner and assignment."""
-    from detectorkit.runtime.assignment import Assignment
-    from detectorkit.runtime.batch_committer import BatchCommitter
+    from detectorkit.runtime.driver_checkpoint import DriverCheckpoint
+    from detectorkit.runtime.partition_owner import PartitionOwner
     from detectorkit.runtime.query_runner import QueryRunner
 
     job = StreamJob(stage, Settings(kafka_bootstrap_servers="127.0.0.1:9", kafka_broker_kind="kafka", **options), spark=None, config=Config())
     plan = job.make_plan()
     state = job.state_context()
-    assignment = Assignment(
+    assignment = PartitionOwner(
         plan,
         {},
         QueryRunner(None, plan, run_batch=None, serve=lambda: None),
-        BatchCommitter(plan, job.metrics),
+        DriverCheckpoint(plan, job.metrics),
         job.supervisor,
         job.metrics,
         job.progress,

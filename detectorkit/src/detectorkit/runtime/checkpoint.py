@@ -12,7 +12,7 @@ at each of a slice's checkpoints), steps 3 to 6 being `TaskCheckpoint.commit`:
      task: 3 to 5 are one Kafka transaction per input partition (runtime.writers), so outputs, dead
      letters, the state's changes and the partition's next offset become visible together or not
      at all. At-least-once by the driver, once every task has reported
-     (`runtime.batch_committer.BatchCommitter`), for the partitions this instance still owns;
+     (`runtime.driver_checkpoint.DriverCheckpoint`), for the partitions this instance still owns;
   6. the stores go back into the worker's cache, each with where its changes should have landed in
      the changelog (checked by its next catch-up, state.cache): after 5, so a task that failed
      leaves none behind and its stores are read back instead;

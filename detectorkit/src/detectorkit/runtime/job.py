@@ -7,9 +7,9 @@ batch returns. A graceful stop waits for the batch in flight, so its offsets are
 
 `StreamJob` is the face (start, stop, stats, health) over the driver's parts, each owning one concern:
   - `JobPlan` (runtime.job_plan): the settings turned once into the guarantee and what follows;
-  - `Assignment` (runtime.assignment): the consumer group's member, its hand-overs and start offsets;
+  - `PartitionOwner` (runtime.partition_owner): the consumer group's member, its hand-overs and start offsets;
   - `QueryRunner` (runtime.query_runner): the Spark query on a fresh checkpoint, and the batch lock;
-  - `BatchCommitter` (runtime.batch_committer): folding task results, commits, recommits and lag;
+  - `DriverCheckpoint` (runtime.driver_checkpoint): folding task results, commits, recommits and lag;
   - `Supervisor` (runtime.supervisor): restarts with backoff, permanent errors, the job's end.
 
 The consumer group is the only record of the job's position. Spark's checkpoint is fresh for every
@@ -41,10 +41,10 @@ from detectorkit.metrics import build_info
 from detectorkit.metrics.registry import JobMetrics
 from detectorkit.metrics.reporter import MetricsReporter
 from detectorkit.runtime import repartition
-from detectorkit.runtime.assignment import Assignment
-from detectorkit.runtime.batch_committer import BatchCommitter, BatchResult, JobStats
+from detectorkit.runtime.driver_checkpoint import BatchResult, DriverCheckpoint, JobStats
 from detectorkit.runtime.health import Progress
 from detectorkit.runtime.job_plan import JobPlan
+from detectorkit.runtime.partition_owner import PartitionOwner
 from detectorkit.runtime.processing import process_planned, warm_worker
 from detectorkit.runtime.query_runner import QueryRunner
 from detectorkit.runtime.slice_control import SliceControl
@@ -98,9 +98,9 @@ class StreamJob:
         # Made at start, once the broker's kind is known.
         self.plan: JobPlan | None = None
         self._task: TaskContext | None = None
-        self._committer: BatchCommitter | None = None
+        self._committer: DriverCheckpoint | None = None
         self._runner: QueryRunner | None = None
-        self._assignment: Assignment | None = None
+        self._assignment: PartitionOwner | None = None
         self._member: GroupMember | None = None
         self._reporter: MetricsReporter | None = None
         self._relay: Relay | None = None
@@ -225,10 +225,10 @@ class StreamJob:
         self.stage.prepare_job(self.config, s, self._base, self.broker_kind)
         relay = self.stage.relay(self.config, s, self._base, self.broker_kind, self._count_dead_letter, self.supervisor.fail)
         self._relay = None if relay is None else relay.start()
-        self._committer = committer = BatchCommitter(plan, self.metrics, self.stats)
+        self._committer = committer = DriverCheckpoint(plan, self.metrics, self.stats)
         committer.on_input_gone = self._end_slices
         self._runner = runner = QueryRunner(lambda: self.spark, plan, self._on_batch, serve=self._serve_member, interrupt=self._end_slices)
-        self._assignment = assignment = Assignment(
+        self._assignment = assignment = PartitionOwner(
             plan,
             self._base,
             runner,
@@ -408,7 +408,7 @@ class StreamJob:
         self.stats.dead_letters[reason] += 1
 
     def maintain_offsets(self) -> None:
-        """Before each metrics report: lag, and now and then the positions committed again (BatchCommitter.maintain)."""
+        """Before each metrics report: lag, and now and then the positions committed again (DriverCheckpoint.maintain)."""
         if self._committer is not None:
             self._committer.maintain(self._runner.between_batches)
             progress = self._slice_progress()

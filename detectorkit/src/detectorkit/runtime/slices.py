@@ -16,7 +16,7 @@ rebalance, a stop):
      Streams commits every 100 ms under exactly-once); then it reports its positions to the driver,
      with what it wrote since its last report, which the driver counts into the job's metrics.
 With at-least-once the driver commits the positions each report brings, every commit interval as
-they move, and the last ones once the slice ends, as after a batch (runtime.batch_committer). A
+they move, and the last ones once the slice ends, as after a batch (runtime.driver_checkpoint). A
 slice that ends early, or a task that fails, loses nothing: what was not committed is read again by
 the partitions' next reader."""
 
@@ -122,7 +122,7 @@ class SlicePositions:
         self.known = frozenset(returned) if exactly_once else frozenset()
 
     def input_checked(self, recreated: bool | None) -> dict[int, int] | None:
-        """The input topic's id was looked at (runtime.assignment.input_recreated; None: it is not
+        """The input topic's id was looked at (runtime.partition_owner.input_recreated; None: it is not
         there). None unless it is a new topic; then where each partition starts on it: its first
         record, but where a reader that already went back to it got to."""
         if recreated is False:

@@ -20,7 +20,7 @@ from detectorkit.kafka.end_offsets import start_positions
 from detectorkit.kafka.membership import GroupMember
 from detectorkit.kafka.planning import data_loss, deleted_input_topic
 from detectorkit.metrics.registry import JobMetrics
-from detectorkit.runtime.batch_committer import BatchCommitter
+from detectorkit.runtime.driver_checkpoint import DriverCheckpoint
 from detectorkit.runtime.health import Progress
 from detectorkit.runtime.job_plan import JobPlan
 from detectorkit.runtime.query_runner import QueryRunner
@@ -30,7 +30,7 @@ from detectorkit.state import changelog
 log = structlog.get_logger("detectorkit.job")
 
 
-class Assignment:
+class PartitionOwner:
     """The group's owner (membership.Owner): serves the group, applies what it assigns, releases
     what it takes away."""
 
@@ -39,7 +39,7 @@ class Assignment:
         plan: JobPlan,
         base_conf: Mapping[str, Any],
         runner: QueryRunner,
-        committer: BatchCommitter,
+        committer: DriverCheckpoint,
         supervisor: Supervisor,
         metrics: JobMetrics,
         progress: Progress,

@@ -59,7 +59,7 @@ class _Folded:
     errors: list[str] = field(default_factory=list)
 
 
-class BatchCommitter:
+class DriverCheckpoint:
     def __init__(self, plan: JobPlan, metrics: JobMetrics, stats: JobStats | None = None):
         self.plan = plan
         self.metrics = metrics
