@@ -35,7 +35,7 @@ def test_ten_thousand_records_with_bad_ones_lose_nothing(spark, kafka_bootstrap_
     kinds = collections.Counter(s.sample.kind for s in sent)
     assert all(kinds[k] >= 100 for k in KINDS)  # every kind of bad record is really there
 
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=2_500), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=2_500), spark)
     job.start()
     wait_for(lambda: job.stats.records >= 10_000 or job.terminated(0), what="10,000 records")
     job.stop()
@@ -68,7 +68,7 @@ def test_latest_skips_records_produced_before_the_first_start(spark, kafka_boots
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "latest", partitions=2)
     before = produce(bs, topics.input, samples(300, seed=1, bad_every=0, high_share=0.5))
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="latest"), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="latest"), spark)
     job.start()
     # The job records where it starts as soon as it has chosen: then it is safe to produce.
     ends = {p: sum(1 for s in before if s.partition == p) for p in range(2)}
@@ -84,7 +84,7 @@ def test_earliest_processes_records_produced_before_the_first_start(spark, kafka
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "earliest", partitions=4)
     before = produce(bs, topics.input, samples(300, seed=3, bad_every=0, high_share=0.5))
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
     job.start()
     wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the earlier records")
     # Caught up holds steadily while nothing arrives (STOP_AFTER_IDLE_SECONDS needs it to), even
@@ -107,7 +107,7 @@ def test_each_task_reads_detects_and_writes_in_the_sources_own_python_worker(spa
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "where", partitions=4)
     sent = produce(bs, topics.input, samples(400, seed=5, bad_every=0, high_share=0.5))
-    job = StreamJob(WHERE, settings(bs, topics, starting_offsets="earliest", min_records_per_task=50), spark)
+    job = StreamJob.of(WHERE, settings(bs, topics, starting_offsets="earliest", min_records_per_task=50), spark)
     job.start()
     wait_for(lambda: job.stats.records >= 400 or job.terminated(0), what="the records")
     job.stop()
@@ -123,7 +123,7 @@ def test_error_policy_stops_with_a_clear_message(spark, kafka_bootstrap_servers)
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "error", partitions=2)
     produce(bs, topics.input, samples(10, bad_every=0))
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="error"), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="error"), spark)
     job.start()
     deadline = time.monotonic() + 120
     while not job.terminated(0.2) and time.monotonic() < deadline:
@@ -141,12 +141,12 @@ def test_committed_offsets_are_the_restart_point(spark, kafka_bootstrap_servers)
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "resume", partitions=2)
     first = produce(bs, topics.input, samples(400, seed=5, bad_every=0, high_share=0.5))
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
     job.start()
     wait_for(lambda: job.stats.records >= 400 or job.terminated(0), what="the first run")
     job.stop()
     second = produce(bs, topics.input, samples(300, seed=6, bad_every=0, high_share=0.5))
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
     job.start()
     wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the second run")
     job.stop()
@@ -161,7 +161,7 @@ def test_the_python_workers_start_with_the_stage_while_the_group_join_runs(spark
     batch does not wait for them. Here no record ever arrives, so no batch runs at all."""
     topics = create_test_topics(kafka_bootstrap_servers, "warm", partitions=2)
     marker = tmp_path / "unpickled-by"
-    job = StreamJob(THRESHOLD, settings(kafka_bootstrap_servers, topics), spark, config=UnpickledMarker(str(marker)))
+    job = StreamJob.of(THRESHOLD, settings(kafka_bootstrap_servers, topics), spark, config=UnpickledMarker(str(marker)))
     job.start()
     try:
         wait_for(lambda: marker.exists() or job.terminated(0), timeout=60, what="a Python worker to unpickle the task")
@@ -204,7 +204,7 @@ def driver_parts(stage, start_query=None, **options):
     from detectorkit.runtime.partition_owner import PartitionOwner
     from detectorkit.runtime.query_runner import QueryRunner
 
-    job = StreamJob(stage, Settings(kafka_bootstrap_servers="127.0.0.1:9", kafka_broker_kind="kafka", **options), spark=None, config=Config())
+    job = StreamJob.of(stage, Settings(kafka_bootstrap_servers="127.0.0.1:9", kafka_broker_kind="kafka", **options), spark=None, config=Config())
     plan = job.make_plan()
     state = job.state_context()
     assignment = PartitionOwner(
@@ -308,7 +308,7 @@ def test_a_query_that_fails_to_start_or_mid_batch_is_restarted_and_loses_nothing
     side by side on 2 cores) killed the job; now the query starts again from the group's offsets."""
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "transient", partitions=2)
-    job = StreamJob(THRESHOLD, settings(bs, topics, query_restart_backoff_seconds=0.1), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, query_restart_backoff_seconds=0.1), spark)
     failures = {"start": 1, "commit": 1}
 
     def failing_once(step, real):
@@ -341,7 +341,7 @@ def test_a_query_that_fails_to_start_or_mid_batch_is_restarted_and_loses_nothing
 def test_a_failure_that_persists_stops_the_job_with_its_error_in_one_line(spark, kafka_bootstrap_servers):
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "persistent", partitions=1)
-    job = StreamJob(THRESHOLD, settings(bs, topics, query_restart_attempts=2, query_restart_backoff_seconds=0.1), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, query_restart_attempts=2, query_restart_backoff_seconds=0.1), spark)
 
     def never(owned, start, metadata):
         raise RuntimeError(WORKER_TIMEOUT.split(": ", 1)[1])
@@ -392,7 +392,7 @@ def test_partitions_added_to_the_topic_are_picked_up(spark, kafka_bootstrap_serv
         pytest.skip("the embedded broker (Tansu) has no CreatePartitions; the planning is unit-tested")
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "grow", partitions=2)
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
     job.start()
     first = produce(bs, topics.input, samples(100, seed=8, bad_every=0, high_share=0.5))
     wait_for(lambda: job.stats.records >= 100 or job.terminated(0), what="records on the first partitions")
@@ -415,7 +415,7 @@ def test_unreachable_metrics_topic_never_stops_the_job(spark, kafka_bootstrap_se
         closed = f"127.0.0.1:{s.getsockname()[1]}"
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "nometrics", partitions=2)
-    job = StreamJob(
+    job = StreamJob.of(
         THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_bootstrap_servers=closed, metrics_interval_seconds=0.5), spark
     )
     job.start()
@@ -445,7 +445,7 @@ def test_a_stop_that_times_out_closes_nothing_under_the_running_batch(spark, kaf
     # An existing metrics topic: the final report is quick, so close() comes while the batch runs.
     metrics_topic = f"metrics.{topics.group}"
     clients.create_topics(clients.base(bs), {metrics_topic: 1})
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_topic=metrics_topic), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest", metrics_topic=metrics_topic), spark)
     in_batch = threading.Event()
     closed_under_batch = []
     process = job._process
@@ -498,7 +498,7 @@ def test_a_stopped_job_leaves_no_kafka_connection_in_the_workers(spark, kafka_bo
     earlier = worker_connections()
     topics = create_test_topics(bs, "idleclients", partitions=2)
     sent = produce(bs, topics.input, samples(300, seed=14, bad_every=0, high_share=0.5))
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
     job.client_idle_seconds = 1.0
     job.start()
     wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the records")

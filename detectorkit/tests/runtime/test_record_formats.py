@@ -46,7 +46,7 @@ def test_avro_records_reach_the_detector_and_undecodable_ones_the_dead_letters_a
     sent = produce(bs, topics.input, [*records[:100], plain_json, *records[100:], unknown_id])
 
     settings = job_settings(bs, topics, starting_offsets="earliest", record_format="avro", schema_registry_url=schema_registry)
-    job = StreamJob(THRESHOLD, settings, spark)
+    job = StreamJob.of(THRESHOLD, settings, spark)
     job.start()
     wait_for(lambda: job.stats.records >= len(sent) or job.terminated(0), what=f"{len(sent)} records")
     job.stop()

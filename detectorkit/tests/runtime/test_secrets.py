@@ -78,7 +78,7 @@ def test_the_password_is_nowhere_to_be_read(spark, kafka_bootstrap_servers, capf
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "secrets", partitions=2)
     produce(bs, topics.input, samples(50, bad_every=0))
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", kafka_options=OPTIONS), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest", kafka_options=OPTIONS), spark)
     query = job.start()
     wait_for(lambda: job.stats.records >= 50 or job.terminated(0), what="the job to process records")
     options = job.source_options()
@@ -93,7 +93,7 @@ def test_the_password_is_nowhere_to_be_read(spark, kafka_bootstrap_servers, capf
 
     # A job that fails at start: the group has no offsets and STARTING_OFFSETS=error.
     no_offsets = type(topics)(topics.input, topics.output, topics.dlq, f"none-{uuid.uuid4().hex[:6]}")
-    failing = StreamJob(THRESHOLD, settings(bs, no_offsets, starting_offsets="error", kafka_options=OPTIONS), spark)
+    failing = StreamJob.of(THRESHOLD, settings(bs, no_offsets, starting_offsets="error", kafka_options=OPTIONS), spark)
     failing.start()
     wait_for(lambda: failing.terminated(0.2), what="the failing job to end")
     failing.close()

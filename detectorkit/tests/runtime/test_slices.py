@@ -43,7 +43,7 @@ def test_a_sliced_job_detects_dead_letters_and_commits_what_batches_do(spark, ka
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "slices", partitions=4)
     sent = produce(bs, topics.input, samples(6_000, seed=41, bad_every=20))
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", slice_seconds=2, processing_guarantee=guarantee), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest", slice_seconds=2, processing_guarantee=guarantee), spark)
     job.start()
     wait_for(lambda: job.stats.records >= 6_000 or job.terminated(0), what="6,000 records")
     job.stop()
@@ -63,7 +63,7 @@ def test_a_slice_writes_detections_and_commits_while_it_runs_and_a_stop_ends_it_
     (no batch has ended), and a stop ends it at its next checkpoint with its positions committed."""
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "slice-stop", partitions=2)
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", slice_seconds=600), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest", slice_seconds=600), spark)
     job.start()
     wait_for(job.caught_up, what="the slice reading")
     sent = produce(bs, topics.input, samples(400, seed=42, bad_every=0, high_share=0.5))
@@ -81,7 +81,7 @@ def test_a_slice_writes_detections_and_commits_while_it_runs_and_a_stop_ends_it_
     assert committed(bs, topics, range(2)) == ends(sent, 2)
 
     more = produce(bs, topics.input, samples(300, seed=43, bad_every=0, high_share=0.5))
-    job = StreamJob(THRESHOLD, settings(bs, topics, starting_offsets="earliest", slice_seconds=600), spark)
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest", slice_seconds=600), spark)
     job.start()
     wait_for(lambda: len(detections(bs, topics.output)) == len(expected(sent + more)), timeout=60, what="the second run's detections")
     job.stop()
@@ -96,7 +96,7 @@ def test_a_stateful_sliced_job_counts_as_one_pass_and_a_slice_whose_deadline_pas
     topics = create_test_topics(bs, "slice-count", partitions=2)
     sent = produce(bs, topics.input, keyed(600))
     s = settings(bs, topics, starting_offsets="earliest", slice_seconds=1)
-    job = StreamJob(COUNT, s, spark, config=COUNT.config(delay_seconds=1.5))
+    job = StreamJob.of(COUNT, s, spark, config=COUNT.config(delay_seconds=1.5))
     job.start()
     wait_for(lambda: job.stats.records >= 600 or job.terminated(0), timeout=180, what="600 records")
     job.stop()

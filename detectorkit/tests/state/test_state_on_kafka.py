@@ -53,7 +53,7 @@ def test_state_carries_across_micro_batches_exactly_as_one_pass_would(spark, kaf
     # An interval longer than the run: a store kept writes the changelog once, at its first task;
     # one dropped after every batch, at every task (it was opened from the changelog).
     options = {"state_flush_interval_seconds": flush_interval, **per_task}
-    job = StreamJob(COUNT, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=250, **options), spark)
+    job = StreamJob.of(COUNT, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=250, **options), spark)
     if not kept:
         job.state_idle_seconds = 0  # every task reads its partitions' state back from the changelog
     job.start()
@@ -93,12 +93,12 @@ def test_a_restart_replays_what_the_changelog_lacks_and_writes_no_output_twice(s
     # Two tasks a batch, claiming their partitions: each keeps its stores, and their changes wait
     # while a backlog is read (a batch that reads a partition to its end writes them at once).
     options = {"max_records_per_batch": 250, "state_flush_interval_seconds": 600, "min_records_per_task": 1}
-    first = StreamJob(COUNT, settings(bs, topics, starting_offsets="earliest", **options), spark)
+    first = StreamJob.of(COUNT, settings(bs, topics, starting_offsets="earliest", **options), spark)
     first.start()
     wait_for(lambda: first.stats.records >= 1_500 or first.terminated(0), what="1,500 records")
     first.stop()  # within the backlog
     assert first.error() is None and first.stats.batches >= 4 and first.stats.records < 6_000
-    second = StreamJob(COUNT, settings(bs, topics, **(options | redeployed)), spark)
+    second = StreamJob.of(COUNT, settings(bs, topics, **(options | redeployed)), spark)
     second.state_idle_seconds = 0  # a new instance: the workers (this process's) keep no store between tasks
     second.start()
     wait_for(lambda: first.stats.records + second.stats.records >= 6_000 or second.terminated(0), what="the rest of the records")
@@ -168,13 +168,13 @@ def test_state_of_another_shape_stops_the_job_at_start_naming_the_changelog(spar
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state-shape", partitions=2)
     produce(bs, topics.input, keyed(200))
-    first = StreamJob(COUNT, settings(bs, topics, starting_offsets="earliest"), spark)
+    first = StreamJob.of(COUNT, settings(bs, topics, starting_offsets="earliest"), spark)
     first.start()
     wait_for(lambda: first.stats.records >= 200 or first.terminated(0), what="the first records")
     first.stop()
     produce(bs, topics.input, keyed(50, seed=2))
 
-    job = StreamJob(RESHAPED, settings(bs, topics, query_restart_attempts=5), spark)
+    job = StreamJob.of(RESHAPED, settings(bs, topics, query_restart_attempts=5), spark)
     job.start()
     assert job.terminated(120), "a changed state shape must stop the job, not be retried"
     job.stop()
@@ -199,7 +199,7 @@ def test_partitions_added_to_the_input_stop_the_job_at_its_next_assignment_in_on
     topics = create_test_topics(bs, "state-grow", partitions=2)
     produce(bs, topics.input, keyed(200))
     options = {"starting_offsets": "earliest", "query_restart_backoff_seconds": 0.1}
-    job = StreamJob(COUNT, settings(bs, topics, **options), spark)
+    job = StreamJob.of(COUNT, settings(bs, topics, **options), spark)
     job.start()
     wait_for(lambda: job.stats.records >= 200 or job.terminated(0), what="the first records")
     admin = AdminClient({"bootstrap.servers": bs})  # held: a client collected mid-request fails its futures
@@ -212,7 +212,7 @@ def test_partitions_added_to_the_input_stop_the_job_at_its_next_assignment_in_on
     assert job.error() == f"SettingsError: {line}"
     assert not any(s.value for f in job.metrics.query_restarts.collect() for s in f.samples if s.name.endswith("_total"))
     assert stopped_in < 30  # the group's metadata refresh (5 s) and a rebalance, no restore timeout
-    again = StreamJob(COUNT, settings(bs, topics, **options), spark)
+    again = StreamJob.of(COUNT, settings(bs, topics, **options), spark)
     with pytest.raises(SettingsError) as refused:
         again.start()
     assert str(refused.value) == line  # at the next start, the same advice
@@ -228,7 +228,7 @@ def test_a_quiet_topics_timers_fire_once_per_key_from_the_wall_clock(spark, kafk
     the wall clock minus the grace moves their event time past the timers."""
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state-quiet", partitions=2)
-    job = StreamJob(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=SilenceConfig(silence_seconds=2))
+    job = StreamJob.of(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=SilenceConfig(silence_seconds=2))
     job.start()
     sent = produce(bs, topics.input, keyed(60, keys=12))
     wait_for(lambda: len(timer_detections(bs, topics)) >= 12 or job.terminated(0), timeout=90, what="a detection per quiet key")
@@ -249,13 +249,13 @@ def test_a_timer_due_while_its_partition_moves_fires_once_on_the_new_owner(spark
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state-move", partitions=2)
     config = SilenceConfig(silence_seconds=6)
-    first = StreamJob(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=config)
+    first = StreamJob.of(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=config)
     first.start()
     sent = produce(bs, topics.input, keyed(40, keys=8))
     wait_for(lambda: first.stats.records >= 40 or first.terminated(0), what="the records")
     first.stop()  # before any timer is due: they leave with the partitions, in the changelog
     assert timer_detections(bs, topics) == {}
-    second = StreamJob(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=config)
+    second = StreamJob.of(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=config)
     second.state_idle_seconds = 0  # as a new instance: nothing of the first one's stores
     second.start()
     wait_for(lambda: len(timer_detections(bs, topics)) >= 8 or second.terminated(0), timeout=90, what="a detection per quiet key")
@@ -359,7 +359,7 @@ def test_stores_holding_changes_an_interval_has_not_written_are_not_rebuilt_at_e
     topics = create_test_topics(bs, "state-backlog", partitions=2)
     produce(bs, topics.input, (Sample(f"key-{i % 3_000}".encode(), b"{}", "valid") for i in range(30_000)))
     options = {"timer_idle_grace_seconds": 1, "min_records_per_task": 1, "max_records_per_batch": 600, "state_flush_interval_seconds": 600}
-    job = StreamJob(SILENCE, settings(bs, topics, starting_offsets="earliest", **options), spark, config=SilenceConfig(silence_seconds=600))
+    job = StreamJob.of(SILENCE, settings(bs, topics, starting_offsets="earliest", **options), spark, config=SilenceConfig(silence_seconds=600))
     job.start()
     wait_for(lambda: job.stats.records >= 30_000 or job.terminated(0), timeout=240, what="the backlog")
     restores, _, replayed = state_reads(job)

@@ -104,15 +104,13 @@ def run_detector(
     except SettingsError as exc:
         return fail(str(exc))
     spark = _start_session(detector, settings)
-    from detectorkit.runtime.stage import as_stage, reading_input  # pandas and pyarrow: not for every command
+    from detectorkit.runtime.stage import as_stage, prepared  # pandas and pyarrow: not for every command
 
-    stage = as_stage(detector)
     try:
-        config = stage.load_config()
-        if settings.shadow:
-            stage = _shadow_of(detector, config)
-        # A stage that reads JSON only is refused here, before the Kafka checks; the job reads as it says.
-        reading_input(stage, settings)
+        config = as_stage(detector).load_config()
+        # Read once, here, before the Kafka checks (a stage that reads JSON only is refused now);
+        # the job takes them as they are.
+        stage, settings, config = prepared(_shadow_of(detector, config) if settings.shadow else detector, settings, config)
     except SettingsError as exc:
         return fail(str(exc))
     log = logs.setup(settings.log_level, service=stage.name, instance=settings.instance_id)
@@ -217,7 +215,7 @@ def _run(stage: Stage, settings: Settings, config, log, spark: Future | None = N
         starting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-session")
         spark = starting.submit(session, master, stage.name, ship=stage_packages(stage), python_source=not settings.slice_seconds)
         starting.shutdown(wait=False)
-    job = StreamJob(stage, settings, spark, config)
+    job = StreamJob(stage, settings, config, spark)
     health = None
     if settings.health_port is not None:
         health = HealthServer(job, settings.health_port, settings.health_host, settings.health_stall_seconds, job.metrics.registry).start()

@@ -50,7 +50,7 @@ from detectorkit.runtime.query_runner import QueryRunner
 from detectorkit.runtime.slice_control import SliceControl
 from detectorkit.runtime.slices import SlicePositions, run_slice
 from detectorkit.runtime.slices import plan as plan_slice
-from detectorkit.runtime.stage import Relay, Stage, as_stage, reading_input
+from detectorkit.runtime.stage import Relay, Stage, prepared
 from detectorkit.runtime.supervisor import Supervisor, describe
 from detectorkit.runtime.task_context import TaskContext
 from detectorkit.runtime.task_result import SPARK_SCHEMA, TaskResult
@@ -66,17 +66,19 @@ log = structlog.get_logger("detectorkit.job")
 class StreamJob:
     """Start with `start()`, stop gracefully with `stop()`; `stats` tells what was processed."""
 
-    def __init__(self, stage: Detector | Stage, settings: Settings, spark, config: Any = None):
-        """`spark`: a SparkSession, or a Future of one still starting: the group join and the Kafka
-        set-up then run meanwhile (only the query waits for it)."""
+    @classmethod
+    def of(cls, job: Detector | Stage, settings: Settings, spark, config: Any = None) -> StreamJob:
+        """The job of a detector or stage as written, its settings and config read here
+        (runtime.stage.prepared); the command line reads them itself, once, and hands them over."""
+        return cls(*prepared(job, settings, config), spark)
+
+    def __init__(self, stage: Stage, settings: Settings, config: Any, spark):
+        """`stage`, `settings` and `config` as `runtime.stage.prepared` makes them. `spark`: a
+        SparkSession, or a Future of one still starting: the group join and the Kafka set-up then
+        run meanwhile (only the query waits for it)."""
         if not settings.kafka_bootstrap_servers:
             raise ValueError("settings.kafka_bootstrap_servers must be set (the command line starts the embedded broker)")
-        self.stage = as_stage(stage)
-        # The command line specialises and logs them once; only a caller that has not gets them filled here.
-        self.settings = settings if settings.consumer_group and settings.dlq_topic else settings.for_service(self.stage.name)
-        self._spark = spark
-        self.config = self.stage.load_config() if config is None else config
-        self.stage = reading_input(self.stage.configured(self.config), self.settings)
+        self.stage, self.settings, self.config, self._spark = stage, settings, config, spark
         # Keys from a field (runtime.repartition): a feeder re-keys the input into a topic of the
         # job's own, which this job then reads from its first record.
         self._feeder: StreamJob | None = None
@@ -85,7 +87,7 @@ class StreamJob:
             s = self.settings
             topic = repartition.topic_of(s.consumer_group)
             feeder = s.model_copy(update={"output_topic": topic, "consumer_group": topic})
-            self._feeder = StreamJob(repartition.RepartitionStage(f"{self.stage.name}-repartition", field), feeder, spark)
+            self._feeder = StreamJob.of(repartition.RepartitionStage(f"{self.stage.name}-repartition", field), feeder, spark)
             self.settings = s.model_copy(update={"input_topic": topic, "starting_offsets": "earliest"})
         s = self.settings
         self._base = clients.base(s.kafka_bootstrap_servers, s.kafka_options)

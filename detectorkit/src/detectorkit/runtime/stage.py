@@ -283,6 +283,17 @@ def input_decoder(settings: Settings) -> rec.Decode | None:
     return schema_registry.decoder(settings.record_format, settings.registry_conf())
 
 
+def prepared(job: Detector | Stage, settings: Settings, config: Any = None) -> tuple[Stage, Settings, Any]:
+    """What a job runs, read once: its stage, configured and reading its input as RECORD_FORMAT
+    says; the settings made its service's; its config (from DETECTOR_*, unless given). Raises
+    SettingsError."""
+    stage = as_stage(job)
+    # Settings a caller specialised already (the command line, a shadow's) are kept as they are.
+    settings = settings if settings.consumer_group and settings.dlq_topic else settings.for_service(stage.name)
+    config = stage.load_config() if config is None else config
+    return reading_input(stage.configured(config), settings), settings, config
+
+
 def reading_input(stage: Stage, settings: Settings) -> Stage:
     """The stage reading its input as RECORD_FORMAT says; SettingsError for a stage that reads JSON only."""
     decode = input_decoder(settings)

@@ -214,6 +214,8 @@ class Rule:
             more, more_state = self._detect(counted[mine], counted[mine], state[state.index.isin(slow)])
             out = _joined_frames(out, more)
             new_state = pd.concat([new_state, more_state])
+        if counted is records:
+            return out, new_state  # every key counted: each has its new state
         unseen = pd.Index(records[KEY].unique()).difference(new_state.index).difference(state.index)
         if len(unseen):
             new_state = pd.concat([new_state, self._frame({k: self._new_key() for k in unseen})])
