@@ -98,11 +98,11 @@ def test_a_batch_commits_from_its_own_thread_while_its_partitions_are_being_revo
 
     owner = BatchInFlight()
     members = Members()
-    one = owner.member = members.add(GroupMember(base, group, topic, owner, session_timeout=6, protocol=protocol, timeout=20).subscribe())
+    one = owner.member = members.add(GroupMember(base, group, topic, session_timeout=6, protocol=protocol, timeout=20).subscribe(owner))
     polling(one)
     try:
         wait_for(lambda: len(one.owned) == 4, timeout=60, what="the first member to own everything")
-        two = members.add(GroupMember(base, group, topic, IDLE, session_timeout=6, protocol=protocol).subscribe())
+        two = members.add(GroupMember(base, group, topic, session_timeout=6, protocol=protocol).subscribe(IDLE))
         polling(two)
         wait_for(lambda: len(two.owned) == 2 and len(one.owned) == 2, timeout=60, what="the partitions to split")
         assert len(took) == 1 and took[0] < 5, took
@@ -115,11 +115,11 @@ def test_an_instance_id_taken_by_another_instance_stops_the_older_one_with_a_mes
     """The classic protocol fences the member that held the id."""
     base, topic, group = new_topic_and_group(kafka_bootstrap_servers, 2)
     members = Members()
-    older = members.add(GroupMember(base, group, topic, IDLE, static_id="orders-1", session_timeout=6).subscribe())
+    older = members.add(GroupMember(base, group, topic, static_id="orders-1", session_timeout=6).subscribe(IDLE))
     polling(older)
     try:
         wait_for(lambda: len(older.owned) == 2, timeout=60, what="the first instance to join")
-        newer = members.add(GroupMember(base, group, topic, IDLE, static_id="orders-1", session_timeout=6).subscribe())
+        newer = members.add(GroupMember(base, group, topic, static_id="orders-1", session_timeout=6).subscribe(IDLE))
         polling(newer)
         wait_for(lambda: older.fatal is not None, timeout=60, what="the older instance to be fenced")
         assert older.fatal == (
@@ -134,11 +134,11 @@ def test_under_the_consumer_protocol_an_instance_id_in_use_stops_the_newer_one_w
     so does a crashed member until the broker's session timeout drops it."""
     base, topic, group = new_topic_and_group(kafka_bootstrap_servers, 2)
     members = Members()
-    older = members.add(GroupMember(base, group, topic, IDLE, static_id="orders-1", protocol="consumer").subscribe())
+    older = members.add(GroupMember(base, group, topic, static_id="orders-1", protocol="consumer").subscribe(IDLE))
     polling(older)
     try:
         wait_for(lambda: len(older.owned) == 2, timeout=60, what="the first instance to join")
-        newer = members.add(GroupMember(base, group, topic, IDLE, static_id="orders-1", protocol="consumer").subscribe())
+        newer = members.add(GroupMember(base, group, topic, static_id="orders-1", protocol="consumer").subscribe(IDLE))
         polling(newer)
         wait_for(lambda: newer.fatal is not None, timeout=60, what="the newer instance to be refused")
         assert newer.fatal == (
@@ -160,7 +160,7 @@ def test_a_member_keeping_its_partitions_through_rebalances_never_has_a_commit_r
     restarted from the last commit, 22 detections written twice)."""
     base, topic, group = new_topic_and_group(kafka_bootstrap_servers, 4)
     members = Members()
-    one = members.add(GroupMember(base, group, topic, IDLE, session_timeout=6, protocol=protocol, timeout=20).subscribe())
+    one = members.add(GroupMember(base, group, topic, session_timeout=6, protocol=protocol, timeout=20).subscribe(IDLE))
     polling(one)
     refused, failed, commits = [], [], [0]
 
@@ -179,9 +179,9 @@ def test_a_member_keeping_its_partitions_through_rebalances_never_has_a_commit_r
         committing = threading.Thread(target=batches, daemon=True)
         committing.start()
         for _ in range(3):  # instances coming and going: each join and each leave is a rebalance
-            other = GroupMember(base, group, topic, IDLE, session_timeout=6, protocol=protocol)
+            other = GroupMember(base, group, topic, session_timeout=6, protocol=protocol)
             other.stop = threading.Event()
-            other.subscribe()
+            other.subscribe(IDLE)
             polling(other)
             wait_for(lambda o=other: len(o.owned) == 2 and len(one.owned) == 2, timeout=60, what="the partitions to split")
             other.stop.set()
@@ -203,8 +203,8 @@ from detectorkit.kafka.membership import GroupMember
 from detectorkit.settings import Settings
 
 idle = type("Idle", (), {"release": lambda *a: None})()
-member = GroupMember(clients.base(sys.argv[1]), sys.argv[2], sys.argv[3], idle,
-                     session_timeout=Settings().group_session_timeout_seconds).subscribe()
+member = GroupMember(clients.base(sys.argv[1]), sys.argv[2], sys.argv[3],
+                     session_timeout=Settings().group_session_timeout_seconds).subscribe(idle)
 while True:
     member.poll(0.2)
 """
@@ -217,7 +217,7 @@ def test_a_killed_members_partitions_move_within_the_default_session_timeout(kaf
     base, topic, group = new_topic_and_group(kafka_bootstrap_servers, 4)
     members = Members()
     session = Settings().group_session_timeout_seconds
-    survivor = members.add(GroupMember(base, group, topic, IDLE, session_timeout=session).subscribe())
+    survivor = members.add(GroupMember(base, group, topic, session_timeout=session).subscribe(IDLE))
     polling(survivor)
     victim = subprocess.Popen([sys.executable, "-c", KILLED_MEMBER, kafka_bootstrap_servers, group, topic])
     try:
@@ -238,7 +238,7 @@ def test_a_call_queued_after_the_serving_thread_stopped_serving_runs_on_its_call
     """A graceful stop: the stopping thread served the group while the batch in flight finished,
     then waits for the metrics reporter, whose last report asks the group for its offsets. Seen
     stalling a stop for 90 s (the call's deadline) before the stopping thread gave the role up."""
-    member = GroupMember(clients.base("127.0.0.1:9"), "g", "t", IDLE, timeout=1)
+    member = GroupMember(clients.base("127.0.0.1:9"), "g", "t", timeout=1)
     try:
         member.serve()  # this thread serves, as the stopping thread does in _acquire_serving
         member.stop_serving()
@@ -257,7 +257,7 @@ def test_where_the_state_changelog_is_goes_with_each_commit_and_survives_a_recom
     make the next owner take the changelog as reflecting everything up to the offset."""
     base, topic, group = new_topic_and_group(kafka_bootstrap_servers, 2)
     members = Members()
-    one = members.add(GroupMember(base, group, topic, IDLE, session_timeout=6, timeout=20).subscribe())
+    one = members.add(GroupMember(base, group, topic, session_timeout=6, timeout=20).subscribe(IDLE))
     polling(one)
     try:
         wait_for(lambda: len(one.owned) == 2, timeout=60, what="the member to own both partitions")

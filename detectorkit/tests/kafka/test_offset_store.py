@@ -57,7 +57,7 @@ def test_the_group_member_and_the_offset_store_both_read_through_it(monkeypatch)
 
     monkeypatch.setattr(offset_store, "committed", spy)
     store = OffsetStore(clients.consumer(NOWHERE, "g"), "by-store", timeout=1)
-    member = GroupMember(NOWHERE, "g", "by-member", Owner(), timeout=1)
+    member = GroupMember(NOWHERE, "g", "by-member", timeout=1)
     try:
         assert store.committed([0]) == {0: 5}
         assert member.committed([0, 1]) == {0: 5, 1: 5}

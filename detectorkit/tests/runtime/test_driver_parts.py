@@ -96,10 +96,8 @@ class Ends:
         return dict.fromkeys(partitions, 200)
 
 
-def committer_of(plan, member):
-    committer = DriverCheckpoint(plan, JobMetrics())
-    committer.member, committer.ends = member, Ends()
-    return committer
+def committer_of(plan, member, on_input_gone=None):
+    return DriverCheckpoint(plan, JobMetrics(), member=member, ends=Ends(), on_input_gone=on_input_gone)
 
 
 def test_a_batch_commits_only_what_this_instance_still_owns_with_where_the_changelog_is():
@@ -188,7 +186,8 @@ def test_a_slices_driver_knows_its_input_was_created_again_by_its_id(monkeypatch
     monkeypatch.setattr(clients, "topic_id", lambda admin, topic, timeout: next(ids))
 
     def assignment(**options):
-        a = PartitionOwner(plan_of(THRESHOLD, **options), {}, None, None, None, None, None, threading.Event(), start_query=None)
+        plan = plan_of(THRESHOLD, **options)
+        a = PartitionOwner(plan, {}, None, None, None, None, None, threading.Event(), start_query=None, member=None, ends=None)
         a._admin = object()
         return a
 
@@ -223,9 +222,8 @@ def test_a_slices_commit_that_finds_the_input_gone_ends_the_slice():
         def commit(self, offsets, metadata=None):
             raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
 
-    committer = committer_of(plan_of(THRESHOLD, fail_on_data_loss=False), Gone())
     ended = []
-    committer.on_input_gone = lambda: ended.append(True)
+    committer = committer_of(plan_of(THRESHOLD, fail_on_data_loss=False), Gone(), on_input_gone=lambda: ended.append(True))
     committer.allow({0})
     committer.commit_reported({0: 5}, {})
     assert ended == [True]

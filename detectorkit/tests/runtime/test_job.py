@@ -198,8 +198,9 @@ def test_a_query_that_died_is_never_dropped_silently_when_its_partitions_go():
     assert job.error() == "DataLossError: topic 'in' was deleted while the job read it"
 
 
-def driver_parts(stage, start_query=None, **options):
-    """A job's driver parts without Spark or a broker: its plan, committer, query runner and assignment."""
+def driver_parts(stage, start_query=None, owned=(), **options):
+    """A job's driver parts without Spark or a broker: its plan, committer, query runner and the
+    owner of its partitions, whose group gives it `owned` at once."""
     from detectorkit.runtime.driver_checkpoint import DriverCheckpoint
     from detectorkit.runtime.partition_owner import PartitionOwner
     from detectorkit.runtime.query_runner import QueryRunner
@@ -217,6 +218,8 @@ def driver_parts(stage, start_query=None, **options):
         job.progress,
         job._leaving,
         start_query=start_query,
+        member=Member(job._leaving, owned),
+        ends=None,
         state_topic=None if state is None else state.topic,
     )
     return job, assignment
@@ -252,7 +255,9 @@ def test_a_stateful_job_given_partitions_its_changelog_lacks_stops_at_once_in_on
     from ..detectors import COUNT
 
     started = []
-    job, assignment = driver_parts(COUNT, start_query=lambda owned, start, metadata: started.append(owned), input_topic="in", consumer_group="g")
+    job, assignment = driver_parts(
+        COUNT, start_query=lambda owned, start, metadata: started.append(owned), owned=range(8), input_topic="in", consumer_group="g"
+    )
     requests = []
 
     def list_topics(timeout):
@@ -262,7 +267,6 @@ def test_a_stateful_job_given_partitions_its_changelog_lacks_stops_at_once_in_on
 
     monkeypatch.setattr(changelog.clients, "new_admin", lambda conf: SimpleNamespace(list_topics=list_topics))
     assignment.start_offsets = lambda owned: dict.fromkeys(owned, 0)
-    assignment.member = Member(job._leaving, range(8))
     assignment.serve()
     assert job.terminated(0)
     assert started == []
@@ -279,14 +283,13 @@ def test_a_job_told_to_stop_while_it_takes_an_assignment_starts_no_query_for_it(
     A query started then plans its first batch while the stop waits for it (seen once in CI: Spark's
     Python source runner timed out opening its socket, and the instance did not stop in 300 s)."""
     started = []
-    job, assignment = driver_parts(THRESHOLD, start_query=lambda owned, start, metadata: started.append(owned))
+    job, assignment = driver_parts(THRESHOLD, start_query=lambda owned, start, metadata: started.append(owned), owned={3})
 
     def start_offsets(owned):
         job._leaving.set()  # stop() is called now
         return dict.fromkeys(owned, 0)
 
     assignment.start_offsets = start_offsets
-    assignment.member = Member(job._leaving, {3})
     assignment.serve()
     assert started == []
     assert job.error() is None and restarts(job) == {}

@@ -104,7 +104,6 @@ class GroupMember:
         base_conf: Mapping[str, Any],
         group: str,
         topic: str,
-        owner: Owner,
         *,
         static_id: str | None = None,
         session_timeout: float = 10.0,
@@ -113,7 +112,8 @@ class GroupMember:
     ):
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown group protocol {protocol!r}: one of {', '.join(PROTOCOLS)}")
-        self.group, self.topic, self.owner, self.timeout = group, topic, owner, timeout
+        self.group, self.topic, self.timeout = group, topic, timeout
+        self.owner: Owner | None = None  # who is told to release what the group takes away: `subscribe`'s
         self.static_id, self.protocol = static_id, protocol
         if protocol == "consumer":
             # KIP-848: the broker assigns (always incrementally) and times members out
@@ -152,7 +152,9 @@ class GroupMember:
         self._server: threading.Thread | None = None  # the thread that polls and runs the calls
         self.joined = False  # the first assignment arrived (it may be empty)
 
-    def subscribe(self) -> GroupMember:
+    def subscribe(self, owner: Owner) -> GroupMember:
+        """Joins the group; `owner` releases what a rebalance takes away (in `poll`)."""
+        self.owner = owner
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
         return self
 

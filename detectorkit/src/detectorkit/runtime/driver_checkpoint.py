@@ -60,14 +60,24 @@ class _Folded:
 
 
 class DriverCheckpoint:
-    def __init__(self, plan: JobPlan, metrics: JobMetrics, stats: JobStats | None = None):
+    def __init__(
+        self,
+        plan: JobPlan,
+        metrics: JobMetrics,
+        stats: JobStats | None = None,
+        member: GroupMember | None = None,
+        ends=None,
+        on_input_gone: Callable[[], None] | None = None,
+    ):
+        """`member`: the group's, which commits (None: nothing is committed, as in a test of the
+        folding alone); `ends`: the end offsets (kafka.end_offsets), for the lag; `on_input_gone`:
+        what ends the running slice when a commit finds the input topic gone."""
         self.plan = plan
         self.metrics = metrics
         self.stats = JobStats() if stats is None else stats
-        self.member: GroupMember | None = None
-        # Slices: the running slice ends when a commit finds the input topic gone (StreamJob sets it).
-        self.on_input_gone: Callable[[], None] | None = None
-        self.ends = None  # end offsets (kafka.end_offsets), for the lag
+        self.member = member
+        self.on_input_gone = on_input_gone
+        self.ends = ends
         # Serialises the group commits of batches with the periodic refresh, the lag reading and
         # the hand-over of partitions.
         self._lock = threading.Lock()

@@ -111,6 +111,9 @@ class StreamJob:
         self._control: SliceControl | None = None
         self._positions = SlicePositions({})
         self._slice: str | None = None
+        # Micro-batches: the name the job's source is registered under; None with slices (set at start).
+        self._format: str | None = None
+        self._source: SourceOptions | None = None  # what the query's tasks read (set when it starts)
         self._registered = False
         self._local = True
         # How long a worker keeps an unused Kafka client (tests shorten it).
@@ -205,20 +208,29 @@ class StreamJob:
             transaction_timeout_ms=int(s.transaction_timeout_seconds * 1000),
             flush_timeout=max(60.0, s.transaction_timeout_seconds),
         )
+        # The first Python job of a session pays for starting the workers and their imports: done
+        # now, it overlaps the group join instead of delaying the first batch.
+        threading.Thread(target=self._warm_workers, name="warm-workers", daemon=True).start()
+        # Lag needs the true end, as the source plans it (ListOffsets gets it wrong on Tansu).
+        ends = open_end_offsets(self.broker_kind, self._base, s.consumer_group, s.input_topic, timeout)
+        member = GroupMember(
+            self._base,
+            s.consumer_group,
+            s.input_topic,
+            static_id=s.static_instance_id(),
+            session_timeout=s.group_session_timeout_seconds,
+            protocol=s.group_protocol,
+            timeout=timeout,
+        )
+        self._committer = committer = DriverCheckpoint(plan, self.metrics, self.stats, member, ends, on_input_gone=self._end_slices)
         if plan.slices:
             # The tasks report to, and are ended by, this process: on a cluster, at the driver's address.
             host = "127.0.0.1" if self._local else self.spark.conf.get("spark.driver.host")
-            # (The committer is made below, before any query starts a task.)
-            self._control = SliceControl(host, on_counts=lambda counts: self._committer.count_reported(counts))
-            self._format = None
+            self._control = SliceControl(host, on_counts=committer.count_reported)
         else:
             # The source's tasks read, detect and write themselves: one Python worker per task
             # (registered with the session once it has started: see _start_query).
             self._format = f"{SOURCE_NAME}-{self.stage.name}-{uuid.uuid4().hex[:12]}"
-        # The first Python job of a session pays for starting the workers and their imports
-        # (6.5 s measured on 2 cores); done now, it overlaps the group join instead of delaying
-        # the first batch.
-        threading.Thread(target=self._warm_workers, name="warm-workers", daemon=True).start()
         if self._task.state is not None:
             if s.topics_as_code:
                 changelog.require(self._base, self._task.state.topic, s.input_topic, timeout)
@@ -227,8 +239,6 @@ class StreamJob:
         self.stage.prepare_job(self.config, s, self._base, self.broker_kind)
         relay = self.stage.relay(self.config, s, self._base, self.broker_kind, self._count_dead_letter, self.supervisor.fail)
         self._relay = None if relay is None else relay.start()
-        self._committer = committer = DriverCheckpoint(plan, self.metrics, self.stats)
-        committer.on_input_gone = self._end_slices
         self._runner = runner = QueryRunner(lambda: self.spark, plan, self._on_batch, serve=self._serve_member, interrupt=self._end_slices)
         self._assignment = assignment = PartitionOwner(
             plan,
@@ -240,10 +250,10 @@ class StreamJob:
             self.progress,
             self._leaving,
             start_query=self._start_query,
+            member=member,
+            ends=ends,
             state_topic=None if self._task.state is None else self._task.state.topic,
         )
-        # Lag needs the true end, as the source plans it (ListOffsets gets it wrong on Tansu).
-        committer.ends = assignment.ends = open_end_offsets(self.broker_kind, self._base, s.consumer_group, s.input_topic, timeout)
         metrics_conf = clients.base(s.metrics_bootstrap_servers, s.kafka_options) if s.metrics_bootstrap_servers else self._base
         self._reporter = MetricsReporter(
             self.metrics,
@@ -254,16 +264,7 @@ class StreamJob:
             s.metrics_interval_seconds,
             before_report=self.maintain_offsets,
         ).start()
-        self._member = committer.member = assignment.member = GroupMember(
-            self._base,
-            s.consumer_group,
-            s.input_topic,
-            assignment,
-            static_id=s.static_instance_id(),
-            session_timeout=s.group_session_timeout_seconds,
-            protocol=s.group_protocol,
-            timeout=timeout,
-        ).subscribe()
+        self._member = member.subscribe(assignment)
         log.info(
             "job started",
             input_topic=s.input_topic,

@@ -45,15 +45,18 @@ class PartitionOwner:
         progress: Progress,
         leaving: threading.Event,
         start_query: Callable[[frozenset[int], dict[int, int], bytes | None], None],
+        member: GroupMember,
+        ends,
         state_topic: str | None = None,
     ):
+        """`member`: the group's, not yet subscribed (this owner subscribes it, `serve`'s thread
+        polls it); `ends`: the end offsets (kafka.end_offsets) a start position is judged by."""
         self.plan, self._base = plan, base_conf
         self.runner, self.committer, self.supervisor = runner, committer, supervisor
         self.metrics, self.progress, self._leaving = metrics, progress, leaving
         self._start_query = start_query
         self._state_topic = state_topic
-        self.member: GroupMember | None = None
-        self.ends = None
+        self.member, self.ends = member, ends
         self.running: frozenset[int] | None = None  # what the query reads; None: nothing runs
         self.metadata: bytes | None = None  # with exactly-once: the group metadata the query's tasks commit with
         self._admin = None  # for the metadata request of an assignment that needs one
