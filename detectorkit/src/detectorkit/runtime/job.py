@@ -213,7 +213,7 @@ class StreamJob:
         threading.Thread(target=self._warm_workers, name="warm-workers", daemon=True).start()
         # Lag needs the true end, as the source plans it (ListOffsets gets it wrong on Tansu).
         ends = open_end_offsets(self.broker_kind, self._base, s.consumer_group, s.input_topic, timeout)
-        member = GroupMember(
+        self._member = member = GroupMember(
             self._base,
             s.consumer_group,
             s.input_topic,
@@ -264,7 +264,7 @@ class StreamJob:
             s.metrics_interval_seconds,
             before_report=self.maintain_offsets,
         ).start()
-        self._member = member.subscribe(assignment)
+        member.subscribe(assignment)
         log.info(
             "job started",
             input_topic=s.input_topic,
