@@ -501,8 +501,7 @@ def test_a_stopped_job_leaves_no_kafka_connection_in_the_workers(spark, kafka_bo
     earlier = worker_connections()
     topics = create_test_topics(bs, "idleclients", partitions=2)
     sent = produce(bs, topics.input, samples(300, seed=14, bad_every=0, high_share=0.5))
-    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark)
-    job.client_idle_seconds = 1.0
+    job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest"), spark, client_idle_seconds=1.0)
     job.start()
     wait_for(lambda: job.stats.records >= 300 or job.terminated(0), what="the records")
     assert worker_connections() - earlier  # its reading consumer (its group is new) is connected while it runs

@@ -53,9 +53,9 @@ def test_state_carries_across_micro_batches_exactly_as_one_pass_would(spark, kaf
     # An interval longer than the run: a store kept writes the changelog once, at its first task;
     # one dropped after every batch, at every task (it was opened from the changelog).
     options = {"state_flush_interval_seconds": flush_interval, **per_task}
-    job = StreamJob.of(COUNT, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=250, **options), spark)
-    if not kept:
-        job.state_idle_seconds = 0  # every task reads its partitions' state back from the changelog
+    # Not kept: every task reads its partitions' state back from the changelog.
+    keeping = {} if kept else {"state_idle_seconds": 0}
+    job = StreamJob.of(COUNT, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=250, **options), spark, **keeping)
     job.start()
     wait_for(lambda: job.stats.records >= 3_000 or job.terminated(0), what="3,000 records")
     keys_held = sum(sample.value for family in job.metrics.state_keys.collect() for sample in family.samples)  # dropped on release
@@ -98,8 +98,8 @@ def test_a_restart_replays_what_the_changelog_lacks_and_writes_no_output_twice(s
     wait_for(lambda: first.stats.records >= 1_500 or first.terminated(0), what="1,500 records")
     first.stop()  # within the backlog
     assert first.error() is None and first.stats.batches >= 4 and first.stats.records < 6_000
-    second = StreamJob.of(COUNT, settings(bs, topics, **(options | redeployed)), spark)
-    second.state_idle_seconds = 0  # a new instance: the workers (this process's) keep no store between tasks
+    # A new instance: the workers (this process's) keep no store between tasks.
+    second = StreamJob.of(COUNT, settings(bs, topics, **(options | redeployed)), spark, state_idle_seconds=0)
     second.start()
     wait_for(lambda: first.stats.records + second.stats.records >= 6_000 or second.terminated(0), what="the rest of the records")
     second.stop()
@@ -255,8 +255,8 @@ def test_a_timer_due_while_its_partition_moves_fires_once_on_the_new_owner(spark
     wait_for(lambda: first.stats.records >= 40 or first.terminated(0), what="the records")
     first.stop()  # before any timer is due: they leave with the partitions, in the changelog
     assert timer_detections(bs, topics) == {}
-    second = StreamJob.of(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=config)
-    second.state_idle_seconds = 0  # as a new instance: nothing of the first one's stores
+    # As a new instance: nothing of the first one's stores.
+    second = StreamJob.of(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=config, state_idle_seconds=0)
     second.start()
     wait_for(lambda: len(timer_detections(bs, topics)) >= 8 or second.terminated(0), timeout=90, what="a detection per quiet key")
     batches = second.stats.batches

@@ -67,15 +67,16 @@ class StreamJob:
     """Start with `start()`, stop gracefully with `stop()`; `stats` tells what was processed."""
 
     @classmethod
-    def of(cls, job: Detector | Stage, settings: Settings, spark, config: Any = None) -> StreamJob:
+    def of(cls, job: Detector | Stage, settings: Settings, spark, config: Any = None, **keeping: float) -> StreamJob:
         """The job of a detector or stage as written, its settings and config read here
         (runtime.stage.prepared); the command line reads them itself, once, and hands them over."""
-        return cls(*prepared(job, settings, config), spark)
+        return cls(*prepared(job, settings, config), spark, **keeping)
 
-    def __init__(self, stage: Stage, settings: Settings, config: Any, spark):
+    def __init__(self, stage: Stage, settings: Settings, config: Any, spark, client_idle_seconds: float = 60.0, state_idle_seconds: float = 600.0):
         """`stage`, `settings` and `config` as `runtime.stage.prepared` makes them. `spark`: a
         SparkSession, or a Future of one still starting: the group join and the Kafka set-up then
-        run meanwhile (only the query waits for it)."""
+        run meanwhile (only the query waits for it). How long a worker keeps an unused Kafka client,
+        and a state store no task uses (0: every task restores its state, as a new instance's)."""
         if not settings.kafka_bootstrap_servers:
             raise ValueError("settings.kafka_bootstrap_servers must be set (the command line starts the embedded broker)")
         self.stage, self.settings, self.config, self._spark = stage, settings, config, spark
@@ -116,10 +117,7 @@ class StreamJob:
         self._source: SourceOptions | None = None  # what the query's tasks read (set when it starts)
         self._registered = False
         self._local = True
-        # How long a worker keeps an unused Kafka client (tests shorten it).
-        self.client_idle_seconds = 60.0
-        # How long a worker keeps a state store no task uses (0: every task restores its state, as tests do).
-        self.state_idle_seconds = 600.0
+        self.client_idle_seconds, self.state_idle_seconds = client_idle_seconds, state_idle_seconds
 
     @property
     def spark(self):
