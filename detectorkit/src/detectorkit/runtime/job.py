@@ -10,7 +10,9 @@ batch returns. A graceful stop waits for the batch in flight, so its offsets are
   - `PartitionOwner` (runtime.partition_owner): the consumer group's member, its hand-overs and start offsets;
   - `QueryRunner` (runtime.query_runner): the Spark query on a fresh checkpoint, and the batch lock;
   - `DriverCheckpoint` (runtime.driver_checkpoint): folding task results, commits, recommits and lag;
-  - `Supervisor` (runtime.supervisor): restarts with backoff, permanent errors, the job's end.
+  - `Supervisor` (runtime.supervisor): restarts with backoff, permanent errors, the job's end;
+  - `SliceDriver` (runtime.slice_driver): with SLICE_SECONDS, the slice each batch runs, and what its
+    tasks report as they checkpoint.
 
 The consumer group is the only record of the job's position. Spark's checkpoint is fresh for every
 query (a temporary directory, or a per-instance one under CHECKPOINT_DIR that is emptied first): a
@@ -47,11 +49,9 @@ from detectorkit.runtime.job_plan import JobPlan
 from detectorkit.runtime.partition_owner import PartitionOwner
 from detectorkit.runtime.processing import process_planned, warm_worker
 from detectorkit.runtime.query_runner import QueryRunner
-from detectorkit.runtime.slice_control import SliceControl
-from detectorkit.runtime.slices import SlicePositions, run_slice
-from detectorkit.runtime.slices import plan as plan_slice
+from detectorkit.runtime.slice_driver import SliceDriver
 from detectorkit.runtime.stage import Relay, Stage, prepared
-from detectorkit.runtime.supervisor import Supervisor, describe
+from detectorkit.runtime.supervisor import Supervisor
 from detectorkit.runtime.task_context import TaskContext
 from detectorkit.runtime.task_result import SPARK_SCHEMA, TaskResult
 from detectorkit.settings import Settings, SettingsError
@@ -108,10 +108,7 @@ class StreamJob:
         self._reporter: MetricsReporter | None = None
         self._relay: Relay | None = None
         self._serving: threading.Thread | None = None
-        # With SLICE_SECONDS: the line to the slices' tasks, where each partition is, and the slice running.
-        self._control: SliceControl | None = None
-        self._positions = SlicePositions({})
-        self._slice: str | None = None
+        self._slices: SliceDriver | None = None  # with SLICE_SECONDS (runtime.slice_driver)
         # Micro-batches: the name the job's source is registered under; None with slices (set at start).
         self._format: str | None = None
         self._source: SourceOptions | None = None  # what the query's tasks read (set when it starts)
@@ -191,7 +188,36 @@ class StreamJob:
                 transactions.check_broker(clients.producer(self._base), s.consumer_group, timeout)
             except transactions.TransactionError as exc:
                 raise SettingsError(str(exc)) from None
-        self._task = TaskContext(
+        self._task = self._task_context(plan)
+        # The first Python job of a session pays for starting the workers and their imports: done
+        # now, it overlaps the group join instead of delaying the first batch.
+        threading.Thread(target=self._warm_workers, name="warm-workers", daemon=True).start()
+        self._prepare_topics()
+        assignment = self._make_parts(plan)
+        self._member.subscribe(assignment)
+        log.info(
+            "job started",
+            input_topic=s.input_topic,
+            output_topic=s.output_topic,
+            dlq_topic=s.dlq_topic,
+            consumer_group=s.consumer_group,
+            group_instance_id=s.static_instance_id(),
+            starting_offsets=s.starting_offsets,
+            broker_kind=self.broker_kind,
+            processing_guarantee=plan.guarantee.value,
+            slice_seconds=plan.slice_seconds,  # 0: micro-batches
+        )
+        self._serving = threading.Thread(target=assignment.serve, name="consumer-group", daemon=True)
+        self._serving.start()
+        if self._slices is not None and not plan.exactly_once:
+            threading.Thread(target=self._slices.commit_as_they_go, args=(self.supervisor.ended,), name="slice-commits", daemon=True).start()
+        self.supervisor.ready.wait(timeout + s.group_session_timeout_seconds)
+        return self.query
+
+    def _task_context(self, plan: JobPlan) -> TaskContext:
+        """What every task is handed: the stage, its config, where it writes, its state."""
+        s = self.settings
+        return TaskContext(
             service=self.stage.name,
             stage=self.stage,
             config=self.config,
@@ -206,9 +232,23 @@ class StreamJob:
             transaction_timeout_ms=int(s.transaction_timeout_seconds * 1000),
             flush_timeout=max(60.0, s.transaction_timeout_seconds),
         )
-        # The first Python job of a session pays for starting the workers and their imports: done
-        # now, it overlaps the group join instead of delaying the first batch.
-        threading.Thread(target=self._warm_workers, name="warm-workers", daemon=True).start()
+
+    def _prepare_topics(self) -> None:
+        """The changelog (made, or with TOPICS_AS_CODE checked), what the stage prepares, its relay."""
+        s, timeout = self.settings, self.settings.connect_timeout_seconds
+        if self._task.state is not None:
+            if s.topics_as_code:
+                changelog.require(self._base, self._task.state.topic, s.input_topic, timeout)
+            else:
+                changelog.create(self._base, self._task.state.topic, s.input_topic, self.broker_kind, timeout)
+        self.stage.prepare_job(self.config, s, self._base, self.broker_kind)
+        relay = self.stage.relay(self.config, s, self._base, self.broker_kind, self._count_dead_letter, self.supervisor.fail)
+        self._relay = None if relay is None else relay.start()
+
+    def _make_parts(self, plan: JobPlan) -> PartitionOwner:
+        """The driver's parts, each made with what it needs; the owner of the partitions, whose
+        group member is yet to subscribe."""
+        s, timeout = self.settings, self.settings.connect_timeout_seconds
         # Lag needs the true end, as the source plans it (ListOffsets gets it wrong on Tansu).
         ends = open_end_offsets(self.broker_kind, self._base, s.consumer_group, s.input_topic, timeout)
         self._member = member = GroupMember(
@@ -221,22 +261,6 @@ class StreamJob:
             timeout=timeout,
         )
         self._committer = committer = DriverCheckpoint(plan, self.metrics, self.stats, member, ends, on_input_gone=self._end_slices)
-        if plan.slices:
-            # The tasks report to, and are ended by, this process: on a cluster, at the driver's address.
-            host = "127.0.0.1" if self._local else self.spark.conf.get("spark.driver.host")
-            self._control = SliceControl(host, on_counts=committer.count_reported)
-        else:
-            # The source's tasks read, detect and write themselves: one Python worker per task
-            # (registered with the session once it has started: see _start_query).
-            self._format = f"{SOURCE_NAME}-{self.stage.name}-{uuid.uuid4().hex[:12]}"
-        if self._task.state is not None:
-            if s.topics_as_code:
-                changelog.require(self._base, self._task.state.topic, s.input_topic, timeout)
-            else:
-                changelog.create(self._base, self._task.state.topic, s.input_topic, self.broker_kind, timeout)
-        self.stage.prepare_job(self.config, s, self._base, self.broker_kind)
-        relay = self.stage.relay(self.config, s, self._base, self.broker_kind, self._count_dead_letter, self.supervisor.fail)
-        self._relay = None if relay is None else relay.start()
         self._runner = runner = QueryRunner(lambda: self.spark, plan, self._on_batch, serve=self._serve_member, interrupt=self._end_slices)
         self._assignment = assignment = PartitionOwner(
             plan,
@@ -252,6 +276,14 @@ class StreamJob:
             ends=ends,
             state_topic=None if self._task.state is None else self._task.state.topic,
         )
+        if plan.slices:
+            # The tasks report to, and are ended by, this process: on a cluster, at the driver's address.
+            host = "127.0.0.1" if self._local else self.spark.conf.get("spark.driver.host")
+            self._slices = SliceDriver(host, plan, committer, assignment.input_recreated, self._leaving)
+        else:
+            # The source's tasks read, detect and write themselves: one Python worker per task
+            # (registered with the session once it has started: see _start_query).
+            self._format = f"{SOURCE_NAME}-{self.stage.name}-{uuid.uuid4().hex[:12]}"
         metrics_conf = clients.base(s.metrics_bootstrap_servers, s.kafka_options) if s.metrics_bootstrap_servers else self._base
         self._reporter = MetricsReporter(
             self.metrics,
@@ -262,25 +294,7 @@ class StreamJob:
             s.metrics_interval_seconds,
             before_report=self.maintain_offsets,
         ).start()
-        member.subscribe(assignment)
-        log.info(
-            "job started",
-            input_topic=s.input_topic,
-            output_topic=s.output_topic,
-            dlq_topic=s.dlq_topic,
-            consumer_group=s.consumer_group,
-            group_instance_id=s.static_instance_id(),
-            starting_offsets=s.starting_offsets,
-            broker_kind=self.broker_kind,
-            processing_guarantee=plan.guarantee.value,
-            slice_seconds=plan.slice_seconds,  # 0: micro-batches
-        )
-        self._serving = threading.Thread(target=assignment.serve, name="consumer-group", daemon=True)
-        self._serving.start()
-        if plan.slices and not plan.exactly_once:
-            threading.Thread(target=self._commit_slices, args=(plan.slice_commit_interval_seconds,), name="slice-commits", daemon=True).start()
-        self.supervisor.ready.wait(timeout + s.group_session_timeout_seconds)
-        return self.query
+        return assignment
 
     def _start_feeder(self) -> None:
         """The repartition topic (made, or with TOPICS_AS_CODE checked), then the feeder reading
@@ -315,7 +329,8 @@ class StreamJob:
         self._source = dataclasses.replace(
             self.source_options(), partitions=sorted(owned), start_offsets=start, group_metadata=metadata.hex() if metadata else None
         )
-        self._positions = SlicePositions(start)
+        if self._slices is not None:
+            self._slices.starting_at(start)
         if self._format is not None and not self._registered:
             self.spark.dataSource.register(task_source(self._format, SPARK_SCHEMA, partial(process_planned, self._task)))
             self._registered = True
@@ -323,24 +338,11 @@ class StreamJob:
 
     def _slice_progress(self):
         """Where the running slice's tasks last said they were (None: no slice, or no report yet)."""
-        return self._control.snapshot(self._slice) if self._control is not None else None
-
-    def _commit_slices(self, interval: float) -> None:
-        """At-least-once: the positions the running slice's tasks reported at their checkpoints,
-        committed every SLICE_COMMIT_INTERVAL_SECONDS as they move (with exactly-once the tasks'
-        transactions commit them); the slice's end commits its last ones, as a batch's does."""
-        while not self._leaving.wait(interval) and not self.supervisor.ended.is_set():
-            progress = self._slice_progress()
-            if progress is None or not progress.positions:
-                continue
-            try:
-                self._committer.commit_reported(progress.positions, progress.durable)
-            except Exception as exc:  # noqa: BLE001 - the slice's end commits the same positions, or its failure restarts the query
-                log.warning("could not commit the slice's positions yet", error=describe(exc))
+        return self._slices.progress() if self._slices is not None else None
 
     def _end_slices(self) -> None:
-        if self._control is not None:
-            self._control.end()
+        if self._slices is not None:
+            self._slices.end()
 
     # ---- batches (the query runner calls under its batch lock) ------------------------------------
 
@@ -356,52 +358,11 @@ class StreamJob:
 
     def _process(self, frame, batch_id: int, started: float) -> BatchResult:
         """One batch: steps 1-6 ran in the tasks; 5 (at-least-once) and 7 in the committer (runtime.checkpoint)."""
-        if self._control is not None:
-            results = self._run_slice()
+        if self._slices is not None:
+            results = self._slices.run(self.spark, self._task, self._source)
         else:
             results = [TaskResult.from_row(row.asDict()) for row in frame.collect()]
         return self._committer.finish(batch_id, results, started)
-
-    def _run_slice(self) -> list[TaskResult]:
-        """A slice (runtime.slices): a task per core over the owned partitions, from where the last ended."""
-        plan, control = self.make_plan(), self._control
-        positions = self._positions
-        recreated = self._assignment.input_recreated()
-        if recreated is None:
-            # Deleted: no reader goes on from the old topic's positions into a new one created
-            # meanwhile. Once it is back, its id says which of the two it is.
-            self._leaving.wait(min(1.0, plan.slice_seconds))
-            return []
-        restart = positions.input_checked(recreated)
-        if restart is not None:
-            # The last slice's progress is the old topic's: forgotten before anything commits it.
-            if self._slice is not None:
-                control.forget(self._slice)
-            self._slice = None
-            self._committer.restart_at(restart)
-        tasks = max(1, min(self.spark.sparkContext.defaultParallelism, len(positions.next)))
-        token = uuid.uuid4().hex
-        spec = plan_slice(
-            self._source,
-            positions.next,
-            tasks,
-            plan.slice_seconds,
-            plan.slice_commit_interval_seconds,
-            plan.tick_seconds,
-            control.address,
-            token,
-            positions.known,
-        )
-        control.begin(token, after=self._slice)
-        self._slice = token
-        positions.began()
-        try:
-            rows = self.spark.range(0, tasks, 1, tasks).mapInArrow(partial(run_slice, self._task, spec), SPARK_SCHEMA).collect()
-        finally:
-            control.end(token)
-        results = [TaskResult.from_row(row.asDict()) for row in rows]
-        positions.ended(results, plan.exactly_once)
-        return results
 
     def _count_dead_letter(self, reason: str) -> None:
         """A dead letter of the stage's relay (a notification that could not be delivered)."""
@@ -427,7 +388,7 @@ class StreamJob:
             return True
         if query is None or running is None:
             return False
-        if self._control is not None:
+        if self._slices is not None:
             # The tasks say which partitions they have read to the end, at every checkpoint.
             progress = self._slice_progress()
             return progress is not None and running <= progress.at_end
@@ -460,8 +421,8 @@ class StreamJob:
     def seconds_since_progress(self) -> float:
         """Since a batch last completed, or a slice's task last checkpointed."""
         seconds = self.progress.seconds()
-        if self._control is not None:
-            seconds = min(seconds, self._control.seconds_since_report())
+        if self._slices is not None:
+            seconds = min(seconds, self._slices.seconds_since_report())
         if self._feeder is not None:
             seconds = max(seconds, self._feeder.seconds_since_progress())  # the one that stands still
         return seconds
@@ -526,8 +487,8 @@ class StreamJob:
             self._runner.after_batch(self._close_clients, timeout)
 
     def _close_clients(self) -> None:
-        if self._control is not None:
-            self._control.close()
+        if self._slices is not None:
+            self._slices.close()
         if self._member is not None:
             self._member.close()  # revokes what is left: nothing runs, so nothing waits
             self._member = None
