@@ -21,21 +21,20 @@ end, number of windows and each aggregate's peak, end to end.
 from __future__ import annotations
 
 import functools
-from bisect import bisect_left, bisect_right, insort_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from detectorkit.state.columns import lists
-from detectorkit.state.declaration import DEADLINE, EVENT_TIME, KEY, PARTITION_TIME
+from detectorkit.state.declaration import EVENT_TIME, KEY, PARTITION_TIME
 from detectorkit.windows import vectorised
 from detectorkit.windows.accumulate import COUNT, DISTINCT, SUM, Accumulator, Run, needs_of, over
+from detectorkit.windows.emitting import END, START, Emitting
+from detectorkit.windows.held import Calls, Held, Key
 from detectorkit.windows.kinds import Hopping, Session, Sliding, Tumbling, Window, ms, ms_or_zero
 
-NEVER = -(2**62)  # no window closed yet
 NO_TIME = np.iinfo(np.int64).min  # NaT, as nanoseconds
 # A window holding more records than this keeps its aggregates running through a call, instead of
 # taking them over its records at each one (a busy key's window: thousands of records).
@@ -43,38 +42,9 @@ BUSY = 16
 # Whether the commonest rules run as array operations over the batch (`vectorised`): off, the
 # engine runs them too (the tests compare the two).
 VECTORISED = True
-START, END, WINDOWS = "window_start_ms", "window_end_ms", "windows"
 
 
-class _Key:
-    """One key's state while a call runs: Python lists, sorted by time. `accs`: running aggregates
-    by window (tumbling, hopping: its start) or session (its first record), made from the held
-    records when first needed in a call; `sessions`: [first, last] of each, in time order; `now`:
-    the partition's event time when its windows were last closed."""
-
-    __slots__ = ("t", "cols", "emitted", "episodes", "closed", "now", "accs", "sessions", "run")
-
-    def __init__(self, t: list[int], cols: list[list[float]], emitted: list[int], episodes: list[list[float]], closed: int = NEVER):
-        self.t, self.cols, self.emitted, self.episodes, self.closed = t, cols, emitted, episodes, closed
-        self.now = NEVER
-        self.accs: dict[int, Accumulator] = {}
-        self.sessions: list[list[int]] | None = None
-        # A sliding window's running aggregates while its records come in time order (None: none,
-        # or its indices no longer hold: a record put before others, records dropped).
-        self.run: Run | None = None
-
-
-@dataclass
-class _Calls:
-    """What a call collects before the condition is judged: candidates (windows a record changed)
-    and closings (windows closed), each with its aggregates."""
-
-    rows: list[tuple] = field(default_factory=list)  # (key, start, end, *aggregates)
-    owner: list[Any] = field(default_factory=list)  # a candidate's record index, or a closing's close time
-    late: int = 0
-
-
-class Rule:
+class Rule(Held, Emitting):
     """A window rule resolved for one config: `where` and `having` take the records (the windows)
     alone, the config bound."""
 
@@ -156,14 +126,14 @@ class Rule:
 
     def _detect(self, records: pd.DataFrame, counted: pd.DataFrame, state: pd.DataFrame) -> tuple:
         held = self._held(state)
-        calls = _Calls()
+        calls = Calls()
         times = counted[EVENT_TIME].astype("int64").to_numpy() // 1_000_000
         marks = counted[PARTITION_TIME].astype("int64").to_numpy() // 1_000_000 if self.closing else times
         values = self._values(counted)
         keys = counted[KEY].to_numpy()
         index = counted.index.to_numpy()
         by_key = pd.Series(np.arange(len(keys))).groupby(pd.factorize(keys)[0], sort=False).indices if len(keys) else {}
-        touched: dict[str, _Key] = {}
+        touched: dict[str, Key] = {}
         last_mark: dict[str, int] = {}
         times, marks, index = times.tolist(), marks.tolist(), index.tolist()
         for rows in by_key.values():
@@ -224,7 +194,7 @@ class Rule:
     def on_timer(self, fired: pd.DataFrame, config: Any) -> tuple:
         """The windows (and episodes) of each fired key that the partition's event time has closed."""
         held = self._held(fired)
-        calls = _Calls()
+        calls = Calls()
         marks = dict(zip(fired.index, (fired[PARTITION_TIME].astype("int64") // 1_000_000).tolist(), strict=True))
         for key, k in held.items():
             self._close(key, k, marks[key], calls)
@@ -247,7 +217,7 @@ class Rule:
 
     # ---- a record ----------------------------------------------------------------------------
 
-    def _record(self, key: str, k: _Key, index: int, at: int, values: list[float], calls: _Calls) -> None:
+    def _record(self, key: str, k: Key, index: int, at: int, values: list[float], calls: Calls) -> None:
         """Admits one counted record (or drops it as late) and, for a rule that emits as records
         come, adds the windows it changed to the candidates."""
         t = k.t
@@ -285,7 +255,7 @@ class Rule:
             return [last]
         return list(range((at - self.size) // self.hop * self.hop + self.hop, last + 1, self.hop))
 
-    def _window(self, k: _Key, start: int, values: list[float], at: int) -> tuple[float, ...]:
+    def _window(self, k: Key, start: int, values: list[float], at: int) -> tuple[float, ...]:
         """A tumbling or hopping window's aggregates after a record at `at` (in the key's records):
         over its records, or, for a busy window, kept running from then on in the call."""
         acc = k.accs.get(start)
@@ -298,7 +268,7 @@ class Rule:
             return acc.read(self.plan)
         return over(self.plan, k.cols, lo, hi)
 
-    def _accumulated(self, k: _Key, lo: int, hi: int) -> Accumulator:
+    def _accumulated(self, k: Key, lo: int, hi: int) -> Accumulator:
         """The running aggregates of the key's records lo to hi."""
         acc = Accumulator(self.needs)
         width = len(self.fields)
@@ -306,7 +276,7 @@ class Rule:
             acc.add([column[i] for column in k.cols[:width]], k.t[i])
         return acc
 
-    def _sliding_candidates(self, key: str, k: _Key, index: int, at: int, calls: _Calls) -> None:
+    def _sliding_candidates(self, key: str, k: Key, index: int, at: int, calls: Calls) -> None:
         """A sliding window per record, [t - size, t]: the record's own, and (a late record) the
         windows of the records after it in time that it falls in, over the records so far."""
         t, size = k.t, self.size
@@ -319,7 +289,7 @@ class Rule:
             calls.rows.append((key, end - size, end, *self._sliding(k, lo, hi)))
             calls.owner.append(index)
 
-    def _sliding(self, k: _Key, lo: int, hi: int) -> tuple[float, ...]:
+    def _sliding(self, k: Key, lo: int, hi: int) -> tuple[float, ...]:
         """The aggregates of the key's records lo to hi: over them, or (a window of many records
         with values to read) from the key's run, moved forward."""
         if not self.fields or hi - lo <= BUSY:
@@ -329,7 +299,7 @@ class Rule:
             run = k.run = Run(self.plan, self.needs, lo)
         return run.moved(k.cols, lo, hi)
 
-    def _record_session(self, key: str, k: _Key, index: int, at: int, values: list[float], calls: _Calls) -> None:
+    def _record_session(self, key: str, k: Key, index: int, at: int, values: list[float], calls: Calls) -> None:
         gap, sessions = self.size, self._sessions(k)
         j = bisect_right([s[0] for s in sessions], at) - 1
         if self.closing and at < k.closed + gap:
@@ -372,7 +342,7 @@ class Rule:
             calls.rows.append((key, session[0], session[1], *acc.read(self.plan)))
             calls.owner.append(index)
 
-    def _sessions(self, k: _Key) -> list[list[int]]:
+    def _sessions(self, k: Key) -> list[list[int]]:
         """The key's sessions, made from its records once a call, with their aggregates."""
         if k.sessions is None:
             k.sessions = []
@@ -389,7 +359,7 @@ class Rule:
 
     # ---- windows that close ------------------------------------------------------------------
 
-    def _open_for(self, k: _Key, at: int) -> bool:
+    def _open_for(self, k: Key, at: int) -> bool:
         """Whether an open window would take a record at `at` (a rule that emits when windows close)."""
         if self.sliding:
             if at > k.closed:
@@ -398,7 +368,7 @@ class Rule:
             return bisect_right(t, at + self.size) > bisect_right(t, max(at, k.closed))  # a later record's open window holds it
         return self._starts(at)[-1] + self.size > k.closed
 
-    def _close(self, key: str, k: _Key, now: int, calls: _Calls) -> None:
+    def _close(self, key: str, k: Key, now: int, calls: Calls) -> None:
         """Closes the key's windows that the partition's event time `now` has closed (their end and
         the grace passed; a session's last record, the gap and the grace), in the order they close."""
         limit = now - self.after
@@ -443,14 +413,14 @@ class Rule:
             drop += 1
         self._drop_front(k, drop)
 
-    def _drop_front(self, k: _Key, n: int) -> None:
+    def _drop_front(self, k: Key, n: int) -> None:
         if n:
             k.run = None
             del k.t[:n]
             for column in k.cols:
                 del column[:n]
 
-    def _first_open_end(self, k: _Key) -> int | None:
+    def _first_open_end(self, k: Key) -> int | None:
         """The end of the key's earliest window not closed (a sliding window's: its record's time)."""
         t = k.t
         if self.sliding:
@@ -462,7 +432,7 @@ class Rule:
                 return ends[0]
         return None
 
-    def _next_close(self, k: _Key) -> int | None:
+    def _next_close(self, k: Key) -> int | None:
         """When the key's earliest open window (or episode) closes: its timer."""
         grace, size = self.after, self.size
         closes = [e[1] + size + grace for e in k.episodes] if self.mode == "episode" else []
@@ -476,176 +446,7 @@ class Rule:
                 closes.append(first + grace)
         return min(closes) if closes else None
 
-    # ---- the condition, and what each key emits ----------------------------------------------
-
-    def _choose(self, calls: _Calls, keys: dict[str, _Key], dtype: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(detections by record, detections by key) of the candidates and closings that satisfy
-        the condition, each key's in order, with what it emitted remembered."""
-        rows = calls.rows
-        empty = self._detections([], pd.Index([], dtype=dtype))
-        if not rows:
-            return empty, self._detections([], pd.Index([], dtype=object))
-        ok = self._satisfied(rows)
-        mode = self.mode
-        if mode == "every":
-            chosen = [r for r, good in zip(rows, ok, strict=True) if good]
-            index = [o for o, good in zip(calls.owner, ok, strict=True) if good]
-            return self._detections(chosen, pd.Index(index, dtype=dtype)), empty
-        if mode in ("final", "silent"):
-            chosen = [r for r, good in zip(rows, ok, strict=True) if good]
-            at = [o for o, good in zip(calls.owner, ok, strict=True) if good]
-            out = self._detections(chosen, pd.Index([r[0] for r in chosen], dtype=object))
-            out[DEADLINE] = pd.to_datetime(at, unit="ms", utc=True)
-            return empty, out
-        if mode == "episode":
-            return empty, self._episodes(rows, calls.owner, ok, keys)
-        chosen, index = [], []
-        last_owner = None
-        for row, owner, good in zip(rows, calls.owner, ok, strict=True):
-            # Every window that satisfies it is emitted once; a record is one detection, its first.
-            if good and self._first_time(keys[row[0]], row) and owner != last_owner:
-                chosen.append(row)
-                index.append(owner)
-                last_owner = owner
-        return self._detections(chosen, pd.Index(index, dtype=dtype)), empty
-
-    def _satisfied(self, rows: list[tuple]) -> list[bool]:
-        if self.threshold is not None:
-            at = 3 + self.names.index(self.threshold[0])
-            bar = self.threshold[1]
-            return [r[at] >= bar for r in rows]
-        if self.having is None:
-            return [True] * len(rows)
-        frame = pd.DataFrame(rows, columns=[KEY, START, END, *self.names])
-        return np.asarray(self.having(frame), dtype=bool).tolist()
-
-    def _first_time(self, k: _Key, row: tuple) -> bool:
-        """Whether a window that satisfies the condition emits now (and remembers that it did):
-        each window once; a sliding window not if it overlaps one the key emitted; a session not
-        if it (or one it merged with) emitted."""
-        emitted = k.emitted
-        if self.session:
-            first, last = row[1], row[2]
-            if any(first <= e <= last for e in emitted):
-                return False
-            insort_right(emitted, last)
-            return True
-        if self.sliding:
-            end = row[2]
-            i = bisect_left(emitted, end - self.size)
-            if i < len(emitted) and emitted[i] <= end + self.size:
-                return False
-            insort_right(emitted, end)
-            return True
-        if row[1] in emitted:
-            return False
-        insort_right(emitted, row[1])
-        return True
-
-    def _episodes(self, rows: list[tuple], closes: list[int], ok: list[bool], keys: dict[str, _Key]) -> pd.DataFrame:
-        """Closed windows that satisfy the condition joined into their keys' episodes, in the order
-        they closed; the episodes that ended before one of them closed, emitted."""
-        done = []
-        for row, close, good in zip(rows, closes, ok, strict=True):
-            k = keys[row[0]]
-            done += self._ended(row[0], k, close, strict=True)
-            if not good:
-                continue
-            episodes = k.episodes
-            if episodes and row[1] <= episodes[-1][1] and not self.session:
-                episode = episodes[-1]
-                episode[1] = max(episode[1], row[2])
-                episode[2] += 1
-                for n in range(len(self.names)):
-                    episode[3 + n] = max(episode[3 + n], row[3 + n])
-            else:
-                episodes.append([row[1], row[2], 1, *row[3:]])
-        return self._episode_frame(done)
-
-    def _ended(self, key: str, k: _Key, now: int, strict: bool = False) -> list[tuple]:
-        """The key's episodes over by `now` (before it, with `strict`), taken out."""
-        reach = self.size + self.after
-        over_ = [e for e in k.episodes if (e[1] + reach < now if strict else e[1] + reach <= now)]
-        if over_:
-            k.episodes = [e for e in k.episodes if e not in over_]
-        return [(key, *e, e[1] + reach) for e in over_]
-
-    def _end_episodes(self, keys: dict[str, _Key], now: dict[str, int]) -> pd.DataFrame:
-        done = [row for key, k in keys.items() for row in self._ended(key, k, now[key])]
-        return self._episode_frame(done)
-
-    def _episode_frame(self, done: list[tuple]) -> pd.DataFrame:
-        columns = [KEY, START, END, WINDOWS, *self.names, DEADLINE]
-        frame = pd.DataFrame(done, columns=columns)
-        frame[START] = frame[START].astype("int64")
-        frame[END] = frame[END].astype("int64")
-        frame[WINDOWS] = frame[WINDOWS].astype("int64")
-        self._counts_as_ints(frame)
-        frame[DEADLINE] = pd.to_datetime(frame[DEADLINE].astype("int64"), unit="ms", utc=True)
-        return frame.set_index(pd.Index(frame[KEY].tolist(), dtype=object))
-
-    def _detections(self, chosen: list[tuple], index: pd.Index) -> pd.DataFrame:
-        frame = pd.DataFrame(chosen, columns=[KEY, START, END, *self.names], index=index)
-        if not len(frame):
-            return frame
-        self._counts_as_ints(frame)
-        return frame
-
-    def _counts_as_ints(self, frame: pd.DataFrame) -> None:
-        for name, (kind, _) in zip(self.names, self.plan, strict=True):
-            if kind in (COUNT, DISTINCT) and len(frame):
-                frame[name] = frame[name].astype("int64")
-
-    # ---- state in and out --------------------------------------------------------------------
-
-    def _new_key(self) -> _Key:
-        return _Key([], [[] for _ in range(self.width)], [], [])
-
-    def _held(self, state: pd.DataFrame) -> dict[str, _Key]:
-        """The state's keys as Python lists."""
-        if state.empty:
-            return {}
-        keys = state.index.tolist()
-        t = _split(state["t"])
-        cols = [_split(state[c]) for c in self.value_columns]
-        emitted = _split(state["emitted"])
-        episodes = _split(state["episodes"]) if self.mode == "episode" else [[] for _ in keys]
-        width = 3 + len(self.names)
-        held = {}
-        for n, key in enumerate(keys):
-            marks = emitted[n]
-            k = _Key(t[n], [c[n] for c in cols], [] if self.closing else marks, [])
-            if self.closing and marks:
-                k.closed = marks[0]
-            e = episodes[n]
-            k.episodes = [e[i : i + width] for i in range(0, len(e), width)]
-            held[key] = k
-        return held
-
-    def _frame(self, keys: dict[str, _Key]) -> pd.DataFrame:
-        names = list(keys)
-        ks = list(keys.values())
-        data = {"t": _joined([k.t for k in ks], np.int64)}
-        for c, name in enumerate(self.value_columns):
-            data[name] = _joined([k.cols[c] for k in ks], np.float64)
-        data["emitted"] = _joined([([k.closed] if k.closed != NEVER else []) if self.closing else k.emitted for k in ks], np.int64)
-        if self.mode == "episode":
-            data["episodes"] = _joined([[x for e in k.episodes for x in e] for k in ks], np.float64)
-        return pd.DataFrame(data, index=pd.Index(names, dtype=object))
-
-    def _values(self, counted: pd.DataFrame) -> list[list[float]]:
-        """Each value column's numbers for the records (a distinct count's: a hash of any value)."""
-        out = []
-        for name, hashed in self.fields:
-            column = counted[name]
-            if hashed:
-                # 53 bits: a float64 holds it exactly, and two of a window's values collide with odds of 1 in 2^53.
-                out.append((pd.util.hash_array(column.astype(str).to_numpy()) >> np.uint64(11)).astype(np.float64).tolist())
-            else:
-                out.append(pd.to_numeric(column, errors="raise").to_numpy(dtype=np.float64).tolist())
-        return out
-
-    def _prune(self, k: _Key) -> None:
+    def _prune(self, k: Key) -> None:
         """Keeps what can still count: the records a window may still take (one that a record not
         late may land in, or one not closed yet), and what emitted that such a window could meet."""
         t = k.t
@@ -685,19 +486,3 @@ def _times(ms: list[int | None]) -> pd.DatetimeIndex:
 
 def _joined_frames(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     return b if not len(a) else a if not len(b) else pd.concat([a, b])
-
-
-def _split(column: pd.Series) -> list[list]:
-    """A list column as Python lists, one per row."""
-    values = column.list.flatten().to_numpy().tolist()
-    lengths = column.list.len().to_numpy()
-    out, at = [], 0
-    for n in lengths.tolist():
-        out.append(values[at : at + n])
-        at += n
-    return out
-
-
-def _joined(rows: list[list], dtype: Any) -> Any:
-    lengths = [len(r) for r in rows]
-    return lists(np.array([x for r in rows for x in r], dtype=dtype), lengths)
