@@ -164,15 +164,15 @@ class StreamJob:
             return None
         s, plan = self.settings, self.make_plan()
         return StateContext(
-            state.changelog_topic(s.consumer_group),
-            self._base,
-            s.connect_timeout_seconds,
-            self.state_idle_seconds,
-            s.timer_idle_grace_seconds,
-            s.input_topic,
-            plan.state_isolation,
-            plan.flush_interval_seconds,
-            s.consumer_group,
+            topic=state.changelog_topic(s.consumer_group),
+            client_conf=self._base,
+            timeout=s.connect_timeout_seconds,
+            idle_seconds=self.state_idle_seconds,
+            idle_grace_seconds=s.timer_idle_grace_seconds,
+            input_topic=s.input_topic,
+            isolation=plan.state_isolation,
+            flush_interval_seconds=plan.flush_interval_seconds,
+            group=s.consumer_group,
         )
 
     def start(self):
