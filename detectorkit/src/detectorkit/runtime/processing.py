@@ -4,7 +4,7 @@ It runs on the executors, in a Python worker that reads the task's Kafka partiti
 micro-batch's planned ranges through the job's source, `process_planned`, or a slice's,
 `runtime.slices`), so records never pass through the driver. What it yields is a summary per Kafka
 partition, which the driver collects to commit offsets and count. The pieces both loops share are
-here: which ranges a task takes (`claim`), a chunk of records through the stage (`process_chunk`),
+here: which ranges a task takes (`take_claimed`), a chunk of records through the stage (`process_chunk`),
 the timers of quiet partitions (`fire_quiet`).
 """
 

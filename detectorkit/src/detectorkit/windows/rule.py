@@ -150,12 +150,7 @@ class Rule(Held, Emitting):
             fired = _joined_frames(fired, self._end_episodes(touched, last_mark))
         for k in touched.values():
             self._prune(k)
-        new_state = self._frame(touched)
-        # A key whose records here all go uncounted is still seen: its state (empty, if it had none)
-        # is written, so the runtime's expiry judges it by all its records, as one pass does.
-        unseen = pd.Index(records[KEY].unique()).difference(new_state.index).difference(pd.Index(list(held), dtype=object))
-        if len(unseen):
-            new_state = pd.concat([new_state, self._frame({k: self._new_key() for k in unseen})])
+        new_state = self._with_uncounted(records, counted, self._frame(touched), pd.Index(list(held), dtype=object))
         if not self.closing:
             return found, new_state
         # Each counted key's timer, on its last record: when its earliest open window closes.
@@ -184,12 +179,18 @@ class Rule(Held, Emitting):
             more, more_state = self._detect(counted[mine], counted[mine], state[state.index.isin(slow)])
             out = _joined_frames(out, more)
             new_state = pd.concat([new_state, more_state])
+        return out, self._with_uncounted(records, counted, new_state, state.index)
+
+    def _with_uncounted(self, records: pd.DataFrame, counted: pd.DataFrame, new_state: pd.DataFrame, held: pd.Index) -> pd.DataFrame:
+        """`new_state` and a state for each key whose records here all went uncounted and that
+        `held` (keys with a state left as it was) does not hold: such a key is still seen, its state
+        (empty) written, so the runtime's expiry judges it by all its records, as one pass does."""
         if counted is records:
-            return out, new_state  # every key counted: each has its new state
-        unseen = pd.Index(records[KEY].unique()).difference(new_state.index).difference(state.index)
-        if len(unseen):
-            new_state = pd.concat([new_state, self._frame({k: self._new_key() for k in unseen})])
-        return out, new_state
+            return new_state  # every key counted: each has its new state
+        unseen = pd.Index(records[KEY].unique()).difference(new_state.index).difference(held)
+        if not len(unseen):
+            return new_state
+        return pd.concat([new_state, self._frame({k: self._new_key() for k in unseen})])
 
     def on_timer(self, fired: pd.DataFrame, config: Any) -> tuple:
         """The windows (and episodes) of each fired key that the partition's event time has closed."""
