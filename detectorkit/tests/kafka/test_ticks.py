@@ -19,6 +19,12 @@ def test_a_new_tick_plans_empty_ranges_for_the_partitions_with_nothing_to_read()
     assert ranges_of(reader(10).partitions(start, end)) == [(0, 10, 15), (1, 20, 20)]
 
 
+def test_a_ticks_ranges_carry_when_it_began_the_clock_its_quiet_partitions_fire_by():
+    start = {"in": {"0": 10, "1": 20}, TICK: 1}
+    end = {"in": {"0": 15, "1": 20}, TICK: 170_000_000, CAUGHT_UP: [0, 1]}
+    assert {r.tick_ms for p in reader(10).partitions(start, end) for r in p.ranges} == {1_700_000_000_000}
+
+
 def test_a_partition_whose_records_wait_behind_the_batch_cap_is_not_quiet():
     """Its event time must come from its records, not from the wall clock: seen firing a silence
     timer while the customer's next record waited in Kafka (MAX_RECORDS_PER_BATCH=5)."""

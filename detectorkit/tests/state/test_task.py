@@ -107,8 +107,8 @@ def task(detector, config, topic="svc.state", grace=60.0):
     return TaskContext("svc", as_stage(detector), config, {}, "out", "svc.dlq", state=StateContext(topic, {}, 5.0, 600.0, grace, "in"))
 
 
-def run(ctx, batch, start, end, partition=3, tick=0):
-    ranges = [PartitionRange("in", partition, start, end, tick=tick)]
+def run(ctx, batch, start, end, partition=3, tick=0, tick_ms=None):
+    ranges = [PartitionRange("in", partition, start, end, tick=tick, tick_ms=tick_ms)]
     return list(_process(ctx, iter([batch] if batch is not None else []), {partition: end}, TaskStores.open(ctx, ranges)))
 
 
@@ -160,6 +160,21 @@ def test_a_quiet_partitions_timers_fire_in_an_empty_task_as_the_wall_clock_passe
     assert sorted(e[2] for e in out) == [b"k0", b"k1"]
     source = json.loads(out[0][3])["source"]
     assert source["timer_ms"] == now_ms - 4_000 and source["partition"] == 3 and source["topic"] == "in"
+
+
+def test_a_ticks_timers_fire_by_the_clock_when_it_was_planned_not_when_a_busy_executor_ran_it(kafka):
+    """A record written after the tick's end offsets were listed, but stamped before its task ran,
+    is not behind the partition's event time: the tick moves it by the time of its planning."""
+    ctx = task(SILENCE, SilenceConfig(silence_seconds=1), grace=0.5)
+    now_ms = int(time.time() * 1000)
+    batch = arrow(values(2), partition=3, first_offset=100)
+    batch = batch.set_column(5, "timestamp", pa.array([(now_ms - 5_000) * 1000] * 2, pa.timestamp("us", tz="UTC")))
+    run(ctx, batch, 100, 102, tick=1)  # timers at now - 4 s
+    kafka["sink"] = Sink()
+    run(ctx, None, 102, 102, tick=2, tick_ms=now_ms - 4_200)  # planned 4.2 s ago: its event time is now - 4.7 s
+    assert not [e for e in kafka["sink"].events if e[0] == "send" and e[1] == "out"]
+    run(ctx, None, 102, 102, tick=3, tick_ms=now_ms - 3_000)
+    assert sorted(e[2] for e in kafka["sink"].events if e[0] == "send" and e[1] == "out") == [b"k0", b"k1"]
 
 
 def test_a_tick_run_by_another_worker_is_seen_by_this_one_so_no_timer_fires_twice(kafka, monkeypatch):

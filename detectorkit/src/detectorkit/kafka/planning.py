@@ -50,6 +50,10 @@ class PartitionRange:
     # The source's newest tick when planned (SourceOptions.tick_seconds): a tick changes state (timers
     # fire) without moving the offset, so a state store knows it is current by (offset, tick).
     tick: int = 0
+    # When that tick began (ms): the end offsets were listed after it, so a quiet partition's records
+    # not yet seen were stamped after it less the producer's delay. A tick's timers fire by this time,
+    # not by when a busy executor got to run the task (a record stamped between would be late).
+    tick_ms: int | None = None
     # Planned to the partition's end (SourceOptions.marks_caught_up): nothing else waited behind it.
     caught_up: bool = False
 

@@ -178,6 +178,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
+        listed_at = time.time()  # before the listing: a tick's quiet partitions were quiet then (PartitionRange.tick_ms)
         probe = self._ends()
         partitions = self._topic_partitions()
         # Confirmed: a partition's first answer on Tansu comes from ListOffsets, which is low, and
@@ -199,7 +200,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         end = to_spark(self.options.topic, capped)
         if self.options.tick_seconds:
             # A new tick is a new offset: Spark plans a batch even when no record arrived.
-            end[TICK] = int(time.time() // self.options.tick_seconds)
+            end[TICK] = int(listed_at // self.options.tick_seconds)
         if self.options.tick_seconds or self.options.marks_caught_up:
             # Only a partition read to its end is quiet: one whose records wait behind the cap is not,
             # and its event time must come from them, not from the wall clock. (The same offsets give
@@ -217,7 +218,8 @@ class KafkaStreamReader(DataSourceStreamReader):
                 # Every caught-up partition with nothing to read gets an empty range: its task fires its timers.
                 planned, quiet = {r.partition for r in ranges}, set(end.get(CAUGHT_UP, ()))
                 ranges += [PartitionRange(topic, p, o, o) for p, o in sorted(last.items()) if p not in planned and p in quiet]
-            ranges = [dataclasses.replace(r, tick=tick) for r in ranges]
+            tick_ms = int(tick * self.options.tick_seconds * 1000)
+            ranges = [dataclasses.replace(r, tick=tick, tick_ms=tick_ms) for r in ranges]
         if self.options.marks_caught_up:
             caught_up = set(end.get(CAUGHT_UP, ()))
             ranges = [dataclasses.replace(r, caught_up=r.partition in caught_up) for r in ranges]

@@ -40,6 +40,8 @@ class TaskStores:
     tags: dict[int, int]
     restored: dict[int, tuple[int, float]]  # changelog records read to open it, and the seconds it took
     idle: set[int]  # partitions planned with nothing to read: a tick, for their timers
+    # The wall clock (ms) at which the idle partitions were seen to have nothing to read; None: now.
+    quiet_seen_ms: int | None = None
     replayed: dict[int, int] = field(default_factory=dict)  # input records replayed into the store to open it
     caught_up: set[int] = field(default_factory=set)  # partitions read to their end: nothing waits behind them
     # The changelog record each partition's changes ended with, (key, value, tag): where the store
@@ -93,14 +95,18 @@ class TaskStores:
         stores = {p: o.store for p, o in opened.items()}
         tags = {r.partition: r.end for r in ranges}
         restored = {p: (o.restored, o.seconds) for p, o in opened.items()}
-        return cls(stores, tags, restored, idle, replayed, {r.partition for r in ranges if r.caught_up})
+        seen = min((r.tick_ms for r in ranges if r.partition in idle and r.tick_ms is not None), default=None)
+        return cls(stores, tags, restored, idle, seen, replayed, {r.partition for r in ranges if r.caught_up})
 
     # ---- step 2: the timers of partitions with nothing to read --------------------------------
 
     def fire_idle(self, ctx: TaskContext) -> Iterator[tuple[int, list[Output]]]:
         """The timers of partitions with nothing to read in this batch (a tick of the source's planner)
-        fire as the wall clock minus the grace passes them: no record says how far their event time got."""
-        idle_ms = int(time.time() * 1000 - ctx.state.idle_grace_seconds * 1000)
+        fire as the wall clock minus the grace passes them: no record says how far their event time got.
+        The clock is read when they were seen quiet: a record written since is stamped after that."""
+        now_ms = time.time() * 1000
+        seen = min(self.quiet_seen_ms, now_ms) if self.quiet_seen_ms is not None else now_ms
+        idle_ms = int(seen - ctx.state.idle_grace_seconds * 1000)
         empty = pa.array([], pa.binary())
         for p in self.idle:
             tick = KeyedBatch(empty, empty, np.array([], "int64"), None, self.stores[p], self.tags[p], ctx.state.input_topic, idle_ms)
