@@ -14,11 +14,10 @@ from confluent_kafka import Consumer, TopicPartition
 from detectorkit import Detector, State, manifests, windows
 from detectorkit.cli.manifests import service_of
 from detectorkit.kafka import clients
-from detectorkit.kafka.broker_kind import profile
 from detectorkit.runtime import repartition
-from detectorkit.runtime.job_plan import JobPlan
+from detectorkit.runtime.job import StreamJob
 from detectorkit.runtime.stage import DetectorStage, Source
-from detectorkit.settings import Settings, SettingsError
+from detectorkit.settings import Settings
 from detectorkit.testing import Sample, create_test_topics, produce, read_all
 
 from ..detectors import COUNT_BY_CUSTOMER, CountConfig
@@ -41,14 +40,17 @@ def test_the_feeder_keeps_each_value_as_it_is_keyed_by_its_field_at_its_time_and
     assert [(r.position, r.reason) for r in rejected] == [(2, "missing_field"), (3, "malformed_json"), (4, "missing_field")]
 
 
-def test_repartition_names_the_field_it_keys_by_and_runs_in_micro_batches():
+def test_repartition_names_the_field_it_keys_by_and_its_two_readers_share_the_cores():
     with pytest.raises(TypeError, match="key_field"):
         Detector(name="x", detect=lambda r, s, c: None, state=State(columns=("n",)), repartition=True)
     rule = windows.detector("x", windows.Tumbling(60), windows.Count(), windows.Final(), key_field="merchant", repartition=True)
     assert DetectorStage(rule).repartition_field == "merchant" and DetectorStage(COUNT_BY_CUSTOMER).repartition_field == "customer"
-    settings = Settings(kafka_bootstrap_servers="x:9092", input_topic="in", consumer_group="g", slice_seconds=5)
-    with pytest.raises(SettingsError, match="unset SLICE_SECONDS"):
-        JobPlan.of(DetectorStage(rule), settings, profile("kafka"))
+    settings = Settings(kafka_bootstrap_servers="x:9092", input_topic="in", consumer_group="g", slice_seconds=5, kafka_broker_kind="kafka")
+    job = StreamJob.of(rule, settings, spark=None)
+    # Each reader's slices run on half the cores: neither waits for the other's slice to end.
+    assert job.make_plan().readers == 2 and job._feeder.make_plan().readers == 2
+    alone = windows.detector("y", windows.Tumbling(60), windows.Count(), windows.Final())
+    assert StreamJob.of(alone, settings, spark=None).make_plan().readers == 1
 
 
 def test_the_repartition_topic_and_the_rights_on_it_are_declared():
@@ -92,12 +94,13 @@ def ends(bs, topic):
         consumer.close()
 
 
-def test_a_rule_keyed_by_a_field_answers_exactly_once_through_kill_9s_in_either_reader(transactional_kafka):
+@pytest.mark.parametrize("slice_seconds", [0, 5], ids=["batches", "slices"])
+def test_a_rule_keyed_by_a_field_answers_exactly_once_through_kill_9s_in_either_reader(transactional_kafka, slice_seconds):
     bs = transactional_kafka
-    topics = create_test_topics(bs, "repartition", partitions=PARTITIONS)
+    topics = create_test_topics(bs, f"repartition-{slice_seconds}", partitions=PARTITIONS)
     sent = produce(bs, topics.input, records(RECORDS))
     env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=600, min_records_per_task=1, group_session_timeout_seconds=6)
-    env["PROCESSING_GUARANTEE"] = "exactly-once"
+    env.update(PROCESSING_GUARANTEE="exactly-once", SLICE_SECONDS=str(slice_seconds))
     feeder = SimpleNamespace(group=f"{topics.group}.repartition", input=topics.input)
     for point in ("during-produce", "between-commits", "before-commit"):
         crash(env, COMMAND, point, bs, feeder)

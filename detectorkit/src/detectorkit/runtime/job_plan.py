@@ -44,6 +44,9 @@ class JobPlan:
     # Tasks that run this long each (runtime.slices); 0: micro-batches.
     slice_seconds: float
     slice_commit_interval_seconds: float
+    # The readers sharing the Spark session's cores (a repartitioned job's feeder and detector: 2):
+    # a slice runs on its share, so that neither reader's slices wait for the other's to end.
+    readers: int
     checkpoint_dir: str | None
     restart_attempts: int
     restart_backoff_seconds: float
@@ -68,7 +71,7 @@ class JobPlan:
         return "read_committed" if self.exactly_once else "read_uncommitted"
 
     @classmethod
-    def of(cls, stage: Stage, settings: Settings, broker: BrokerProfile, spark_master: str = "local") -> JobPlan:
+    def of(cls, stage: Stage, settings: Settings, broker: BrokerProfile, spark_master: str = "local", readers: int = 1) -> JobPlan:
         s = settings
         guarantee = Guarantee(s.processing_guarantee)
         if guarantee is Guarantee.EXACTLY_ONCE and not broker.hides_aborted:
@@ -76,8 +79,6 @@ class JobPlan:
                 "PROCESSING_GUARANTEE=exactly-once needs Apache Kafka: the embedded broker (Tansu) shows aborted transactions "
                 "to read_committed consumers, so nothing written there can be exactly once; use at-least-once with it"
             )
-        if stage.repartition_field is not None and s.slice_seconds > 0:
-            raise SettingsError("a detector with repartition=True runs two readers (runtime.repartition), in micro-batches: unset SLICE_SECONDS")
         stateful = stage.state is not None
         # Exactly-once commits a partition's changes with its offset in each batch's transaction; a
         # broker that keeps no metadata with a commit has nowhere to say where the changelog is.
@@ -100,6 +101,7 @@ class JobPlan:
             trigger_interval_seconds=s.trigger_interval_seconds,
             slice_seconds=s.slice_seconds,
             slice_commit_interval_seconds=s.slice_commit_interval_seconds,
+            readers=readers,
             checkpoint_dir=s.checkpoint_dir,
             restart_attempts=s.query_restart_attempts,
             restart_backoff_seconds=s.query_restart_backoff_seconds,

@@ -11,6 +11,8 @@ The job runs two readers in one process, each a `StreamJob` with its consumer gr
   - the detector reads `<group>.repartition` (read_committed on Apache Kafka), from its first
     record when its group has no position: a key's records now come from one partition, in the
     order the feeder wrote them.
+With SLICE_SECONDS each reader's slices run on half of the session's cores (JobPlan.readers):
+with all of them, one reader's slice would wait for the other's to end.
 The topic has the input's partition count and is created at start like the changelog (with
 TOPICS_AS_CODE, checked instead); `kafka-manifests` declares it and the rights on it.
 

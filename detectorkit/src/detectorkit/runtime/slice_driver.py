@@ -57,7 +57,8 @@ class SliceDriver:
                 control.forget(self._slice)
             self._slice = None
             self.committer.restart_at(restart)
-        tasks = max(1, min(spark.sparkContext.defaultParallelism, len(positions.next)))
+        cores = max(1, spark.sparkContext.defaultParallelism // plan.readers)
+        tasks = max(1, min(cores, len(positions.next)))
         token = uuid.uuid4().hex
         spec = plan_slice(
             source,
