@@ -81,8 +81,10 @@ def test_kill_9_and_restart_lose_nothing_and_replay_only_the_uncommitted_batch(k
     # by default: checkpoints every 5 s and a small delay leave each task writing a chunk's
     # detections (~3 s) for seconds before its next checkpoint, and the driver's commit of it.
     delay = 1 if slice_seconds == 0 else 0.05
-    sliced = {"slice_seconds": slice_seconds, "slice_commit_interval_seconds": 5} if slice_seconds else {}
-    topics, sent, env, job = start_mid_stream(bs, "kill9", detector_delay_seconds=delay, min_records_per_task=1, **sliced)
+    sliced = {"slice_commit_interval_seconds": 5} if slice_seconds else {}
+    topics, sent, env, job = start_mid_stream(
+        bs, f"kill9-{slice_seconds}", detector_delay_seconds=delay, min_records_per_task=1, slice_seconds=slice_seconds, **sliced
+    )
 
     def batch_in_flight_has_written():
         ends = committed(bs, topics, range(PARTITIONS))

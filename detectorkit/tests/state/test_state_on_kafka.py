@@ -129,7 +129,7 @@ def test_kill_9_replays_the_uncommitted_batch_from_the_state_the_offsets_reflect
     command = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:COUNT"]
     # One partition's calls are slow: the task holding the others writes its detections and its
     # changelog seconds before the batch can commit.
-    options = {"max_records_per_batch": 1_000, "detector_delay_seconds": 4} | (SLICED if sliced else {})
+    options = {"max_records_per_batch": 1_000, "detector_delay_seconds": 4} | (SLICED if sliced else {"slice_seconds": 0})
     env = job_env(bs, topics, starting_offsets="earliest", min_records_per_task=1, detector_slow_key="customer-000", **options)
     job = Job(env, command)
     group = clients.new_consumer(clients.consumer(clients.base(bs), topics.group))
