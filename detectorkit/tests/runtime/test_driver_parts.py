@@ -4,6 +4,7 @@ schema, the batch committer's folding and commits, and the assignment's look at 
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,9 +16,13 @@ from detectorkit.runtime import task_result
 from detectorkit.runtime.driver_checkpoint import DriverCheckpoint
 from detectorkit.runtime.job_plan import Guarantee, JobPlan
 from detectorkit.runtime.partition_owner import PartitionOwner
+from detectorkit.runtime.processing import take_counts
 from detectorkit.runtime.stage import as_stage
+from detectorkit.runtime.task_context import PartitionSummary
 from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
+from detectorkit.runtime.task_stores import TaskStores
 from detectorkit.settings import Settings, SettingsError
+from detectorkit.state.store import PartitionStore
 
 from ..detectors import COUNT, SILENCE, THRESHOLD
 
@@ -178,6 +183,24 @@ def test_what_a_slices_tasks_report_is_counted_as_it_comes_and_its_end_adds_only
     assert counted() == (42, 3, 42) and committer.stats.dead_letters == {"malformed_json": 1}
     assert (result.records, result.detections) == (42, 3)  # the slice's log line: all of it
     assert committer.finish(1, [TaskResult(partition=0, next_offset=42)], started=0.0).records == 0  # taken by the last
+
+
+def test_a_slices_state_is_in_the_metrics_while_it_runs_and_each_restore_counted_once():
+    """The State row of the dashboard: a slice's tasks report their stores at each checkpoint, not
+    only at the slice's end (seen empty through a 30 s slice); a store's restore is reported once."""
+    committer = committer_of(plan_of(COUNT, slice_seconds=30), Member())
+    committer.allow({0})
+    stores = TaskStores({0: PartitionStore(COUNT.state, 0)}, {0: 10}, {0: (7, 0.25)}, set())
+    ctx = SimpleNamespace(state=SimpleNamespace(topic="svc.state"))
+    summaries = {0: PartitionSummary()}
+    metrics = committer.metrics
+    for _checkpoint in range(2):  # two of a slice's checkpoints
+        stores.send_changes(ctx, None, 0, summaries, send=False)
+        committer.count_reported(take_counts(summaries))
+        assert summaries[0].state == {}  # taken: the slice's end carries none of it again
+    keys = [s for family in metrics.state_keys.collect() for s in family.samples]
+    assert [(s.labels, s.value) for s in keys] == [({"partition": "0"}, 0.0)]
+    assert metrics.state_restored_records._value.get() == 7 and metrics.state_restore._sum.get() == 0.25
 
 
 def test_a_slices_driver_knows_its_input_was_created_again_by_its_id(monkeypatch):

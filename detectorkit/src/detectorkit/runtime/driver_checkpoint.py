@@ -203,6 +203,8 @@ class DriverCheckpoint:
         records, detections, dead = counts["records"], counts["detections"], Counter(counts["dead_letters"])
         with self._counts_lock:
             self.metrics.record_counts(records, detections, dead, counts["latency_counts"], counts["latency_sum"])
+            for partition, state in counts.get("state", {}).items():
+                self.metrics.record_state(int(partition), state)
             self._add_to_stats(records, detections, dead)
             r = self._reported
             r.records, r.detections = r.records + records, r.detections + detections

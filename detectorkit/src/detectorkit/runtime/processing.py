@@ -250,11 +250,14 @@ def take_counts(summaries: dict[int, PartitionSummary]) -> dict:
         "dead_letters": dict(dead),
         "latency_counts": bucket_counts(latencies),
         "latency_sum": float(sum(latencies)),
+        # Each partition's store as its last checkpoint left it (keys, bytes, what it wrote).
+        "state": {str(p): s.state for p, s in summaries.items() if s.state},
     }
     for s in summaries.values():
         s.records = s.detections = s.timer_detections = 0
         s.dead_letters.clear()
         s.latencies.clear()
+        s.state = {}
     return counts
 
 

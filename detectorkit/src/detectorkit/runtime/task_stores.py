@@ -157,6 +157,8 @@ class TaskStores:
             "late": store.late,
         }
         store.late = 0
+        # Counted once: a slice's task sends its changes at every checkpoint, and reports each.
+        self.restored[p], self.replayed[p] = (0, 0.0), 0
 
     # ---- step 6: kept -------------------------------------------------------------------------
 
