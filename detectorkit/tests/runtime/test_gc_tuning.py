@@ -33,7 +33,8 @@ def test_a_workers_first_task_freezes_what_is_loaded_and_collects_less_often(fre
     assert frozen > 10_000  # the imports: pandas, pyarrow, detectorkit
     assert gc.get_threshold() == (gc_tuning.GEN0_THRESHOLD, 10, 10)
     list(warm_worker(ctx(), iter([])))  # a later task: nothing more is frozen
-    assert gc.get_freeze_count() == frozen
+    # (A frozen object freed meanwhile leaves the frozen generation: another test's thread may free some.)
+    assert gc.get_freeze_count() <= frozen
 
 
 def test_a_higher_threshold_is_kept(fresh_collector):
