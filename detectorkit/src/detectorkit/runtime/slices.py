@@ -35,7 +35,6 @@ from detectorkit.kafka import claims, range_reader
 from detectorkit.kafka.claims import Claim
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.position_reader import PositionReader
-from detectorkit.kafka.range_reader import CHUNK_RECORDS
 from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.runtime import checkpoint
 from detectorkit.runtime.processing import fire_quiet, process_chunk, setup_worker, summary_batch, take_claimed, take_counts
@@ -47,6 +46,10 @@ from detectorkit.runtime.writers import AtLeastOnceWriter, CommitsFailed, Transa
 
 # The longest a task waits for records in one poll: how late it sees the driver's word to end.
 _MAX_WAIT_SECONDS = 0.1
+# The most records a poll takes at once. A stateful rule pays per call for each distinct key of a
+# partition's records (its state read, decoded and written), and a backlog of many keys repeats few
+# of them within a small chunk; a chunk is still a few tens of MiB, and a checkpoint comes between two.
+POLL_RECORDS = 80_000
 
 
 @dataclass(frozen=True)
@@ -229,8 +232,7 @@ class _Loop:
         next_tick = now + spec.tick_seconds if ticking else math.inf
         quiet = set(reader.position)
         changed = False
-        # A backlog is read in chunks of at most a batch's records (memory, and a checkpoint between them).
-        chunk = min(CHUNK_RECORDS, spec.source.max_records_per_batch or CHUNK_RECORDS)
+        chunk = min(POLL_RECORDS, spec.source.max_records_per_batch or POLL_RECORDS)
         while True:
             ending = self.link.ended() or time.monotonic() >= deadline
             if not ending:
