@@ -60,7 +60,21 @@ class Job:
         return pathlib.Path(self.log.name).read_text(errors="replace")
 
     def signal_group(self, signum):
-        os.killpg(self.process.pid, signum)
+        """Every process of the job's session, as a container's are: pyspark's daemon puts the Python
+        workers in a process group of their own, which the job's group alone would leave running."""
+        groups = {self.process.pid}
+        for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+            try:
+                _state, _parent, group, session = stat.read_text().rsplit(")", 1)[1].split()[:4]
+            except (OSError, ValueError):
+                continue  # gone meanwhile
+            if int(session) == self.process.pid:
+                groups.add(int(group))
+        for group in groups:
+            try:
+                os.killpg(group, signum)
+            except ProcessLookupError:
+                pass
 
 
 def run(env, timeout=300, command=COMMAND):

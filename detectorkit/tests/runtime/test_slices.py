@@ -191,13 +191,32 @@ def _writer(task):
     return writer
 
 
+class _FakeReader:
+    """A fake of kafka.position_reader's reader: its subclass polls; where it is, as the real one keeps it."""
+
+    def mark(self):
+        return dict(self.position), set(self.at_end)
+
+    def rewind(self, mark):
+        self.position, self.at_end = dict(mark[0]), set(mark[1])
+
+
+class _FakeLink:
+    """A fake of runtime.slice_control's link: its subclass reports; a driver always heard."""
+
+    silence = 0.0
+
+    def silent_for(self):
+        return self.silence
+
+
 def test_a_slice_checkpoints_what_it_first_reads_at_once_not_a_commit_interval_later():
     # Records that arrived between two slices have waited for the next one to start already.
     from detectorkit.runtime import slices
 
     from .test_processing import arrow, ctx
 
-    class Reader:
+    class Reader(_FakeReader):
         position, at_end = {3: 100}, set()
 
         def poll(self, wait, max_records):
@@ -207,7 +226,7 @@ def test_a_slice_checkpoints_what_it_first_reads_at_once_not_a_commit_interval_l
             self.position[3] = 102
             return arrow([b'{"amount": 5000.0, "customer": "c"}', b'{"amount": 1.0, "customer": "c"}'])
 
-    class Link:
+    class Link(_FakeLink):
         reports = []
 
         def ended(self):
@@ -245,7 +264,7 @@ def test_a_slice_checkpoints_every_commit_interval_from_one_checkpoints_start_to
     clock = Clock()
     monkeypatch.setattr(slices, "time", clock)
 
-    class Reader:
+    class Reader(_FakeReader):
         position, at_end = {3: 0}, set()
 
         def poll(self, wait, max_records):
@@ -254,7 +273,7 @@ def test_a_slice_checkpoints_every_commit_interval_from_one_checkpoints_start_to
             self.position[3] = offset + 1
             return arrow([b'{"amount": 1.0, "customer": "c"}'], first_offset=offset)
 
-    class Link:
+    class Link(_FakeLink):
         reports = []
 
         def ended(self):
@@ -273,6 +292,57 @@ def test_a_slice_checkpoints_every_commit_interval_from_one_checkpoints_start_to
     reports = Link.reports[:-1]  # the last: the slice's end
     periods = [b - a for a, b in zip(reports, reports[1:], strict=False)]
     assert len(periods) == 5 and all(p == pytest.approx(0.1, abs=0.011) for p in periods), periods  # within a poll
+
+
+@pytest.mark.parametrize("still", ["task", "driver"])
+def test_a_task_or_driver_that_stood_still_past_half_the_session_timeout_ends_the_slice_and_leaves_what_was_polled_then(monkeypatch, still):
+    # A paused instance (SIGSTOP, a frozen VM), or its driver alone (its executors elsewhere, or
+    # its own process group: pyspark's daemon makes one), may have lost its partitions meanwhile:
+    # the task went on writing what the new owner writes too, until the driver ended the slice.
+    import dataclasses
+
+    from detectorkit.runtime import slices
+
+    from .test_processing import arrow, ctx
+
+    class Clock:
+        now = 0.0
+
+        def monotonic(self):
+            return self.now
+
+        def time(self):
+            return 1_000.0 + self.now
+
+    clock = Clock()
+    monkeypatch.setattr(slices, "time", clock)
+
+    class Reader(_FakeReader):
+        position, at_end = {3: 0}, set()
+
+        def poll(self, wait, max_records):
+            offset = self.position[3]
+            clock.now += 6.0 if offset == 2 and still == "task" else 0.01  # paused in the third poll
+            if offset == 2 and still == "driver":
+                Link.silence = 6.0  # its beats stopped
+            self.position[3] = offset + 1
+            return arrow([b'{"amount": 5000.0, "customer": "c"}'], first_offset=offset)
+
+    class Link(_FakeLink):
+        reports = []
+
+        def ended(self):
+            return len(self.reports) >= 10
+
+        def report(self, positions, at_end, durable, counts):
+            self.reports.append(dict(positions))
+
+    task = ctx()
+    writer = _writer(task)
+    spec = dataclasses.replace(_spec(60.0, interval=0.001), pause_seconds=5.0)
+    assert slices._Loop(task, spec, Reader(), writer, None, {}, {3: 0}, Link()).run() is None
+    assert Link.reports[-1] == {3: 2}  # the third record is the next owner's to read
+    assert len(writer._sink.sent) == 2
 
 
 def test_a_slices_next_positions_keep_a_reader_that_went_back_and_a_topic_created_again_starts_over():
@@ -295,3 +365,40 @@ def test_a_slices_next_positions_keep_a_reader_that_went_back_and_a_topic_create
     positions.began()
     positions.ended([TaskResult(partition=1, next_offset=5, error="TransactionError: fenced")], exactly_once=True)
     assert positions.next[1] == 0 and positions.known == frozenset()
+
+
+def test_a_tasks_link_hears_its_drivers_beats_and_the_word_to_end_and_counts_the_silence_when_they_stop():
+    import socket
+
+    from detectorkit.runtime.slice_control import Link as ControlLink
+    from detectorkit.runtime.slice_control import SliceControl
+
+    control = SliceControl(beat_seconds=0.05)
+    control.begin("t")
+    link = ControlLink(control.address, "t", 5.0)
+    try:
+        time.sleep(0.3)  # six beats' time: what a task does between two looks at its link
+        assert not link.ended() and link.silent_for() < 0.2
+        # The driver stands still (its serving thread stops beating, as when its process is paused).
+        control._beat_seconds = 60.0
+        time.sleep(0.3)
+        assert not link.ended() and link.silent_for() >= 0.3
+        control.end("t")
+        deadline = time.monotonic() + 5
+        while not link.ended() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert link.ended()
+    finally:
+        link.close()
+        control.close()
+    # A driver gone ends it too.
+    server = socket.create_server(("127.0.0.1", 0))
+    gone = ControlLink(server.getsockname(), "t", 5.0)
+    accepted, _ = server.accept()
+    accepted.close()
+    server.close()
+    deadline = time.monotonic() + 5
+    while not gone.ended() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gone.ended()
+    gone.close()

@@ -40,6 +40,15 @@ class PositionReader:
         self.timeout = timeout
         consumer.assign([TopicPartition(topic, p, o) for p, o in sorted(positions.items())])
 
+    def mark(self) -> tuple[dict[int, int], set[int]]:
+        """Where the reader is, for `rewind`."""
+        return dict(self.position), set(self.at_end)
+
+    def rewind(self, mark: tuple[dict[int, int], set[int]]) -> None:
+        """Back to `mark`: what was polled since is as if never read (the slice ends: the next one's
+        reader is assigned from the positions)."""
+        self.position, self.at_end = dict(mark[0]), set(mark[1])
+
     def poll(self, wait: float, max_records: int = CHUNK_RECORDS) -> pa.RecordBatch | None:
         """What has arrived, at once; else the first records within `wait` s and what came with them."""
         messages = self.consumer.consume(max_records, timeout=0)

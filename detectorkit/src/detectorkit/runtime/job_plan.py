@@ -44,6 +44,9 @@ class JobPlan:
     # Tasks that run this long each (runtime.slices); 0: micro-batches.
     slice_seconds: float
     slice_commit_interval_seconds: float
+    # How long a slice's task may stand still before it ends its slice (runtime.slices): half the
+    # session timeout, within which a paused instance's partitions are still its own.
+    slice_pause_seconds: float
     # The readers sharing the Spark session's cores (a repartitioned job's feeder and detector: 2):
     # a slice runs on its share, so that neither reader's slices wait for the other's to end.
     readers: int
@@ -101,6 +104,7 @@ class JobPlan:
             trigger_interval_seconds=s.trigger_interval_seconds,
             slice_seconds=s.slice_seconds,
             slice_commit_interval_seconds=s.slice_commit_interval_seconds,
+            slice_pause_seconds=s.group_session_timeout_seconds / 2,
             readers=readers,
             checkpoint_dir=s.checkpoint_dir,
             restart_attempts=s.query_restart_attempts,

@@ -4,7 +4,9 @@ A task runs for seconds, so the driver cannot wait for it to end to know where i
 its partitions over: each task reports its partitions' positions at every checkpoint, and ends at
 its next checkpoint once the driver says so (a rebalance, a stop). A task whose driver is gone
 (the connection closes) ends too: nobody would commit what it reads, and a new driver's tasks
-read the same partitions."""
+read the same partitions. So does one whose driver has said nothing for a while: the driver says
+it is there every `beat_seconds`, and a driver that stood still (a pause, a frozen machine) may
+have lost its partitions to another member without knowing it yet."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import structlog
 log = structlog.get_logger("detectorkit.job")
 
 END = b"end\n"
+ALIVE = b"alive\n"
 
 
 @dataclass
@@ -38,9 +41,10 @@ class SliceProgress:
 class SliceControl:
     """The driver's end: a listening socket, and each slice's tasks by its token."""
 
-    def __init__(self, host: str = "127.0.0.1", on_counts: Callable[[dict], None] | None = None):
+    def __init__(self, host: str = "127.0.0.1", on_counts: Callable[[dict], None] | None = None, beat_seconds: float = 1.0):
         # What a task wrote since its last report, as it reports it (runtime.processing.take_counts).
         self._on_counts = on_counts
+        self._beat_seconds = beat_seconds
         self._server = socket.create_server((host, 0))
         self._server.setblocking(False)
         self.address = (host, self._server.getsockname()[1])
@@ -106,12 +110,17 @@ class SliceControl:
         self._server.close()
 
     def _serve(self) -> None:
+        beat = time.monotonic()
         while not self._closed.is_set():
-            for key, _ in self._selector.select(timeout=0.2):
+            for key, _ in self._selector.select(timeout=min(0.2, self._beat_seconds)):
                 if key.fileobj is self._server:
                     self._accept()
                 else:
                     self._read(key.fileobj)
+            if time.monotonic() - beat >= self._beat_seconds:
+                beat = time.monotonic()
+                for link in list(self._tokens):
+                    _send(link, ALIVE)
 
     def _accept(self) -> None:
         try:
@@ -190,18 +199,25 @@ class Link:
         self._socket.sendall(token.encode() + b"\n")
         self._socket.setblocking(False)
         self._ended = False
+        self._heard = time.monotonic()
 
     def ended(self) -> bool:
         """The driver said so, or is gone."""
-        if not self._ended:
+        while not self._ended:
             try:
-                self._socket.recv(64)  # the word, or the end of the connection: either way, end
-                self._ended = True
+                data = self._socket.recv(4096)
             except (BlockingIOError, InterruptedError):
-                pass
+                break
             except OSError:
-                self._ended = True
+                data = b""
+            # The word, or the end of the connection: either way, end. Otherwise it is there.
+            self._ended = not data or END in data
+            self._heard = time.monotonic()
         return self._ended
+
+    def silent_for(self) -> float:
+        """Seconds since the driver was last heard, as of the last `ended`."""
+        return time.monotonic() - self._heard
 
     def report(self, positions: dict[int, int], at_end: set[int], durable: dict[int, int], counts: dict) -> None:
         """Where its partitions are, and what it wrote since its last report (the driver's metrics)."""

@@ -33,7 +33,8 @@ class SliceDriver:
         whether the input topic was deleted and created again since the positions were read (None:
         it is gone now)."""
         self.plan, self.committer, self._input_recreated, self._leaving = plan, committer, input_recreated, leaving
-        self.control = SliceControl(host, on_counts=committer.count_reported)
+        # A beat four times within what a task waits for one (SliceSpec.pause_seconds).
+        self.control = SliceControl(host, on_counts=committer.count_reported, beat_seconds=plan.slice_pause_seconds / 4)
         self._positions = SlicePositions({})
         self._slice: str | None = None  # the running (or last) slice's token
 
@@ -70,6 +71,7 @@ class SliceDriver:
             control.address,
             token,
             positions.known,
+            plan.slice_pause_seconds,
         )
         control.begin(token, after=self._slice)
         self._slice = token

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import structlog
 
 from detectorkit.kafka import claims, range_reader
 from detectorkit.kafka.claims import Claim
@@ -43,6 +44,8 @@ from detectorkit.runtime.task_context import PartitionSummary, TaskContext
 from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
 from detectorkit.runtime.task_stores import TaskStores
 from detectorkit.runtime.writers import AtLeastOnceWriter, CommitsFailed, TransactionalWriter, Writer
+
+_log = structlog.get_logger("detectorkit.job")
 
 # The longest a task waits for records in one poll: how late it sees the driver's word to end.
 _MAX_WAIT_SECONDS = 0.1
@@ -71,6 +74,9 @@ class SliceSpec:
     # Exactly-once: partitions whose committed offset is their position here, committed in this
     # generation by the previous slice's task, which returned (kafka.transactions.for_task).
     known: frozenset[int] = frozenset()
+    # A task whose loop stood still this long (a paused instance, a frozen VM, a detector call as
+    # long) may have lost its partitions meanwhile: it ends its slice before it goes on (_Loop.run).
+    pause_seconds: float = math.inf
 
 
 def plan(
@@ -83,6 +89,7 @@ def plan(
     control: tuple[str, int],
     token: str,
     known: frozenset[int] = frozenset(),
+    pause_seconds: float = math.inf,
 ) -> SliceSpec:
     """The next slice's spec; with claims (a stateful or exactly-once job in local mode) each task
     claims its share as it starts, the partitions whose stores its worker holds first."""
@@ -92,7 +99,8 @@ def plan(
     if source.claims_dir and tasks > 1:
         sticky = source.group_metadata is not None
         found = tuple(claims.claims_for(source.claims_dir, ranges, tasks, sticky=sticky))
-    return SliceSpec(source, dict(positions), tasks, seconds, interval, tick, tick_seconds, control, token, found, known & set(positions))
+    known = known & set(positions)
+    return SliceSpec(source, dict(positions), tasks, seconds, interval, tick, tick_seconds, control, token, found, known, pause_seconds)
 
 
 class SlicePositions:
@@ -233,19 +241,34 @@ class _Loop:
         quiet = set(reader.position)
         changed = False
         chunk = min(POLL_RECORDS, spec.source.max_records_per_batch or POLL_RECORDS)
+        polled_at = now
         while True:
             ending = self.link.ended() or time.monotonic() >= deadline
+            stood_still = False
             if not ending:
                 # Waiting for records, until what is due next: a checkpoint only once there is something to write.
                 due = min(next_checkpoint if changed else math.inf, next_tick, deadline)
                 wait = min(_MAX_WAIT_SECONDS, max(0.0, due - time.monotonic()))
+                before = reader.mark()
                 batch = reader.poll(wait, chunk)
+                # This task since its last poll (in it, or processing what it gave), or its driver
+                # since it last said it was there: the group may have given these partitions to
+                # another member meanwhile, and the driver not have heard yet. What was processed
+                # is checkpointed (the driver commits it only if it still owns them); what was
+                # just polled is left to whoever owns them now.
+                still = max(time.monotonic() - polled_at, self.link.silent_for())
+                stood_still = still > spec.pause_seconds
+                if stood_still:
+                    _log.warning("the task or its driver stood still for half the group's session timeout: the slice ends", seconds=round(still, 1))
+                    reader.rewind(before)
+                    batch, ending = None, True
+                polled_at = time.monotonic()
                 if batch is not None:
                     self._process(batch)
                     quiet -= set(np.unique(batch.column("partition").to_numpy()).tolist())
                     changed = True
             now = time.monotonic()
-            if now >= next_tick:
+            if now >= next_tick and not stood_still:
                 changed |= self._fire_quiet(quiet & reader.at_end)
                 quiet, next_tick = set(reader.position), now + spec.tick_seconds
             moved = changed or reader.position != self.done or reader.at_end != self.reported_at_end
