@@ -72,21 +72,11 @@ class StreamJob:
         (runtime.stage.prepared); the command line reads them itself, once, and hands them over."""
         return cls(*prepared(job, settings, config), spark, **keeping)
 
-    def __init__(
-        self,
-        stage: Stage,
-        settings: Settings,
-        config: Any,
-        spark,
-        client_idle_seconds: float = 60.0,
-        state_idle_seconds: float = 600.0,
-        readers: int = 1,
-    ):
+    def __init__(self, stage: Stage, settings: Settings, config: Any, spark, client_idle_seconds: float = 60.0, state_idle_seconds: float = 600.0):
         """`stage`, `settings` and `config` as `runtime.stage.prepared` makes them. `spark`: a
         SparkSession, or a Future of one still starting: the group join and the Kafka set-up then
         run meanwhile (only the query waits for it). How long a worker keeps an unused Kafka client,
-        and a state store no task uses (0: every task restores its state, as a new instance's);
-        `readers`: how many jobs share the session's cores (JobPlan.readers)."""
+        and a state store no task uses (0: every task restores its state, as a new instance's)."""
         if not settings.kafka_bootstrap_servers:
             raise ValueError("settings.kafka_bootstrap_servers must be set (the command line starts the embedded broker)")
         self.stage, self.settings, self.config, self._spark = stage, settings, config, spark
@@ -98,8 +88,7 @@ class StreamJob:
             s = self.settings
             topic = repartition.topic_of(s.consumer_group)
             feeder = s.model_copy(update={"output_topic": topic, "consumer_group": topic})
-            self._feeder = StreamJob.of(repartition.RepartitionStage(f"{self.stage.name}-repartition", field), feeder, spark, readers=2)
-            readers = 2
+            self._feeder = StreamJob.of(repartition.RepartitionStage(f"{self.stage.name}-repartition", field), feeder, spark)
             self.settings = s.model_copy(update={"input_topic": topic, "starting_offsets": "earliest"})
         s = self.settings
         self._base = clients.base(s.kafka_bootstrap_servers, s.kafka_options)
@@ -125,7 +114,7 @@ class StreamJob:
         self._source: SourceOptions | None = None  # what the query's tasks read (set when it starts)
         self._registered = False
         self._local = True
-        self.client_idle_seconds, self.state_idle_seconds, self._readers = client_idle_seconds, state_idle_seconds, readers
+        self.client_idle_seconds, self.state_idle_seconds = client_idle_seconds, state_idle_seconds
 
     @property
     def spark(self):
@@ -148,7 +137,7 @@ class StreamJob:
             else:
                 master = self._spark.sparkContext.master if self._spark is not None else "local"
             self._local = master.startswith("local")
-            self.plan = JobPlan.of(self.stage, self.settings, broker_kind.profile(self.broker_kind), master, self._readers)
+            self.plan = JobPlan.of(self.stage, self.settings, broker_kind.profile(self.broker_kind), master)
         return self.plan
 
     def source_options(self) -> SourceOptions:

@@ -74,7 +74,7 @@ class JobPlan:
         return "read_committed" if self.exactly_once else "read_uncommitted"
 
     @classmethod
-    def of(cls, stage: Stage, settings: Settings, broker: BrokerProfile, spark_master: str = "local", readers: int = 1) -> JobPlan:
+    def of(cls, stage: Stage, settings: Settings, broker: BrokerProfile, spark_master: str = "local") -> JobPlan:
         s = settings
         guarantee = Guarantee(s.processing_guarantee)
         if guarantee is Guarantee.EXACTLY_ONCE and not broker.hides_aborted:
@@ -105,7 +105,8 @@ class JobPlan:
             slice_seconds=s.slice_seconds,
             slice_commit_interval_seconds=s.slice_commit_interval_seconds,
             slice_pause_seconds=s.group_session_timeout_seconds / 2,
-            readers=readers,
+            # A repartitioned detector's reader and its feeder's, in one session.
+            readers=2 if stage.repartition_field is not None or stage.feeds_repartition else 1,
             checkpoint_dir=s.checkpoint_dir,
             restart_attempts=s.query_restart_attempts,
             restart_backoff_seconds=s.query_restart_backoff_seconds,

@@ -56,6 +56,7 @@ class RepartitionStage(StageBase):
     reasons: tuple[str, ...] = (rec.MALFORMED_JSON, rec.NOT_AN_OBJECT, rec.MISSING_FIELD)
     counts_as_detection: bool = False
     decode: rec.Decode | None = None  # None: JSON
+    feeds_repartition: bool = True
 
     def load_config(self) -> NoConfig:
         return NoConfig()

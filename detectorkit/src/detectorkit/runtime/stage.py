@@ -85,6 +85,7 @@ class Stage(Protocol):
     # stage is run through `run_keyed` (as `DetectorStage.run_keyed`), one partition with its store.
     state: State | None
     ticks: bool  # it needs batches with nothing to read now and then (timers of quiet partitions)
+    feeds_repartition: bool  # it re-keys another job's input (runtime.repartition): two readers share the session
 
     def load_config(self) -> Any: ...
 
@@ -130,6 +131,7 @@ class StageBase:
 
     state: State | None = None
     ticks: bool = False
+    feeds_repartition: bool = False
 
     def configured(self, config: Any) -> Stage:
         return self
