@@ -19,6 +19,7 @@ import uuid
 
 import pytest
 
+from detectorkit.devtools.processes import signal_session
 from detectorkit.kafka import clients
 from detectorkit.kafka.offset_store import commits
 from detectorkit.kafka.topic_reader import read_messages
@@ -80,7 +81,7 @@ class Service:
         return set(assigned[-1]["partitions"]) if assigned else set()
 
     def signal(self, signum):
-        os.killpg(self.process.pid, signum)
+        signal_session(self.process.pid, signum)  # the Python workers too, as a container's pause
 
     def stop(self):
         self.process.send_signal(signal.SIGTERM)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 
+from detectorkit.devtools.processes import signal_session
 from detectorkit.kafka import clients
 from detectorkit.kafka.offset_store import OffsetStore
 from detectorkit.testing import wait_for  # noqa: F401 - the tests take it from here
@@ -60,21 +61,8 @@ class Job:
         return pathlib.Path(self.log.name).read_text(errors="replace")
 
     def signal_group(self, signum):
-        """Every process of the job's session, as a container's are: pyspark's daemon puts the Python
-        workers in a process group of their own, which the job's group alone would leave running."""
-        groups = {self.process.pid}
-        for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-            try:
-                _state, _parent, group, session = stat.read_text().rsplit(")", 1)[1].split()[:4]
-            except (OSError, ValueError):
-                continue  # gone meanwhile
-            if int(session) == self.process.pid:
-                groups.add(int(group))
-        for group in groups:
-            try:
-                os.killpg(group, signum)
-            except ProcessLookupError:
-                pass
+        """Every process of the job's session, as a container's are (the Python workers too)."""
+        signal_session(self.process.pid, signum)
 
 
 def run(env, timeout=300, command=COMMAND):
