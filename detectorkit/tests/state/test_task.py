@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
+import structlog.testing
 
 from detectorkit.kafka import offset_store, range_reader
 from detectorkit.kafka.planning import PartitionRange
@@ -326,8 +327,10 @@ def test_a_store_holding_changes_it_never_wrote_is_rebuilt_not_caught_up(kafka, 
     input_log.durable[3] = 112
     monkeypatch.setattr(cache, "_stores", workers["a"])
     kafka["reads"].clear()
-    run_from(ctx, 112, 116)
+    with structlog.testing.capture_logs() as logs:
+        run_from(ctx, 112, 116)
     assert kafka["reads"] == [(3, None)]  # from the first record: a's counts of 2 were never written
+    assert [e["reason"] for e in logs if e["event"] == "state store rebuilt"] == ["it holds changes its changelog has not got"]
     assert workers["a"][("svc.state", 3, COUNT.state)][0].snapshot() == {f"k{i}": {"count": 4} for i in range(4)}
 
 

@@ -82,6 +82,12 @@ def open_stores(
             continue
         until[p] = start if reflected.get(p) is None else min(reflected[p], start)
         if store is None or store.pending or (store.position, store.tick) > (until[p], tick):
+            if store is not None:
+                _log.warning(
+                    "state store rebuilt",
+                    partition=f"{ctx.topic}-{p}",
+                    reason="it holds changes its changelog has not got" if store.pending else "it is ahead of where its partition starts",
+                )
             store, reads[p] = _new(ctx, state, p), None
         elif store.last_written is not None:
             reads[p] = store.last_written[0]  # from its own last change, checked first
