@@ -201,6 +201,26 @@ class _FakeReader:
         self.position, self.at_end = dict(mark[0]), set(mark[1])
 
 
+class _FakeClock:
+    """The slice loop's clock (its `time` module), moved by hand."""
+
+    now = 0.0
+
+    def monotonic(self):
+        return self.now
+
+    def time(self):
+        return 1_000.0 + self.now
+
+    @classmethod
+    def installed(cls, monkeypatch):
+        from detectorkit.runtime import slices
+
+        clock = cls()
+        monkeypatch.setattr(slices, "time", clock)
+        return clock
+
+
 class _FakeLink:
     """A fake of runtime.slice_control's link: its subclass reports; a driver always heard."""
 
@@ -252,17 +272,7 @@ def test_a_slice_checkpoints_every_commit_interval_from_one_checkpoints_start_to
 
     from .test_processing import arrow, ctx
 
-    class Clock:
-        now = 0.0
-
-        def monotonic(self):
-            return self.now
-
-        def time(self):
-            return 1_000.0 + self.now
-
-    clock = Clock()
-    monkeypatch.setattr(slices, "time", clock)
+    clock = _FakeClock.installed(monkeypatch)
 
     class Reader(_FakeReader):
         position, at_end = {3: 0}, set()
@@ -305,17 +315,7 @@ def test_a_task_or_driver_that_stood_still_past_half_the_session_timeout_ends_th
 
     from .test_processing import arrow, ctx
 
-    class Clock:
-        now = 0.0
-
-        def monotonic(self):
-            return self.now
-
-        def time(self):
-            return 1_000.0 + self.now
-
-    clock = Clock()
-    monkeypatch.setattr(slices, "time", clock)
+    clock = _FakeClock.installed(monkeypatch)
 
     class Reader(_FakeReader):
         position, at_end = {3: 0}, set()
