@@ -370,35 +370,37 @@ def test_a_slices_next_positions_keep_a_reader_that_went_back_and_a_topic_create
 def test_a_tasks_link_hears_its_drivers_beats_and_the_word_to_end_and_counts_the_silence_when_they_stop():
     import socket
 
+    from detectorkit.runtime.slice_control import ALIVE, END, SliceControl
     from detectorkit.runtime.slice_control import Link as ControlLink
-    from detectorkit.runtime.slice_control import SliceControl
+    from detectorkit.testing import wait_for
 
     control = SliceControl(beat_seconds=0.05)
     control.begin("t")
     link = ControlLink(control.address, "t", 5.0)
+    connected = time.monotonic()
     try:
-        time.sleep(0.3)  # six beats' time: what a task does between two looks at its link
-        assert not link.ended() and link.silent_for() < 0.2
+        # Past six beats' time, the driver was heard within the last four.
+        wait_for(lambda: not link.ended() and time.monotonic() - connected > 0.3 and link.silent_for() < 0.2, timeout=5, what="beats")
         # The driver stands still (its serving thread stops beating, as when its process is paused).
         control._beat_seconds = 60.0
-        time.sleep(0.3)
-        assert not link.ended() and link.silent_for() >= 0.3
+        wait_for(lambda: not link.ended() and link.silent_for() >= 0.3, timeout=5, what="the silence to be counted")
         control.end("t")
-        deadline = time.monotonic() + 5
-        while not link.ended() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert link.ended()
+        wait_for(link.ended, timeout=5, what="the word to end")
     finally:
         link.close()
         control.close()
-    # A driver gone ends it too.
+    # The word in two reads, after beats; and a driver gone ends it too.
     server = socket.create_server(("127.0.0.1", 0))
-    gone = ControlLink(server.getsockname(), "t", 5.0)
-    accepted, _ = server.accept()
-    accepted.close()
+    split, gone = ControlLink(server.getsockname(), "t", 5.0), ControlLink(server.getsockname(), "t", 5.0)
+    (driver, _), (closed, _) = server.accept(), server.accept()
     server.close()
-    deadline = time.monotonic() + 5
-    while not gone.ended() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert gone.ended()
-    gone.close()
+    sent = time.monotonic()
+    driver.sendall(ALIVE * 3 + END[:2])
+    # Read (heard since they were sent), and not taken for the word.
+    wait_for(lambda: not split.ended() and split.silent_for() < time.monotonic() - sent, timeout=5, what="the beats read")
+    driver.sendall(END[2:])
+    wait_for(split.ended, timeout=5, what="the word to end, split")
+    closed.close()
+    wait_for(gone.ended, timeout=5, what="the end of the connection")
+    for s in (split, gone, driver):
+        s.close()

@@ -200,6 +200,8 @@ class Link:
         self._socket.setblocking(False)
         self._ended = False
         self._heard = time.monotonic()
+        # The last bytes read: the word to end may come in two reads, after many beats.
+        self._tail = b""
 
     def ended(self) -> bool:
         """The driver said so, or is gone."""
@@ -211,7 +213,8 @@ class Link:
             except OSError:
                 data = b""
             # The word, or the end of the connection: either way, end. Otherwise it is there.
-            self._ended = not data or END in data
+            self._ended = not data or END in self._tail + data
+            self._tail = (self._tail + data)[-len(END) :]
             self._heard = time.monotonic()
         return self._ended
 
