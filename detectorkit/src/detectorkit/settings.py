@@ -108,11 +108,11 @@ class Settings(BaseModel):
     spark_master: str = Field("local[2]", description="Spark master URL.")
     trigger_interval_seconds: float = Field(0.0, ge=0, description="Minimum time between micro-batch starts; 0 starts the next one at once.")
     slice_seconds: float = Field(
-        0.0,
+        30.0,
         ge=0,
-        description="Run each Spark task for this long, reading, detecting, writing and committing as records arrive, instead of "
-        "one micro-batch per trigger: Spark's scheduling is paid once a slice, and a record waits for a poll rather than a batch. "
-        "A rebalance or a stop ends a slice early. 0: micro-batches.",
+        description="Each Spark task runs this long, reading, detecting, writing and committing as records arrive (a slice): "
+        "Spark's scheduling is paid once a slice, and a record waits for a poll rather than a batch. A rebalance or a stop ends "
+        "a slice early. 0: one micro-batch per trigger instead (the older loop, to be removed).",
     )
     slice_commit_interval_seconds: float = Field(
         0.1,

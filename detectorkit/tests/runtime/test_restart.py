@@ -46,7 +46,8 @@ def start_mid_stream(bs, name, **settings):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_graceful_stop_and_restart_lose_and_duplicate_nothing(kafka_bootstrap_servers, signum):
     bs = kafka_bootstrap_servers
-    topics, sent, env, job = start_mid_stream(bs, f"graceful{int(signum)}")
+    # Slow calls: a slice's tasks would read the whole backlog before the stop reached them.
+    topics, sent, env, job = start_mid_stream(bs, f"graceful{int(signum)}", detector_delay_seconds=0.2)
     if signum == signal.SIGINT:
         job.signal_group(signum)  # Ctrl-C in a terminal reaches the whole process group
     else:
@@ -62,7 +63,7 @@ def test_graceful_stop_and_restart_lose_and_duplicate_nothing(kafka_bootstrap_se
     if signum == signal.SIGINT:
         return  # the same stop as SIGTERM from here on; the restart is checked once, below
 
-    code, output = run({**env, "STOP_AFTER_IDLE_SECONDS": "3"})  # a new temporary checkpoint directory
+    code, output = run({**env, "STOP_AFTER_IDLE_SECONDS": "3", "DETECTOR_DELAY_SECONDS": "0"})  # a new temporary checkpoint directory
     assert code == 0, output
     found = detections(bs, topics)
     assert set(found) == expected(sent)

@@ -55,6 +55,8 @@ def test_state_carries_across_micro_batches_exactly_as_one_pass_would(spark, kaf
     options = {"state_flush_interval_seconds": flush_interval, **per_task}
     # Not kept: every task reads its partitions' state back from the changelog.
     keeping = {} if kept else {"state_idle_seconds": 0}
+    # Micro-batches (SLICE_SECONDS=0), the boundaries counted: a slice's task keeps its stores throughout.
+    options["slice_seconds"] = 0
     job = StreamJob.of(COUNT, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=250, **options), spark, **keeping)
     job.start()
     wait_for(lambda: job.stats.records >= 3_000 or job.terminated(0), what="3,000 records")
@@ -92,7 +94,7 @@ def test_a_restart_replays_what_the_changelog_lacks_and_writes_no_output_twice(s
     sent = produce(bs, topics.input, keyed(6_000, seed=3))
     # Two tasks a batch, claiming their partitions: each keeps its stores, and their changes wait
     # while a backlog is read (a batch that reads a partition to its end writes them at once).
-    options = {"max_records_per_batch": 250, "state_flush_interval_seconds": 600, "min_records_per_task": 1}
+    options = {"max_records_per_batch": 250, "state_flush_interval_seconds": 600, "min_records_per_task": 1, "slice_seconds": 0}
     first = StreamJob.of(COUNT, settings(bs, topics, starting_offsets="earliest", **options), spark)
     first.start()
     wait_for(lambda: first.stats.records >= 1_500 or first.terminated(0), what="1,500 records")
@@ -228,7 +230,8 @@ def test_a_quiet_topics_timers_fire_once_per_key_from_the_wall_clock(spark, kafk
     the wall clock minus the grace moves their event time past the timers."""
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state-quiet", partitions=2)
-    job = StreamJob.of(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=SilenceConfig(silence_seconds=2))
+    # Micro-batches (SLICE_SECONDS=0), whose ticks are batches this test counts.
+    job = StreamJob.of(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1, slice_seconds=0), spark, config=SilenceConfig(silence_seconds=2))
     job.start()
     sent = produce(bs, topics.input, keyed(60, keys=12))
     wait_for(lambda: len(timer_detections(bs, topics)) >= 12 or job.terminated(0), timeout=90, what="a detection per quiet key")
@@ -249,14 +252,16 @@ def test_a_timer_due_while_its_partition_moves_fires_once_on_the_new_owner(spark
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state-move", partitions=2)
     config = SilenceConfig(silence_seconds=6)
-    first = StreamJob.of(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=config)
+    # Micro-batches (SLICE_SECONDS=0), whose ticks are batches this test counts.
+    quiet = {"timer_idle_grace_seconds": 1, "slice_seconds": 0}
+    first = StreamJob.of(SILENCE, settings(bs, topics, **quiet), spark, config=config)
     first.start()
     sent = produce(bs, topics.input, keyed(40, keys=8))
     wait_for(lambda: first.stats.records >= 40 or first.terminated(0), what="the records")
     first.stop()  # before any timer is due: they leave with the partitions, in the changelog
     assert timer_detections(bs, topics) == {}
     # As a new instance: nothing of the first one's stores.
-    second = StreamJob.of(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1), spark, config=config, state_idle_seconds=0)
+    second = StreamJob.of(SILENCE, settings(bs, topics, **quiet), spark, config=config, state_idle_seconds=0)
     second.start()
     wait_for(lambda: len(timer_detections(bs, topics)) >= 8 or second.terminated(0), timeout=90, what="a detection per quiet key")
     batches = second.stats.batches
@@ -358,7 +363,9 @@ def test_stores_holding_changes_an_interval_has_not_written_are_not_rebuilt_at_e
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state-backlog", partitions=2)
     produce(bs, topics.input, (Sample(f"key-{i % 3_000}".encode(), b"{}", "valid") for i in range(30_000)))
+    # Micro-batches (SLICE_SECONDS=0), each a tick: a slice's task keeps its stores throughout.
     options = {"timer_idle_grace_seconds": 1, "min_records_per_task": 1, "max_records_per_batch": 600, "state_flush_interval_seconds": 600}
+    options["slice_seconds"] = 0
     job = StreamJob.of(SILENCE, settings(bs, topics, starting_offsets="earliest", **options), spark, config=SilenceConfig(silence_seconds=600))
     job.start()
     wait_for(lambda: job.stats.records >= 30_000 or job.terminated(0), timeout=240, what="the backlog")

@@ -73,8 +73,9 @@ class Diamond:
     jobs: list[Job] = field(default_factory=list)
     aggregator_port: int = 0
     final_metrics: dict = field(default_factory=dict)  # the aggregate when the diamond had drained
-    # The jobs that run in slices of this many seconds (SLICE_SECONDS); the others in micro-batches.
-    sliced: frozenset[str] = frozenset()
+    # The jobs that run in micro-batches (SLICE_SECONDS=0, the older loop); the others in slices of
+    # this many seconds.
+    in_batches: frozenset[str] = frozenset()
     slice_seconds: float = 5.0
 
     def env(self, job: str | None = None, **settings: str) -> dict[str, str]:
@@ -89,8 +90,7 @@ class Diamond:
                 "CREATE_TOPICS": "true",
             }
         )
-        if job in self.sliced:
-            env["SLICE_SECONDS"] = f"{self.slice_seconds:g}"
+        env["SLICE_SECONDS"] = "0" if job in self.in_batches else f"{self.slice_seconds:g}"
         env.update({k.upper(): v for k, v in settings.items()})
         return env
 
@@ -298,17 +298,18 @@ def main(argv: list[str] | None = None) -> int:
         "--join-detector", action="store_true", help="halfway through, deploy a third detector generated from the template into the running diamond"
     )
     parser.add_argument(
-        "--sliced",
+        "--batches",
         default="",
-        help="comma-separated jobs (normaliser, notifier, a detector's name, or all) that run in slices (SLICE_SECONDS), the others in micro-batches",
+        help="comma-separated jobs (normaliser, notifier, a detector's name, or all) that run in micro-batches (SLICE_SECONDS=0), "
+        "the others in slices",
     )
-    parser.add_argument("--slice-seconds", type=float, default=5.0, help="the sliced jobs' SLICE_SECONDS (default: 5)")
+    parser.add_argument("--slice-seconds", type=float, default=5.0, help="the other jobs' SLICE_SECONDS (default: 5)")
     args = parser.parse_args(argv)
     names = {"normaliser", "notifier", *(n for n, _ in (*DETECTORS, JOINING))}
-    sliced = {n.strip() for n in args.sliced.split(",") if n.strip()}
-    if sliced - names - {"all"}:
-        parser.error(f"--sliced: no job named {', '.join(sorted(sliced - names - {'all'}))} (one of {', '.join(sorted(names))}, or all)")
-    sliced = names if "all" in sliced else sliced
+    batches = {n.strip() for n in args.batches.split(",") if n.strip()}
+    if batches - names - {"all"}:
+        parser.error(f"--batches: no job named {', '.join(sorted(batches - names - {'all'}))} (one of {', '.join(sorted(names))}, or all)")
+    batches = names if "all" in batches else batches
     work = pathlib.Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     stopping = threading.Event()
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
 
     broker = _Given(args.bootstrap_servers) if args.bootstrap_servers else start_broker(args.engine)
     diamond = Diamond(
-        work, broker.bootstrap_servers, pathlib.Path(args.template).resolve(), sliced=frozenset(sliced), slice_seconds=args.slice_seconds
+        work, broker.bootstrap_servers, pathlib.Path(args.template).resolve(), in_batches=frozenset(batches), slice_seconds=args.slice_seconds
     )
     try:
         diamond.create_topics(args.partitions)
