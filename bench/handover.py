@@ -23,7 +23,7 @@ involved is ready (and the old one has exited). Per window:
 - gap: the longest time during which some input partition got no detection written: per partition,
   the largest distance between consecutive detections' write times (their Kafka timestamps) in the
   window, the window's edges included. With 25% of the records detected and 250 records/s per
-  partition, a steady service's gap is its micro-batch rhythm (~0.3-1 s).
+  partition, a steady service's gap is the time between its writes.
 - max latency: the longest a record produced in the window waited for its detection (input
   timestamp to output timestamp; for the steady window, records produced up to 3 s before its end).
 - crashes also: from the kill to the first detection written after it, and to the new instance's

@@ -105,8 +105,6 @@ def sample_values(count: int, seed: int = 42) -> list[tuple[bytes, bytes, bool]]
 
 
 EXACTLY_ONCE_SERVICE = "detector service, exactly-once (this project)"
-BATCHES_SERVICE = "detector service, micro-batches (this project)"
-BATCHES_EXACTLY_ONCE_SERVICE = "detector service, micro-batches, exactly-once (this project)"
 
 
 def contenders(service_cmd: str, quix_python: str, bootstrap: str, in_topic: str, prefix: str) -> list[Contender]:
@@ -187,14 +185,7 @@ def contenders(service_cmd: str, quix_python: str, bootstrap: str, in_topic: str
     out, group = names("kafka-streams-eos")
     streams_args = [bootstrap, in_topic, out, group, str(THRESHOLD), str(CORES), "exactly_once_v2"]
     streams_eos = Contender("Kafka Streams, exactly_once_v2", out, [*ensure_kafka_streams(), *streams_args])
-    # The older loop (SLICE_SECONDS=0): a Spark micro-batch per trigger, until it is removed.
-    out, group = names("service-batches")
-    batches_env = {**service_env, "OUTPUT_TOPIC": out, "DLQ_TOPIC": f"{out}.dlq", "CONSUMER_GROUP": group, "SLICE_SECONDS": "0"}
-    service_batches = Contender(BATCHES_SERVICE, out, [service_cmd], batches_env)
-    out, group = names("service-batches-eos")
-    batches_eos_env = {**batches_env, "OUTPUT_TOPIC": out, "DLQ_TOPIC": f"{out}.dlq", "CONSUMER_GROUP": group, "PROCESSING_GUARANTEE": "exactly-once"}
-    service_batches_eos = Contender(BATCHES_EXACTLY_ONCE_SERVICE, out, [service_cmd], batches_eos_env)
-    return [service, service_eos, service_batches, service_batches_eos, instances, plain, processes, quix, spark_kafka, streams, streams_eos]
+    return [service, service_eos, instances, plain, processes, quix, spark_kafka, streams, streams_eos]
 
 
 def selected(all_contenders: list[Contender], only: list[str] | None) -> list[Contender]:
@@ -207,8 +198,7 @@ def runnable(all_contenders: list[Contender], engine: str | None) -> list[Conten
     if engine != "tansu":
         return all_contenders
     # Exactly-once is refused on the embedded broker (its read_committed shows aborted records).
-    exactly_once = (EXACTLY_ONCE_SERVICE, BATCHES_EXACTLY_ONCE_SERVICE)
-    return [c for c in all_contenders if not c.name.startswith("Spark's") and c.name not in exactly_once and "exactly_once" not in c.name]
+    return [c for c in all_contenders if not c.name.startswith("Spark's") and c.name != EXACTLY_ONCE_SERVICE and "exactly_once" not in c.name]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -592,7 +582,7 @@ def main(argv=None) -> int:
         if args.density:
             d_in = f"bench.{run_id}.density.in"
             clients.create_topics(base, {d_in: PARTITIONS})
-            for name in (SERVICE_NAME, BATCHES_SERVICE, STREAMS):
+            for name in (SERVICE_NAME, STREAMS):
                 if not selected([Contender(name, "", [])], args.only):
                     continue
 

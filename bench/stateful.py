@@ -1,5 +1,5 @@
 """The stateful benchmark (issue 19): the template's `burst` detector, which keeps per-customer state
-across micro-batches, beside Kafka Streams doing the same count per customer in a sliding window,
+across slices, beside Kafka Streams doing the same count per customer in a sliding window,
 on the same records in the same run, on the same broker.
 
     python bench/run.py --stateful                            # 3,000,000 records, restore of 1,000,000 keys

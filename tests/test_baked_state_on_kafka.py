@@ -184,9 +184,9 @@ def test_a_burst_service_crashed_with_a_flush_interval_then_redeployed_exactly_o
     sent = produce(bs, topics.input, backlog((int(time.time()) - 7200) * 1000))
     expected = bursts(sent, config)
     assert len(expected) > 500
-    # Tasks of a few hundred records, two a batch (claiming their partitions): each store holds its
+    # Polls of a few hundred records, two tasks (claiming their partitions): each store holds its
     # changes for the interval while the backlog is read.
-    batches = {"starting_offsets": "earliest", "max_records_per_batch": 500, "min_records_per_task": 100}
+    batches = {"starting_offsets": "earliest", "max_records_per_batch": 500}
     partitions = range(4)
 
     first = Service(package, service_env(bs, topics, state_flush_interval_seconds=5, **batches))

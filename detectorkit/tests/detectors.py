@@ -3,7 +3,6 @@ folder on PYTHONPATH before Spark starts)."""
 
 import dataclasses
 import os
-import sys
 import time
 from dataclasses import dataclass
 
@@ -27,24 +26,6 @@ def above_threshold(records: pd.DataFrame, config: Config) -> pd.DataFrame:
 
 
 THRESHOLD = Detector(name="test-threshold", detect=above_threshold, config=Config, required_fields=("amount",))
-
-
-def called_from_the_sources_read() -> bool:
-    frame = sys._getframe()
-    while frame is not None:
-        if frame.f_code.co_name == "read" and frame.f_globals.get("__name__") == "detectorkit.kafka.source":
-            return True
-        frame = frame.f_back
-    return False
-
-
-def where_it_runs(records: pd.DataFrame, config: Config) -> pd.DataFrame:
-    hits = records[records["amount"] > config.threshold]
-    return pd.DataFrame({"in_source_read": called_from_the_sources_read(), "pid": os.getpid()}, index=hits.index)
-
-
-# Tells where Spark runs the detector: inside the Kafka source's read(), or after it.
-WHERE = Detector(name="test-where", detect=where_it_runs, config=Config, required_fields=("amount",))
 
 
 class UnpickledMarker:

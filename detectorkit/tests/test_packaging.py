@@ -106,26 +106,6 @@ def test_the_dev_tools_say_what_to_install():
     assert "Traceback" not in probe.stderr
 
 
-def test_the_spark_planners_import_of_the_source_leaves_pandas_and_pyarrow_out():
-    """Spark's planner processes (the data source's lookup, creation, read planning and the
-    streaming offsets runner) unpickle the Kafka source and so import its module and this package;
-    pandas and pyarrow there cost each of them ~50 MiB for nothing they use."""
-    probe = """
-        import sys
-        import detectorkit.kafka.source
-        print(sorted(m for m in ("pandas", "pyarrow", "numpy") if m in sys.modules))
-        import detectorkit
-        print(detectorkit.Detector.__name__, detectorkit.State.__name__)
-        try:
-            detectorkit.Nothing
-        except AttributeError as exc:
-            print(exc)
-    """
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(probe)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["[]", "Detector State", "module 'detectorkit' has no attribute 'Nothing'"]
-
-
 def test_the_test_helpers_import_neither_pytest_nor_the_kafka_client():
     """A data scientist tries a detector in a notebook with the harness: `detectorkit.testing` loads
     pytest and librdkafka only where a helper talks to a broker, when it is called."""

@@ -21,17 +21,17 @@ def test_documented_defaults():
     assert got.kafka_bootstrap_servers is None
     assert (got.input_topic, got.output_topic, got.starting_offsets) == ("records.normalized", "detections", "latest")
     assert got.max_records_per_batch == 250_000 and got.fail_on_data_loss is True
-    assert got.min_records_per_task == 5_000
+    assert got.slice_seconds == 30
     assert all(f.description for f in s.Settings.model_fields.values())
 
 
 def test_environment_then_flags_then_service_defaults():
-    env = {"INPUT_TOPIC": "from-env", "OUTPUT_TOPIC": "out-env", "MAX_RECORDS_PER_BATCH": "500", "MIN_RECORDS_PER_TASK": "1"}
+    env = {"INPUT_TOPIC": "from-env", "OUTPUT_TOPIC": "out-env", "MAX_RECORDS_PER_BATCH": "500", "SLICE_SECONDS": "2"}
     got = parse(["--output-topic", "out-flag"], env, defaults={"input_topic": "svc-in", "dlq_topic": "svc.dlq"})
     assert got.input_topic == "from-env"
     assert got.output_topic == "out-flag"
     assert got.dlq_topic == "svc.dlq"
-    assert got.max_records_per_batch == 500 and got.min_records_per_task == 1
+    assert got.max_records_per_batch == 500 and got.slice_seconds == 2
 
 
 def test_service_fills_dlq_and_group():
@@ -49,6 +49,7 @@ def test_service_fills_dlq_and_group():
         ({"INPUT_TOPIC": "bad topic"}, "INPUT_TOPIC='bad topic'"),
         ({"OUTPUT_TOPIC": ".."}, "not allowed"),
         ({"FAIL_ON_DATA_LOSS": "maybe"}, "FAIL_ON_DATA_LOSS"),
+        ({"SLICE_SECONDS": "0"}, "SLICE_SECONDS='0'"),
     ],
 )
 def test_invalid_value_is_one_clear_line(env, message):

@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from detectorkit.kafka.planning import MIN_TASK_RECORDS
 from detectorkit.kafka.secrets import is_secret
 
 # The librdkafka keys a deployment may pass through: what a secured real cluster needs.
@@ -97,28 +96,20 @@ class Settings(BaseModel):
     starting_offsets: Literal["latest", "earliest", "error"] = Field(
         "latest", description="Where to start when the group has no committed offset: latest, earliest or error."
     )
-    max_records_per_batch: int = Field(250_000, gt=0, description="At most this many records in one micro-batch.")
-    min_records_per_task: int = Field(
-        MIN_TASK_RECORDS,
-        gt=0,
-        description="A micro-batch gets one Spark task per this many records at most, up to the cores: a caught-up job's "
-        "small batches run in one task, which costs less than several.",
-    )
+    max_records_per_batch: int = Field(250_000, gt=0, description="At most this many records in one poll of a task (and one detector call).")
     fail_on_data_loss: bool = Field(True, description="Stop when planned records are gone (retention, deleted topic); false skips ahead.")
     spark_master: str = Field("local[2]", description="Spark master URL.")
-    trigger_interval_seconds: float = Field(0.0, ge=0, description="Minimum time between micro-batch starts; 0 starts the next one at once.")
     slice_seconds: float = Field(
         30.0,
-        ge=0,
+        gt=0,
         description="Each Spark task runs this long, reading, detecting, writing and committing as records arrive (a slice): "
         "Spark's scheduling is paid once a slice, and a record waits for a poll rather than a batch. A rebalance or a stop ends "
-        "a slice early. 0: one micro-batch per trigger instead (the older loop, to be removed).",
+        "a slice early.",
     )
     slice_commit_interval_seconds: float = Field(
         0.1,
         gt=0,
-        description="With SLICE_SECONDS: how often a task flushes what it wrote and, with exactly-once, commits its transactions "
-        "(what read_committed readers wait for).",
+        description="How often a task flushes what it wrote and, with exactly-once, commits its transactions (what read_committed readers wait for).",
     )
     checkpoint_dir: str | None = Field(
         None,

@@ -1,9 +1,7 @@
 """The whole diamond at small size, as `make diamond` runs it: raw records through the normaliser,
 two detectors generated from the template, the notifier; counts reconciled through every stage
 and equal to what the metrics-aggregator summed. Halfway, a third detector is deployed into the
-running diamond (`--join-detector`): it starts at the end of its input and the others go on.
-The normaliser, the stateful burst detector, the joining detector and the notifier run in slices,
-the threshold detector in micro-batches (`--batches`): the diamond holds with either."""
+running diamond (`--join-detector`): it starts at the end of its input and the others go on."""
 
 import json
 import pathlib
@@ -13,9 +11,6 @@ import sys
 from detectorkit.samples import raw_samples
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
-
-
-BATCHES = ("high-value-orders",)
 
 
 def test_the_diamond_reconciles_through_every_stage_and_the_metrics_agree(kafka_bootstrap_servers, tmp_path):
@@ -43,8 +38,6 @@ def test_the_diamond_reconciles_through_every_stage_and_the_metrics_agree(kafka_
         "--timeout-seconds",
         "400",
         "--join-detector",
-        "--batches",
-        ",".join(BATCHES),
         "--slice-seconds",
         "5",
     ]
@@ -73,10 +66,10 @@ def test_the_diamond_reconciles_through_every_stage_and_the_metrics_agree(kafka_
     assert m["late-orders"]["detector_detections_written_total"] == sum(s.anomaly for s in planted[records // 2 :])
     assert any("late-orders deployed halfway" in line and line.endswith("yes") for line in result["lines"]), result["lines"]
     assert not result["failed_jobs"]
-    # Each job ran as asked: in slices of 5 s, or in micro-batches.
+    # Each job ran as asked: in slices of 5 s.
     for job in ("normaliser", "high-value-orders", "order-bursts", "late-orders", "notifier"):
         started = [json.loads(line) for line in (tmp_path / f"{job}.log").read_text().splitlines() if '"job started"' in line]
-        assert started and started[0]["slice_seconds"] == (0.0 if job in BATCHES else 5.0), (job, started)
+        assert started and started[0]["slice_seconds"] == 5.0, (job, started)
 
 
 def test_the_live_table_shows_each_jobs_counts_and_a_job_that_exited(tmp_path):

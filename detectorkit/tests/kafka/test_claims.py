@@ -100,26 +100,12 @@ def test_old_claim_files_are_swept_as_new_batches_are_claimed(tmp_path):
     assert not stale.exists() and len(list(tmp_path.glob("*.json"))) == 1
 
 
-def test_a_small_batch_of_a_stateful_job_is_a_task_per_core_each_keeping_its_workers_partitions(tmp_path):
-    # Issue 35, scenario 3: in one task, a tick's batch ran in either Python worker and moved every
-    # store there (a catch-up from the changelog at the next tick in the other worker).
-    batch = ranges([0, 0, 3, 0])  # a tick: one partition with records, three quiet ones
-    planned = claims.plan_tasks(batch, tasks=2, min_records=5_000, claims_dir=str(tmp_path))
-    assert len(planned) == 2 and all(task_ranges == batch for task_ranges, _ in planned)
-    (_, first), (_, second) = planned
-    assert first.sticky and second.sticky
+def test_sticky_claims_keep_each_workers_partitions_however_uneven(tmp_path):
+    # Issue 35, scenario 3: in one task, a tick ran in either Python worker and moved every store
+    # there (a catch-up from the changelog at the next tick in the other worker).
+    batch = ranges([0, 0, 3, 0])  # one partition with records, three quiet ones
+    first, second = claims.claims_for(str(tmp_path), batch, 2, sticky=True)
     # The first to start holds 0 and 1, however uneven; the last takes the rest, the ones it holds.
     a = claims.take(first, batch, held={0, 1})
     b = claims.take(second, batch, held={2, 3})
     assert [r.partition for r in a] == [0, 1] and [r.partition for r in b] == [2, 3]
-
-
-def test_a_large_batch_is_shared_evenly_and_a_job_without_claims_packs_its_tasks(tmp_path):
-    batch = ranges([10_000] * 4)
-    planned = claims.plan_tasks(batch, tasks=2, min_records=5_000, claims_dir=str(tmp_path))
-    assert [claim.sticky for _, claim in planned] == [False, False]
-    assert [claim.sticky for _, claim in claims.plan_tasks(batch, 2, 5_000, str(tmp_path), sticky=True)] == [True, True]
-    # Stateless, or on a cluster: the ranges packed, a small batch in one task.
-    assert [len(r) for r, claim in claims.plan_tasks(batch, 2, 5_000) if claim is None] == [2, 2]
-    assert claims.plan_tasks(ranges([5, 5]), 2, 5_000) == [(ranges([5, 5]), None)]
-    assert claims.plan_tasks([], 2, 5_000, str(tmp_path)) == []

@@ -14,8 +14,6 @@ from detectorkit.kafka.offset_store import OffsetStore
 from detectorkit.kafka.planning import DataLossError, PartitionRange
 from detectorkit.kafka.range_reader import read_ranges
 from detectorkit.kafka.sink import DeliveryError, Sink
-from detectorkit.kafka.source import KafkaStreamReader
-from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.testing import wait_for
 
 
@@ -123,14 +121,6 @@ def test_deleted_topic_is_data_loss(base, topic):
     consumer.close()
 
 
-def test_a_reader_without_start_offsets_refuses_to_start():
-    """The group's member (the job) resolves where a query starts; the source never reads the
-    group's offsets itself."""
-    options = SourceOptions(topic="t", client_conf=clients.base("127.0.0.1:9"), group="g", broker_kind="kafka", timeout=1)
-    with pytest.raises(ValueError, match="no start offsets for 't'"):
-        KafkaStreamReader(options).initialOffset()
-
-
 def test_offset_store_round_trip(base, topic):
     store = OffsetStore(clients.consumer(base, f"g-{uuid.uuid4().hex[:6]}"), topic)
     assert store.committed([0, 1]) == {0: None, 1: None}
@@ -192,8 +182,8 @@ def test_a_batch_to_a_partition_that_does_not_exist_fails(base, topic):
 
 
 def test_a_slices_reader_past_a_partitions_end_skips_back_to_its_start(base, topic, kafka_broker_kind):
-    # The input topic was deleted and re-created with fewer records while a slice read it: as a
-    # batch's plan does (planning.reconcile), the new partition is read from its start.
+    # The input topic was deleted and re-created with fewer records while a slice read it: the new
+    # partition is read from its start.
     from detectorkit.kafka.position_reader import PositionReader
     from detectorkit.kafka.range_reader import reader_conf
     from detectorkit.testing import TANSU

@@ -29,6 +29,8 @@ from detectorkit.state import cache, changelog, codec
 from detectorkit.state.changelog import StateContext
 from detectorkit.state.store import PartitionStore
 
+from ..tasks import run_task
+
 HOUR_MS = 3_600_000
 T0 = 1_795_000_000_000 // HOUR_MS * HOUR_MS  # the start of an hour
 CONFIG = nt.NotifierConfig(window_seconds=3600, horizon_seconds=3 * 3600)
@@ -422,9 +424,8 @@ GROUP = "notifier-group"
 
 
 def task_batch(notifier, kafka, monkeypatch, items, start, partition=0):
-    """One batch of the notifier as a task of the job runs it (processing.process_planned,
-    at-least-once): `items` ((customer, detection)) at offsets start.. of `partition`, its range
-    planned from `start`; the task's results."""
+    """One read of the notifier as a slice's task runs it (at-least-once): `items` ((customer,
+    detection)) at offsets start.. of `partition`, its range planned from `start`; the task's results."""
     n = len(items)
     batch = pa.RecordBatch.from_arrays(
         [
@@ -442,11 +443,9 @@ def task_batch(notifier, kafka, monkeypatch, items, start, partition=0):
     ctx = TaskContext("notifier", notifier, CONFIG, {}, "notifications", "notifier.dlq", state=state)
     source = SimpleNamespace(client_conf={}, group=GROUP, topic="detections")
     ranges = [PartitionRange("detections", partition, start, start + n)]
-    # What process_planned does, without setting up a worker's logging in the test's process (its
-    # handler would keep this test's captured stderr, and later tests' logs would go there).
     with AtLeastOnceWriter(ctx) as writer:
         stores = TaskStores.open(ctx, ranges, source)
-        return task_result.rows_of(processing.run_task(ctx, iter([batch]), {partition: start + n}, stores, writer))
+        return task_result.rows_of(run_task(ctx, iter([batch]), {partition: start + n}, stores, writer))
 
 
 def prepared():

@@ -61,8 +61,7 @@ def test_a_task_reports_the_partitions_it_committed_and_why_the_others_did_not()
     5,010 short of 200,000)."""
     import json
 
-    from detectorkit.runtime import processing
-
+    from ..tasks import run_task
     from .test_processing import arrow, ctx
 
     class Txns:
@@ -92,7 +91,7 @@ def test_a_task_reports_the_partitions_it_committed_and_why_the_others_did_not()
     ranges = [PartitionRange("in", 3, 100, 103), PartitionRange("in", 4, 7, 9)]
     writer = writers.TransactionalWriter(ctx(), SimpleNamespace(group_metadata="00"), ranges)
     writer.txns, writer._done = txns, set()
-    (summary,) = processing.run_task(ctx(), iter(batches), {3: 103, 4: 9}, None, writer)
+    (summary,) = run_task(ctx(), iter(batches), {3: 103, 4: 9}, None, writer)
     rows = summary.to_pylist()
     assert txns.committed == {3: 103} and txns.aborted
     assert [(r["partition"], r["next_offset"], r["records"]) for r in rows] == [(3, 103, 3)]

@@ -52,16 +52,9 @@ def start(bs, name, stateful):
     else:
         sent = produce(bs, topics.input, samples(RECORDS, seed=5, bad_every=50, high_share=0.2))
         expected, command = above_threshold(sent), COMMAND
-    # Batches of 1,000 in two tasks of two partitions each: many commits, each task with a partition
+    # Polls of 1,000 in two tasks of two partitions each: many commits, each task with a partition
     # committed before another (the point between two commits).
-    env = job_env(
-        bs,
-        topics,
-        starting_offsets="earliest",
-        max_records_per_batch=1_000,
-        min_records_per_task=1,
-        group_session_timeout_seconds=6,
-    )
+    env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=1_000, group_session_timeout_seconds=6, slice_seconds=5)
     return topics, sent, expected, command, env
 
 
@@ -74,15 +67,15 @@ def crash(env, command, point, bs, topics):
     return committed(bs, topics, range(PARTITIONS), stable=False)
 
 
-@pytest.mark.parametrize(("stateful", "slice_seconds"), [(False, 0), (True, 0), (True, 5)], ids=["stateless", "stateful", "stateful-slices"])
-def test_kill_9_at_every_point_of_the_commit_sequence_writes_everything_exactly_once(transactional_kafka, stateful, slice_seconds):
-    """Slices reach the same points inside a slice's loop, at each commit interval's checkpoint."""
+@pytest.mark.parametrize("stateful", [False, True], ids=["stateless", "stateful"])
+def test_kill_9_at_every_point_of_the_commit_sequence_writes_everything_exactly_once(transactional_kafka, stateful):
+    """The points are reached inside a slice's loop, at each commit interval's checkpoint."""
     bs = transactional_kafka
     topics, sent, expected, command, env = start(bs, "eos-kill", stateful)
     env["PROCESSING_GUARANTEE"] = "exactly-once"
-    # A checkpoint after about every chunk of a batch's records: a slice reads on between
-    # checkpoints, and at the default interval the third reach of a point comes after the backlog.
-    env.update(SLICE_SECONDS=str(slice_seconds), SLICE_COMMIT_INTERVAL_SECONDS="0.01")
+    # A checkpoint after about every poll: a slice reads on between checkpoints, and at the
+    # default interval the third reach of a point comes after the backlog.
+    env.update(SLICE_COMMIT_INTERVAL_SECONDS="0.01")
     moved = []
     for point in crash_points.POINTS:
         before = sum(o or 0 for o in committed(bs, topics, range(PARTITIONS), stable=False).values())
@@ -157,11 +150,10 @@ def signal_session(job, signum):
             pass
 
 
-@pytest.mark.parametrize("slice_seconds", [0, 5], ids=["batches", "slices"])
-def test_a_paused_instance_that_resumes_after_its_partitions_moved_is_fenced_and_nothing_of_it_shows(transactional_kafka, slice_seconds):
+def test_a_paused_instance_that_resumes_after_its_partitions_moved_is_fenced_and_nothing_of_it_shows(transactional_kafka):
     bs = transactional_kafka
     topics, sent, expected, command, env = start(bs, "eos-zombie", stateful=True)
-    env.update(PROCESSING_GUARANTEE="exactly-once", SLICE_SECONDS=str(slice_seconds))
+    env.update(PROCESSING_GUARANTEE="exactly-once")
     # A's calls are slow, so it is paused (every process of it, as a frozen VM or a long GC pause)
     # in the middle of a transaction with outputs written.
     zombie = Job({**env, "DETECTOR_DELAY_SECONDS": "2", "STOP_AFTER_IDLE_SECONDS": "3"}, command)

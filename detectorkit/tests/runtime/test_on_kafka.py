@@ -349,20 +349,14 @@ def test_consumer_groups_tool_shows_the_offsets_of_a_job_that_caught_up(real_kaf
 # ---- records gone -------------------------------------------------------------------------------
 
 
-# Lost records reach a batch's planner as offsets that are gone, and a slice's reader as the
-# broker's errors: both stop the job, or skip to what is there, as FAIL_ON_DATA_LOSS says.
-MODES = pytest.mark.parametrize("slice_seconds", ["0", "5"], ids=["batches", "slices"])
-
-
-@MODES
+# Lost records reach a slice's reader as the broker's errors: they stop the job, or skip to what is
+# there, as FAIL_ON_DATA_LOSS says.
 @pytest.mark.parametrize("skip", [False, True], ids=["fails", "skips"])
-def test_records_deleted_before_they_were_read(real_kafka, skip, slice_seconds):
+def test_records_deleted_before_they_were_read(real_kafka, skip):
     bs = real_kafka
-    topics = create_test_topics(bs, f"deleterecords-{skip}-{slice_seconds}", partitions=1)
+    topics = create_test_topics(bs, f"deleterecords-{skip}", partitions=1)
     produce(bs, topics.input, samples(200, seed=61, bad_every=0, high_share=0.5))
-    env = job_env(
-        bs, topics, starting_offsets="earliest", stop_after_idle_seconds=3, fail_on_data_loss=str(not skip).lower(), slice_seconds=slice_seconds
-    )
+    env = job_env(bs, topics, starting_offsets="earliest", stop_after_idle_seconds=3, fail_on_data_loss=str(not skip).lower(), slice_seconds=5)
     # The group's position after an earlier run that read those 200 (set directly: a job run
     # here would cost half a minute and prove nothing more).
     store = OffsetStore(clients.consumer(clients.base(bs), topics.group), topics.input)
@@ -388,14 +382,11 @@ def test_records_deleted_before_they_were_read(real_kafka, skip, slice_seconds):
         assert committed(bs, topics, [0]) == {0: 500}
 
 
-@MODES
 @pytest.mark.parametrize("skip", [False, True], ids=["fails", "skips"])
-def test_input_topic_deleted_while_the_job_runs(real_kafka, skip, slice_seconds):
+def test_input_topic_deleted_while_the_job_runs(real_kafka, skip):
     bs = real_kafka
-    topics = create_test_topics(bs, f"deletetopic-{skip}-{slice_seconds}", partitions=2)
-    env = job_env(
-        bs, topics, starting_offsets="earliest", fail_on_data_loss=str(not skip).lower(), create_topics="false", slice_seconds=slice_seconds
-    )
+    topics = create_test_topics(bs, f"deletetopic-{skip}", partitions=2)
+    env = job_env(bs, topics, starting_offsets="earliest", fail_on_data_loss=str(not skip).lower(), create_topics="false", slice_seconds=5)
     job = Job(env)
     try:
         first = produce(bs, topics.input, samples(200, seed=63, bad_every=0, high_share=0.5))

@@ -71,21 +71,14 @@ def test_graceful_stop_and_restart_lose_and_duplicate_nothing(kafka_bootstrap_se
     assert sum(committed(bs, topics, range(PARTITIONS)).values()) == RECORDS
 
 
-@pytest.mark.parametrize("slice_seconds", [0, 12], ids=["batches", "slices"])
-def test_kill_9_and_restart_lose_nothing_and_replay_only_the_uncommitted_batch(kafka_bootstrap_servers, slice_seconds):
-    """With slices, at-least-once commits at each checkpoint of a slice's tasks: what they wrote since is what comes twice."""
+def test_kill_9_and_restart_lose_nothing_and_replay_only_the_uncommitted_batch(kafka_bootstrap_servers):
+    """At-least-once commits at each checkpoint of a slice's tasks: what they wrote since is what comes twice."""
     bs = kafka_bootstrap_servers
-    # Slow batches: the two tasks that run first have written their detections a good second before
-    # the other two finish and the batch commits. One task per few records, so a batch of 1,000 is
-    # not run as one task of four slow calls in a row. A slice calls the detector far more often per
-    # record (on each poll's pieces, ~60 calls a chunk of 1,000 here), and checkpoints every 0.1 s
-    # by default: checkpoints every 5 s and a small delay leave each task writing a chunk's
-    # detections (~3 s) for seconds before its next checkpoint, and the driver's commit of it.
-    delay = 1 if slice_seconds == 0 else 0.05
-    sliced = {"slice_commit_interval_seconds": 5} if slice_seconds else {}
-    topics, sent, env, job = start_mid_stream(
-        bs, f"kill9-{slice_seconds}", detector_delay_seconds=delay, min_records_per_task=1, slice_seconds=slice_seconds, **sliced
-    )
+    # A slice calls the detector on each poll's pieces (~60 calls a chunk of 1,000 here) and
+    # checkpoints every 0.1 s by default: checkpoints every 5 s and a small delay leave each task
+    # writing a chunk's detections (~3 s) for seconds before its next checkpoint, and the driver's
+    # commit of it.
+    topics, sent, env, job = start_mid_stream(bs, "kill9", detector_delay_seconds=0.05, slice_seconds=12, slice_commit_interval_seconds=5)
 
     def batch_in_flight_has_written():
         ends = committed(bs, topics, range(PARTITIONS))

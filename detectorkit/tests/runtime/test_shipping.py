@@ -35,7 +35,7 @@ def test_a_service_installed_in_site_packages_is_shipped_all_the_same():
 def test_a_shipped_zip_is_imported_with_its_data_files(tmp_path):
     zipped = shipping.package_zip("detectorkit", tmp_path)
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import detectorkit.kafka.source, detectorkit; "
+        "import sys; sys.path.insert(0, sys.argv[1]); import detectorkit.runtime.slices, detectorkit; "
         "from importlib import resources; print(detectorkit.__file__); "
         "print(resources.files('detectorkit.runtime').joinpath('log4j2.properties').read_text()[:1])"
     )

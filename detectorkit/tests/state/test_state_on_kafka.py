@@ -1,4 +1,4 @@
-"""A detector with state on a broker: state carried across micro-batches, read back from the
+"""A detector with state on a broker: state carried across slices, read back from the
 changelog, consistent with the offsets after a kill -9, and refused when its shape changed."""
 
 import collections
@@ -19,7 +19,7 @@ from detectorkit.state import changelog
 from detectorkit.state.changelog import StateContext
 from detectorkit.testing import create_test_topics, produce, read_all
 
-from ..detectors import COUNT, RESHAPED, SILENCE, SilenceConfig, every_nth_reference
+from ..detectors import COUNT, RESHAPED, SILENCE, CountConfig, SilenceConfig, every_nth_reference
 from ..jobs import Job, committed, job_env, run, wait_for
 from ..jobs import job_settings as settings
 
@@ -42,28 +42,26 @@ def detections(bs, topics):
 @pytest.mark.parametrize(
     ("kept", "tasks_claim", "flush_interval"),
     [(True, False, 60.0), (False, False, 60.0), (True, True, 0.0)],
-    ids=["store-kept-in-the-worker", "store-restored-every-batch", "two-tasks-claim-their-partitions"],
+    ids=["store-kept-in-the-worker", "store-restored-every-slice", "two-tasks-claim-their-partitions"],
 )
-def test_state_carries_across_micro_batches_exactly_as_one_pass_would(spark, kafka_bootstrap_servers, kept, tasks_claim, flush_interval):
+def test_state_carries_across_slices_exactly_as_one_pass_would(spark, kafka_bootstrap_servers, kept, tasks_claim, flush_interval):
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state", partitions=PARTITIONS)
     sent = produce(bs, topics.input, keyed(3_000))
-    # Two tasks a batch (one per core): they claim their partitions among themselves (kafka.claims).
-    per_task = {"min_records_per_task": 1} if tasks_claim else {}
-    # An interval longer than the run: a store kept writes the changelog once, at its first task;
-    # one dropped after every batch, at every task (it was opened from the changelog).
-    options = {"state_flush_interval_seconds": flush_interval, **per_task}
-    # Not kept: every task reads its partitions' state back from the changelog.
+    # Slices of half a second, polls of 250 records and slow calls: the state crosses slice boundaries,
+    # where a task's stores go back to its worker's cache (or, not kept, are read back from the
+    # changelog by the next slice's task). An interval longer than the run: a store kept writes the
+    # changelog when its partition is read to its end.
+    options = {"state_flush_interval_seconds": flush_interval, "slice_seconds": 0.5}
     keeping = {} if kept else {"state_idle_seconds": 0}
-    # Micro-batches (SLICE_SECONDS=0), the boundaries counted: a slice's task keeps its stores throughout.
-    options["slice_seconds"] = 0
-    job = StreamJob.of(COUNT, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=250, **options), spark, **keeping)
+    slow = CountConfig(delay_seconds=0.1)
+    job = StreamJob.of(COUNT, settings(bs, topics, starting_offsets="earliest", max_records_per_batch=250, **options), spark, config=slow, **keeping)
     job.start()
     wait_for(lambda: job.stats.records >= 3_000 or job.terminated(0), what="3,000 records")
     keys_held = sum(sample.value for family in job.metrics.state_keys.collect() for sample in family.samples)  # dropped on release
     job.stop()
     assert job.error() is None
-    assert job.stats.batches >= 12  # the state crossed a dozen batch boundaries at least
+    assert job.stats.batches >= 3  # the state crossed slice boundaries
     found = detections(bs, topics)
     assert set(found) == every_nth_reference(sent)
     assert set(found.values()) == {1}
@@ -71,7 +69,7 @@ def test_state_carries_across_micro_batches_exactly_as_one_pass_would(spark, kaf
     assert len(clients.topic_partitions(clients.new_admin(clients.base(bs)), changelog, 10)) == PARTITIONS
     assert keys_held == len({s.sample.key for s in sent})
     if tasks_claim:
-        assert list(pathlib.Path(job.source_options().claims_dir).glob("*.json"))  # the batches' claims
+        assert list(pathlib.Path(job.source_options().claims_dir).glob("*.json"))  # the slices' claims
     if not kept:  # (kept, a store is still read back when Spark runs its partition in the other worker)
         restored = sum(s.value for f in job.metrics.state_restored_records.collect() for s in f.samples if s.name.endswith("_total"))
         assert restored > 0
@@ -92,16 +90,18 @@ def test_a_restart_replays_what_the_changelog_lacks_and_writes_no_output_twice(s
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state-replay", partitions=PARTITIONS)
     sent = produce(bs, topics.input, keyed(6_000, seed=3))
-    # Two tasks a batch, claiming their partitions: each keeps its stores, and their changes wait
-    # while a backlog is read (a batch that reads a partition to its end writes them at once).
-    options = {"max_records_per_batch": 250, "state_flush_interval_seconds": 600, "min_records_per_task": 1, "slice_seconds": 0}
-    first = StreamJob.of(COUNT, settings(bs, topics, starting_offsets="earliest", **options), spark)
+    # Two tasks, claiming their partitions: each keeps its stores, and their changes wait while a
+    # backlog is read (a task that reads a partition to its end writes them at once). Slow calls:
+    # the first instance stops within the backlog.
+    options = {"max_records_per_batch": 250, "state_flush_interval_seconds": 600}
+    slow = CountConfig(delay_seconds=0.1)
+    first = StreamJob.of(COUNT, settings(bs, topics, starting_offsets="earliest", **options), spark, config=slow)
     first.start()
     wait_for(lambda: first.stats.records >= 1_500 or first.terminated(0), what="1,500 records")
     first.stop()  # within the backlog
-    assert first.error() is None and first.stats.batches >= 4 and first.stats.records < 6_000
+    assert first.error() is None and first.stats.records < 6_000
     # A new instance: the workers (this process's) keep no store between tasks.
-    second = StreamJob.of(COUNT, settings(bs, topics, **(options | redeployed)), spark, state_idle_seconds=0)
+    second = StreamJob.of(COUNT, settings(bs, topics, **(options | redeployed)), spark, config=slow, state_idle_seconds=0)
     second.start()
     wait_for(lambda: first.stats.records + second.stats.records >= 6_000 or second.terminated(0), what="the rest of the records")
     second.stop()
@@ -109,30 +109,28 @@ def test_a_restart_replays_what_the_changelog_lacks_and_writes_no_output_twice(s
     found = detections(bs, topics)
     assert set(found) == every_nth_reference(sent) and set(found.values()) == {1}
     replayed = sum(s.value for f in second.metrics.state_replayed_records.collect() for s in f.samples if s.name.endswith("_total"))
-    # The first instance's changes since its last write, and (its stores dropped after every batch)
-    # the second's own batches that did not write.
+    # The first instance's changes since its last write, and (its stores dropped after every slice)
+    # the second's own slices that did not write.
     assert replayed > 0
 
 
-# Slices: chunks of 150 records, each a second's work on the slow partition, checkpoints every 2 s
+# Polls of 150 records, each a second's work on the slow partition, checkpoints every 2 s
 # and the changelog written every 5 s: the driver commits positions the changelog is behind.
 SLICED = {"slice_seconds": 30, "slice_commit_interval_seconds": 2, "max_records_per_batch": 150, "detector_delay_seconds": 1}
 
 
-@pytest.mark.parametrize("sliced", [False, True], ids=["batches", "slices"])
-def test_kill_9_replays_the_uncommitted_batch_from_the_state_the_offsets_reflect(kafka_bootstrap_servers, sliced):
-    """The changelog holds the killed batch's changes, which the group's offsets do not: read back
-    with them, every key's count would run ahead and the detections after the restart would shift.
-    With slices the driver commits each checkpoint's positions while the slice goes on, with where
-    the changelog is; the kill lands while it is behind them, and the restart replays the gap."""
+def test_kill_9_replays_the_uncommitted_batch_from_the_state_the_offsets_reflect(kafka_bootstrap_servers):
+    """The changelog holds the killed checkpoint's changes, which the group's offsets do not: read
+    back with them, every key's count would run ahead and the detections after the restart would
+    shift. The driver commits each checkpoint's positions while the slice goes on, with where the
+    changelog is; the kill lands while it is behind them, and the restart replays the gap."""
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state-kill9", partitions=PARTITIONS)
     sent = produce(bs, topics.input, keyed(6_000, seed=1))
     command = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:COUNT"]
-    # One partition's calls are slow: the task holding the others writes its detections and its
-    # changelog seconds before the batch can commit.
-    options = {"max_records_per_batch": 1_000, "detector_delay_seconds": 4} | (SLICED if sliced else {"slice_seconds": 0})
-    env = job_env(bs, topics, starting_offsets="earliest", min_records_per_task=1, detector_slow_key="customer-000", **options)
+    # One partition's calls are slow: the task holding it writes its detections and its changelog
+    # seconds before its next checkpoint.
+    env = job_env(bs, topics, starting_offsets="earliest", detector_slow_key="customer-000", **SLICED)
     job = Job(env, command)
     group = clients.new_consumer(clients.consumer(clients.base(bs), topics.group))
 
@@ -144,7 +142,7 @@ def test_kill_9_replays_the_uncommitted_batch_from_the_state_the_offsets_reflect
         commits = offset_store.commits(group, topics.input, range(PARTITIONS), 10)
         ends = {p: c.offset or 0 for p, c in commits.items()}
         # After a first commit: a kill in the first batch replays from no state, which proves less.
-        return sum(ends.values()) > 0 and any(offset >= ends[p] for p, offset in written) and (not sliced or changelog_behind(commits))
+        return sum(ends.values()) > 0 and any(offset >= ends[p] for p, offset in written) and changelog_behind(commits)
 
     try:
         wait_for(batch_in_flight_has_written, timeout=180, what="a batch in flight with output")
@@ -152,8 +150,7 @@ def test_kill_9_replays_the_uncommitted_batch_from_the_state_the_offsets_reflect
         job.wait(60)
         at_kill = committed(bs, topics, range(PARTITIONS))
         assert 0 < sum(o or 0 for o in at_kill.values()) < len(sent), job.output()
-        if sliced:
-            assert changelog_behind(offset_store.commits(group, topics.input, range(PARTITIONS), 10))
+        assert changelog_behind(offset_store.commits(group, topics.input, range(PARTITIONS), 10))
     finally:
         group.close()
 
@@ -230,13 +227,13 @@ def test_a_quiet_topics_timers_fire_once_per_key_from_the_wall_clock(spark, kafk
     the wall clock minus the grace moves their event time past the timers."""
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state-quiet", partitions=2)
-    # Micro-batches (SLICE_SECONDS=0), whose ticks are batches this test counts.
-    job = StreamJob.of(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1, slice_seconds=0), spark, config=SilenceConfig(silence_seconds=2))
+    # Slices of a second with a tick every 0.5 s: three slices are several ticks.
+    job = StreamJob.of(SILENCE, settings(bs, topics, timer_idle_grace_seconds=1, slice_seconds=1), spark, config=SilenceConfig(silence_seconds=2))
     job.start()
     sent = produce(bs, topics.input, keyed(60, keys=12))
     wait_for(lambda: len(timer_detections(bs, topics)) >= 12 or job.terminated(0), timeout=90, what="a detection per quiet key")
     batches = job.stats.batches
-    wait_for(lambda: job.stats.batches >= batches + 3, timeout=60, what="three more ticks")  # time for a wrong second firing
+    wait_for(lambda: job.stats.batches >= batches + 3, timeout=60, what="three more slices, several ticks")  # time for a wrong second firing
     # Caught up holds through the ticks (a tick every 0.5 s here), or STOP_AFTER_IDLE_SECONDS would never come.
     ticking = []
     for _ in range(30):
@@ -252,8 +249,8 @@ def test_a_timer_due_while_its_partition_moves_fires_once_on_the_new_owner(spark
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state-move", partitions=2)
     config = SilenceConfig(silence_seconds=6)
-    # Micro-batches (SLICE_SECONDS=0), whose ticks are batches this test counts.
-    quiet = {"timer_idle_grace_seconds": 1, "slice_seconds": 0}
+    # Slices of a second with a tick every 0.5 s: three slices are several ticks.
+    quiet = {"timer_idle_grace_seconds": 1, "slice_seconds": 1}
     first = StreamJob.of(SILENCE, settings(bs, topics, **quiet), spark, config=config)
     first.start()
     sent = produce(bs, topics.input, keyed(40, keys=8))
@@ -265,7 +262,7 @@ def test_a_timer_due_while_its_partition_moves_fires_once_on_the_new_owner(spark
     second.start()
     wait_for(lambda: len(timer_detections(bs, topics)) >= 8 or second.terminated(0), timeout=90, what="a detection per quiet key")
     batches = second.stats.batches
-    wait_for(lambda: second.stats.batches >= batches + 3, timeout=60, what="three more ticks")
+    wait_for(lambda: second.stats.batches >= batches + 3, timeout=60, what="three more slices, several ticks")
     second.stop()
     assert second.error() is None
     assert timer_detections(bs, topics) == {s.sample.key.decode(): 1 for s in sent}
@@ -363,14 +360,14 @@ def test_stores_holding_changes_an_interval_has_not_written_are_not_rebuilt_at_e
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "state-backlog", partitions=2)
     produce(bs, topics.input, (Sample(f"key-{i % 3_000}".encode(), b"{}", "valid") for i in range(30_000)))
-    # Micro-batches (SLICE_SECONDS=0), each a tick: a slice's task keeps its stores throughout.
-    options = {"timer_idle_grace_seconds": 1, "min_records_per_task": 1, "max_records_per_batch": 600, "state_flush_interval_seconds": 600}
-    options["slice_seconds"] = 0
+    # Slices of 0.2 s, each starting at a new tick: the backlog spans several, its stores holding
+    # changes at their ends.
+    options = {"timer_idle_grace_seconds": 1, "max_records_per_batch": 600, "state_flush_interval_seconds": 600, "slice_seconds": 0.2}
     job = StreamJob.of(SILENCE, settings(bs, topics, starting_offsets="earliest", **options), spark, config=SilenceConfig(silence_seconds=600))
     job.start()
     wait_for(lambda: job.stats.records >= 30_000 or job.terminated(0), timeout=240, what="the backlog")
     restores, _, replayed = state_reads(job)
     job.stop()
     assert job.error() is None
-    assert job.stats.batches >= 50
+    assert job.stats.batches >= 3
     assert (restores, replayed) == (2, 0)

@@ -14,17 +14,17 @@ import structlog.testing
 from detectorkit.kafka import offset_store, range_reader
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.runtime import processing
-from detectorkit.runtime.processing import run_task
 from detectorkit.runtime.stage import as_stage
 from detectorkit.runtime.task_context import TaskContext
 from detectorkit.runtime.task_stores import TaskStores
-from detectorkit.runtime.writers import AtLeastOnceWriter
+from detectorkit.runtime.writers import AtLeastOnceWriter, TransactionalWriter
 from detectorkit.state import cache, changelog, codec
 from detectorkit.state.changelog import StateContext
 from detectorkit.state.store import EVENT_TIME_KEY
 
 from ..detectors import COUNT, SILENCE, CountConfig, SilenceConfig
 from ..runtime.test_processing import arrow
+from ..tasks import run_task
 
 
 class Sink:
@@ -99,7 +99,7 @@ def kafka(monkeypatch):
 
 
 def _process(ctx, batches, ends, stores):
-    """A task at-least-once, as a worker runs it (processing.process_planned)."""
+    """A task at-least-once, as a slice's task runs one read."""
     with AtLeastOnceWriter(ctx) as writer:
         return list(run_task(ctx, batches, ends, stores, writer))
 
@@ -369,8 +369,10 @@ def test_a_redeploy_with_exactly_once_replays_what_the_commit_says_the_changelog
     monkeypatch.setattr(processing.transactions, "for_task", for_task)
     ctx = dataclasses.replace(interval_task(0), exactly_once=True)
     source = SimpleNamespace(client_conf={}, group="svc", topic="in", group_metadata="00")
-    monkeypatch.setattr(processing, "setup_worker", lambda ctx: None)  # no worker logging in the test's process
-    list(processing.process_planned(ctx, source, [PartitionRange("in", 3, 108, 112)]))
+    ranges = [PartitionRange("in", 3, 108, 112)]
+    with TransactionalWriter(ctx, source, ranges) as writer:
+        stores = TaskStores.open(ctx, ranges, source)
+        list(run_task(ctx, range_reader.read_planned(source, ranges), {3: 112}, stores, writer))
     # The replay's read, then the batch's own (the fake input reads both).
     assert input_log.batches["replayed"] == [(3, 104, 108), (3, 108, 112)] and committed == [(3, 112)]
     assert next(iter(cache._stores.values()))[0].snapshot() == {f"k{i}": {"count": 3} for i in range(4)}

@@ -163,7 +163,7 @@ def _start_session(detector: Detector | Stage, settings: Settings) -> Future | N
         from detectorkit.runtime.spark import session
 
         try:
-            started.set_result(session(master, name, python_source=not settings.slice_seconds))
+            started.set_result(session(master, name))
         except BaseException as exc:  # noqa: BLE001 - the job's start raises it where it waits for the session
             started.set_exception(exc)
 
@@ -213,7 +213,7 @@ def _run(stage: Stage, settings: Settings, config, log, spark: Future | None = N
         # one started with the settings, _start_session). Off the main thread, SparkContext leaves the
         # SIGINT handler alone.
         starting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-session")
-        spark = starting.submit(session, master, stage.name, ship=stage_packages(stage), python_source=not settings.slice_seconds)
+        spark = starting.submit(session, master, stage.name, ship=stage_packages(stage))
         starting.shutdown(wait=False)
     job = StreamJob(stage, settings, config, spark)
     health = None

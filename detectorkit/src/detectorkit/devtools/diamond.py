@@ -73,9 +73,7 @@ class Diamond:
     jobs: list[Job] = field(default_factory=list)
     aggregator_port: int = 0
     final_metrics: dict = field(default_factory=dict)  # the aggregate when the diamond had drained
-    # The jobs that run in micro-batches (SLICE_SECONDS=0, the older loop); the others in slices of
-    # this many seconds.
-    in_batches: frozenset[str] = frozenset()
+    # Each job's SLICE_SECONDS.
     slice_seconds: float = 5.0
 
     def env(self, job: str | None = None, **settings: str) -> dict[str, str]:
@@ -90,7 +88,7 @@ class Diamond:
                 "CREATE_TOPICS": "true",
             }
         )
-        env["SLICE_SECONDS"] = "0" if job in self.in_batches else f"{self.slice_seconds:g}"
+        env["SLICE_SECONDS"] = f"{self.slice_seconds:g}"
         env.update({k.upper(): v for k, v in settings.items()})
         return env
 
@@ -297,19 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--join-detector", action="store_true", help="halfway through, deploy a third detector generated from the template into the running diamond"
     )
-    parser.add_argument(
-        "--batches",
-        default="",
-        help="comma-separated jobs (normaliser, notifier, a detector's name, or all) that run in micro-batches (SLICE_SECONDS=0), "
-        "the others in slices",
-    )
-    parser.add_argument("--slice-seconds", type=float, default=5.0, help="the other jobs' SLICE_SECONDS (default: 5)")
+    parser.add_argument("--slice-seconds", type=float, default=5.0, help="the jobs' SLICE_SECONDS (default: 5)")
     args = parser.parse_args(argv)
-    names = {"normaliser", "notifier", *(n for n, _ in (*DETECTORS, JOINING))}
-    batches = {n.strip() for n in args.batches.split(",") if n.strip()}
-    if batches - names - {"all"}:
-        parser.error(f"--batches: no job named {', '.join(sorted(batches - names - {'all'}))} (one of {', '.join(sorted(names))}, or all)")
-    batches = names if "all" in batches else batches
     work = pathlib.Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     stopping = threading.Event()
@@ -317,9 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stopping.set())
 
     broker = _Given(args.bootstrap_servers) if args.bootstrap_servers else start_broker(args.engine)
-    diamond = Diamond(
-        work, broker.bootstrap_servers, pathlib.Path(args.template).resolve(), in_batches=frozenset(batches), slice_seconds=args.slice_seconds
-    )
+    diamond = Diamond(work, broker.bootstrap_servers, pathlib.Path(args.template).resolve(), slice_seconds=args.slice_seconds)
     try:
         diamond.create_topics(args.partitions)
         detectors = diamond.bake_detectors()

@@ -1,18 +1,17 @@
-"""Which task of a batch runs which partitions, settled by the batch's tasks on their machine.
+"""Which task of a slice runs which partitions, settled by the slice's tasks on their machine.
 
 Spark runs a task in whichever of the executor's Python workers is free, and a stateful task's
 stores live in its worker. On 2 cores the two workers swapped a job's partition groups every batch
-(measured: worker pids in the "state restored" log lines of the stateful benchmark), so every task
-found its stores a batch behind and read the other worker's changes back from the changelog: a
-third of the workers' time (py-spy). So when all of a batch's tasks run on one machine (Spark in
-local mode, as a detector service runs), the planner gives each task every range of the batch, and
-each task claims its share as it starts: first the partitions whose stores its worker holds, then
-others, up to an even share of the records; the last task to start takes what is left.
+(seen in the worker pids of the "state restored" log lines of the stateful benchmark), so every task
+found its stores behind and read the other worker's changes back from the changelog. So when all of
+a slice's tasks run on one machine (Spark in local mode, as a detector service runs), each task is
+given every partition of the slice and claims its share as it starts: first the partitions whose
+stores its worker holds, then others, up to an even share; the last task to start takes what is left.
 
-The claims of a batch are one small file, changed under an exclusive lock: a partition is never
-run by two tasks of one batch, and a task attempt Spark retries gets the same partitions as the
-attempt before it (a claim is kept by the task's index). A batch's file is found by a digest of
-its plan, so a batch planned again with the same offsets keeps its claims too.
+The claims of a slice are one small file, changed under an exclusive lock: a partition is never
+run by two tasks of one slice, and a task attempt Spark retries gets the same partitions as the
+attempt before it (a claim is kept by the task's index). A slice's file is found by a digest of
+its plan, so a slice planned again with the same positions keeps its claims too.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from detectorkit.kafka.planning import PartitionRange, pack_ranges
+from detectorkit.kafka.planning import PartitionRange
 
 # Claim files older than this are removed as new ones are written (a batch lasts seconds).
 KEEP_SECONDS = 3600.0
@@ -50,25 +49,6 @@ def claims_for(directory: str, ranges: list[PartitionRange], tasks: int, sticky:
     plan = json.dumps([[r.topic, r.partition, r.start, r.end, r.tick] for r in sorted(ranges, key=lambda r: r.partition)] + [tasks])
     batch = hashlib.sha256(plan.encode()).hexdigest()[:32]
     return [Claim(directory, batch, index, tasks, sticky) for index in range(tasks)]
-
-
-def plan_tasks(
-    ranges: list[PartitionRange], tasks: int, min_records: int, claims_dir: str | None = None, sticky: bool = False
-) -> list[tuple[list[PartitionRange], Claim | None]]:
-    """A batch's Spark tasks, each as (its ranges, None), or (every range of the batch, a claim)
-    when its tasks claim their shares as they start (`claims_dir`: a stateful job, its tasks all
-    on this machine). With claims a batch has a task per core, however small: one task would run
-    in either Python worker, and the stores of every partition it reads would move to that worker,
-    to be caught up from the changelog in the other at its next task (a timer detector caught up
-    at every tick this way). A batch small enough for one task, or `sticky` (exactly-once, whose
-    producers fence each other when a partition changes worker), keeps every partition where its
-    store is: an uneven share of a few records costs nothing."""
-    groups = pack_ranges(ranges, tasks, min_records)
-    if not claims_dir or tasks < 2 or not ranges:
-        return [(group, None) for group in groups]
-    if sticky or len(groups) < 2:
-        return [(ranges, claim) for claim in claims_for(claims_dir, ranges, tasks, sticky=True)]
-    return [(ranges, claim) for claim in claims_for(claims_dir, ranges, len(groups))]
 
 
 def take(claim: Claim, ranges: list[PartitionRange], held: Collection[int], current: Collection[int] | None = None) -> list[PartitionRange]:

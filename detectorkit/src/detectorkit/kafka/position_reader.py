@@ -90,8 +90,8 @@ class PositionReader:
             raise data_loss(problem)
         log.warning("skipping lost records: %s", problem)
         low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout, cached=False)
-        # Past its end, the partition is a new one (the topic was re-created): read from its start, as
-        # planning.reconcile plans a batch; kept, the position was asked for again and again.
+        # Past its end, the partition is a new one (the topic was re-created): read from its start;
+        # kept, the position was asked for again and again.
         if self.position[p] > high:
             self.position[p] = low
             self.went_back.add(p)

@@ -1,23 +1,23 @@
 """A task's commit sequence, in the order it runs: nothing is committed that is not written, and
 no state change stands for an output that was not written (Quix Streams' `Checkpoint.commit`).
 
-In each task (a Python worker: `runtime.processing.run_task` for a micro-batch, `runtime.slices`
-at each of a slice's checkpoints), steps 3 to 6 being `TaskCheckpoint.commit`:
+In each slice's task (a Python worker, runtime.slices), steps 1 and 2 as records and ticks come,
+steps 3 to 6 (`TaskCheckpoint.commit`) at each of its checkpoints:
   1. the records are processed: detections and dead letters sent as they are found;
-  2. the timers of partitions with nothing to read fire (a tick of the source);
+  2. the timers of partitions with nothing to read fire (a tick);
   3. the outputs are flushed;
   4. the state's changes are sent, one record per key tagged with the input position they stand
      for, and flushed;
   5. the partitions' next offsets are committed. With exactly-once (PROCESSING_GUARANTEE) by the
      task: 3 to 5 are one Kafka transaction per input partition (runtime.writers), so outputs, dead
      letters, the state's changes and the partition's next offset become visible together or not
-     at all. At-least-once by the driver, once every task has reported
+     at all. At-least-once by the driver, with the positions the tasks report
      (`runtime.driver_checkpoint.DriverCheckpoint`), for the partitions this instance still owns;
   6. the stores go back into the worker's cache, each with where its changes should have landed in
      the changelog (checked by its next catch-up, state.cache): after 5, so a task that failed
      leaves none behind and its stores are read back instead;
-  7. in the driver: metrics, and the batch's log line.
-A crash before 5 replays the batch from the committed offsets, with state read back as of them
+  7. in the driver: metrics, and the slice's log line.
+A crash before 5 replays what was read since from the committed offsets, with state read back as of them
 (changes tagged past them are skipped): outputs may repeat, nothing is lost.
 """
 

@@ -1,9 +1,10 @@
-"""A detector job: Kafka source whose tasks detect and write to the Kafka sink, offsets committed to Kafka.
+"""A detector job: Spark tasks that read Kafka, detect and write to Kafka, offsets committed to Kafka.
 
-Each micro-batch runs in `foreachBatch`: the source's tasks read their planned offset ranges, detect
-and write (flushing their producers), all in one Python worker each (kafka.source.task_source); the
-driver collects their results and commits the batch's end offsets to the consumer group before the
-batch returns. A graceful stop waits for the batch in flight, so its offsets are committed too.
+Each batch of the query runs one slice (runtime.slices): a task per core reads the partitions this
+instance owns, detects, writes and checkpoints until the slice's deadline or a rebalance, all in one
+Python worker each; the driver commits the positions its tasks report to the consumer group as they
+move, and the last ones when the slice ends. A graceful stop ends the slice in flight at its tasks'
+next checkpoint, so its positions are committed too.
 
 `StreamJob` is the face (start, stop, stats, health) over the driver's parts, each owning one concern:
   - `JobPlan` (runtime.job_plan): the settings turned once into the guarantee and what follows;
@@ -11,8 +12,8 @@ batch returns. A graceful stop waits for the batch in flight, so its offsets are
   - `QueryRunner` (runtime.query_runner): the Spark query on a fresh checkpoint, and the batch lock;
   - `DriverCheckpoint` (runtime.driver_checkpoint): folding task results, commits, recommits and lag;
   - `Supervisor` (runtime.supervisor): restarts with backoff, permanent errors, the job's end;
-  - `SliceDriver` (runtime.slice_driver): with SLICE_SECONDS, the slice each batch runs, and what its
-    tasks report as they checkpoint.
+  - `SliceDriver` (runtime.slice_driver): the slice each batch runs, and what its tasks report as
+    they checkpoint.
 
 The consumer group is the only record of the job's position. Spark's checkpoint is fresh for every
 query (a temporary directory, or a per-instance one under CHECKPOINT_DIR that is emptied first): a
@@ -25,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-import uuid
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -36,8 +36,6 @@ from detectorkit.detector import Detector
 from detectorkit.kafka import broker_kind, clients, transactions
 from detectorkit.kafka.end_offsets import open_end_offsets
 from detectorkit.kafka.membership import GroupMember
-from detectorkit.kafka.source import NAME as SOURCE_NAME
-from detectorkit.kafka.source import task_source
 from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.metrics import build_info
 from detectorkit.metrics.registry import JobMetrics
@@ -47,13 +45,12 @@ from detectorkit.runtime.driver_checkpoint import BatchResult, DriverCheckpoint,
 from detectorkit.runtime.health import Progress
 from detectorkit.runtime.job_plan import JobPlan
 from detectorkit.runtime.partition_owner import PartitionOwner
-from detectorkit.runtime.processing import process_planned, warm_worker
+from detectorkit.runtime.processing import warm_worker
 from detectorkit.runtime.query_runner import QueryRunner
 from detectorkit.runtime.slice_driver import SliceDriver
 from detectorkit.runtime.stage import Relay, Stage, prepared
 from detectorkit.runtime.supervisor import Supervisor
 from detectorkit.runtime.task_context import TaskContext
-from detectorkit.runtime.task_result import SPARK_SCHEMA, TaskResult
 from detectorkit.settings import Settings, SettingsError
 from detectorkit.state import changelog
 from detectorkit.state.changelog import StateContext
@@ -108,11 +105,8 @@ class StreamJob:
         self._reporter: MetricsReporter | None = None
         self._relay: Relay | None = None
         self._serving: threading.Thread | None = None
-        self._slices: SliceDriver | None = None  # with SLICE_SECONDS (runtime.slice_driver)
-        # Micro-batches: the name the job's source is registered under; None with slices (set at start).
-        self._format: str | None = None
+        self._slices: SliceDriver | None = None
         self._source: SourceOptions | None = None  # what the query's tasks read (set when it starts)
-        self._registered = False
         self._local = True
         self.client_idle_seconds, self.state_idle_seconds = client_idle_seconds, state_idle_seconds
 
@@ -149,12 +143,8 @@ class StreamJob:
             max_records_per_batch=s.max_records_per_batch,
             fail_on_data_loss=s.fail_on_data_loss,
             timeout=s.connect_timeout_seconds,
-            max_tasks=max(1, self.spark.sparkContext.defaultParallelism),
-            min_task_records=s.min_records_per_task,
             broker_kind=self.broker_kind,
             client_idle_seconds=self.client_idle_seconds,
-            tick_seconds=plan.tick_seconds,
-            marks_caught_up=plan.flushes_per_interval,
             claims_dir=plan.claims_dir,
         )
 
@@ -205,11 +195,11 @@ class StreamJob:
             starting_offsets=s.starting_offsets,
             broker_kind=self.broker_kind,
             processing_guarantee=plan.guarantee.value,
-            slice_seconds=plan.slice_seconds,  # 0: micro-batches
+            slice_seconds=plan.slice_seconds,
         )
         self._serving = threading.Thread(target=assignment.serve, name="consumer-group", daemon=True)
         self._serving.start()
-        if self._slices is not None and not plan.exactly_once:
+        if not plan.exactly_once:
             threading.Thread(target=self._slices.commit_as_they_go, args=(self.supervisor.ended,), name="slice-commits", daemon=True).start()
         self.supervisor.ready.wait(timeout + s.group_session_timeout_seconds)
         return self.query
@@ -276,14 +266,9 @@ class StreamJob:
             ends=ends,
             state_topic=None if self._task.state is None else self._task.state.topic,
         )
-        if plan.slices:
-            # The tasks report to, and are ended by, this process: on a cluster, at the driver's address.
-            host = "127.0.0.1" if self._local else self.spark.conf.get("spark.driver.host")
-            self._slices = SliceDriver(host, plan, committer, assignment.input_recreated, self._leaving)
-        else:
-            # The source's tasks read, detect and write themselves: one Python worker per task
-            # (registered with the session once it has started: see _start_query).
-            self._format = f"{SOURCE_NAME}-{self.stage.name}-{uuid.uuid4().hex[:12]}"
+        # The tasks report to, and are ended by, this process: on a cluster, at the driver's address.
+        host = "127.0.0.1" if self._local else self.spark.conf.get("spark.driver.host")
+        self._slices = SliceDriver(host, plan, committer, assignment.input_recreated, self._leaving)
         metrics_conf = clients.base(s.metrics_bootstrap_servers, s.kafka_options) if s.metrics_bootstrap_servers else self._base
         self._reporter = MetricsReporter(
             self.metrics,
@@ -329,12 +314,8 @@ class StreamJob:
         self._source = dataclasses.replace(
             self.source_options(), partitions=sorted(owned), start_offsets=start, group_metadata=metadata.hex() if metadata else None
         )
-        if self._slices is not None:
-            self._slices.starting_at(start)
-        if self._format is not None and not self._registered:
-            self.spark.dataSource.register(task_source(self._format, SPARK_SCHEMA, partial(process_planned, self._task)))
-            self._registered = True
-        self._runner.start(self._format, self._source)
+        self._slices.starting_at(start)
+        self._runner.start()
 
     def _slice_progress(self):
         """Where the running slice's tasks last said they were (None: no slice, or no report yet)."""
@@ -357,11 +338,8 @@ class StreamJob:
             structlog.contextvars.unbind_contextvars("batch")
 
     def _process(self, frame, batch_id: int, started: float) -> BatchResult:
-        """One batch: steps 1-6 ran in the tasks; 5 (at-least-once) and 7 in the committer (runtime.checkpoint)."""
-        if self._slices is not None:
-            results = self._slices.run(self.spark, self._task, self._source)
-        else:
-            results = [TaskResult.from_row(row.asDict()) for row in frame.collect()]
+        """One batch, a slice: steps 1-6 ran in the tasks; 5 (at-least-once) and 7 in the committer (runtime.checkpoint)."""
+        results = self._slices.run(self.spark, self._task, self._source)
         return self._committer.finish(batch_id, results, started)
 
     def _count_dead_letter(self, reason: str) -> None:
@@ -388,22 +366,9 @@ class StreamJob:
             return True
         if query is None or running is None:
             return False
-        if self._slices is not None:
-            # The tasks say which partitions they have read to the end, at every checkpoint.
-            progress = self._slice_progress()
-            return progress is not None and running <= progress.at_end
-        # Spark asks the source for new records every few milliseconds, so isTriggerActive is true
-        # most of the time even when idle; isDataAvailable only turns true when a trigger finds
-        # records and stays false between empty triggers. Before the first trigger it is false
-        # too: lastProgress tells that one apart.
-        if query.lastProgress is None:
-            return False
-        if not query.status["isDataAvailable"]:
-            return True
-        # A stage with timers gets a batch with nothing to read every few seconds (a tick): one
-        # running while the last batch read nothing and nothing is left to read is no new record.
-        last = self.stats.last
-        return self.stage.ticks and last is not None and last.records == 0 and self.metrics.lag_total() == 0
+        # The tasks say which partitions they have read to the end, at every checkpoint.
+        progress = self._slice_progress()
+        return progress is not None and running <= progress.at_end
 
     def _running(self) -> frozenset[int] | None:
         return None if self._assignment is None else self._assignment.running
@@ -421,7 +386,7 @@ class StreamJob:
     def seconds_since_progress(self) -> float:
         """Since a batch last completed, or a slice's task last checkpointed."""
         seconds = self.progress.seconds()
-        if self._slices is not None:
+        if self._slices is not None:  # (none before the job starts)
             seconds = min(seconds, self._slices.seconds_since_report())
         if self._feeder is not None:
             seconds = max(seconds, self._feeder.seconds_since_progress())  # the one that stands still

@@ -30,18 +30,17 @@ class JobPlan:
     input_topic: str
     guarantee: Guarantee
     broker: BrokerProfile
-    # How often a task writes its stores' changes (0: every batch); with an interval the group's
+    # How often a task writes its stores' changes (0: every checkpoint); with an interval the group's
     # commit carries where the changelog is (kafka.offset_store.durable_metadata).
     flush_interval_seconds: float
-    # How often the source plans a batch with nothing to read, for quiet partitions' timers (None: never).
+    # How often a slice's task fires the timers of its quiet partitions (None: never).
     tick_seconds: float | None
-    # Where a batch's tasks claim their partitions (kafka.claims); None: each task runs what it was planned.
+    # Where a slice's tasks claim their partitions (kafka.claims); None: each task takes every n-th.
     claims_dir: str | None
     timeout: float
     starting_offsets: str
     fail_on_data_loss: bool
-    trigger_interval_seconds: float
-    # Tasks that run this long each (runtime.slices); 0: micro-batches.
+    # Tasks that run this long each (runtime.slices).
     slice_seconds: float
     slice_commit_interval_seconds: float
     # How long a slice's task may stand still before it ends its slice (runtime.slices): half the
@@ -59,10 +58,6 @@ class JobPlan:
     @property
     def exactly_once(self) -> bool:
         return self.guarantee is Guarantee.EXACTLY_ONCE
-
-    @property
-    def slices(self) -> bool:
-        return self.slice_seconds > 0
 
     @property
     def flushes_per_interval(self) -> bool:
@@ -101,7 +96,6 @@ class JobPlan:
             timeout=s.connect_timeout_seconds,
             starting_offsets=s.starting_offsets,
             fail_on_data_loss=s.fail_on_data_loss,
-            trigger_interval_seconds=s.trigger_interval_seconds,
             slice_seconds=s.slice_seconds,
             slice_commit_interval_seconds=s.slice_commit_interval_seconds,
             slice_pause_seconds=s.group_session_timeout_seconds / 2,

@@ -169,7 +169,7 @@ class PartitionOwner:
     def input_recreated(self) -> bool | None:
         """Whether the input topic was deleted and created again since the positions were read (its
         id changed; None while it is not there, or DataLossError): its partitions are new ones, to be read from their
-        first record, as a batch's plan reads them (kafka.planning.reconcile). A slice goes on from
+        first record. A slice goes on from
         the last one's positions, and the group may never notice a deletion when the topic is back
         within its metadata refresh: from those positions, the new topic's first records were
         skipped, or some read again each slice. DataLossError instead unless FAIL_ON_DATA_LOSS=false."""
@@ -177,7 +177,7 @@ class PartitionOwner:
         if now is None:
             if self.plan.fail_on_data_loss:
                 deleted_input_topic(self.plan.input_topic, True)  # raises the DataLossError that stops the job
-            return None  # no slice starts until it is back (StreamJob._run_slice)
+            return None  # no slice starts until it is back (SliceDriver.run)
         before, self._input_id = self._input_id, now
         if before is None or now == before:
             return False
@@ -211,10 +211,8 @@ class PartitionOwner:
             # What a killed owner left open is aborted first, so the offsets read next are stable.
             timeout_ms = int(plan.transaction_timeout_seconds * 1000)
             transactions.fence(clients.producer(self._base), plan.group, plan.input_topic, sorted(owned), timeout_ms, plan.timeout)
-        if plan.slices:
-            # Before the offsets: a topic created again after them is seen as new, never before.
-            # (A batch's plan sees a deletion itself: kafka.source.)
-            self._input_id = self._topic_id()
+        # Before the offsets: a topic created again after them is seen as new, never before.
+        self._input_id = self._topic_id()
         commits = self.member.commits(owned)  # the offsets, and with a flush interval where the changelog is
         committed = {p: c.offset for p, c in commits.items()}
         policy = plan.starting_offsets

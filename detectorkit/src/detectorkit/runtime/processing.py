@@ -1,17 +1,16 @@
-"""One Spark task's work: parse, detect, write detections and dead letters, report what was done.
+"""A slice's task's work on what it read (runtime.slices): parse, detect, write detections and dead
+letters, and sum up what was done.
 
-It runs on the executors, in a Python worker that reads the task's Kafka partitions itself (a
-micro-batch's planned ranges through the job's source, `process_planned`, or a slice's,
-`runtime.slices`), so records never pass through the driver. What it yields is a summary per Kafka
-partition, which the driver collects to commit offsets and count. The pieces both loops share are
-here: which ranges a task takes (`take_claimed`), a chunk of records through the stage (`process_chunk`),
-the timers of quiet partitions (`fire_quiet`).
+It runs on the executors, in a Python worker that reads the task's Kafka partitions itself, so
+records never pass through the driver. Here: which partitions a task takes (`take_claimed`), a chunk
+of records through the stage (`process_chunk`), the timers of quiet partitions (`fire_quiet`), and
+the summary per Kafka partition that the driver collects to commit offsets and count
+(`summary_batch`, `take_counts`).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
@@ -20,7 +19,7 @@ import pyarrow as pa
 import structlog
 
 from detectorkit import logs
-from detectorkit.kafka import claims, range_reader, transactions
+from detectorkit.kafka import claims, transactions
 from detectorkit.kafka import sink as sinks
 from detectorkit.kafka.claims import Claim
 from detectorkit.kafka.planning import PartitionRange
@@ -28,13 +27,13 @@ from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.metrics import executors
 from detectorkit.metrics.registry import bucket_counts
 from detectorkit.records import dead_letter_headers
-from detectorkit.runtime import checkpoint, crash_points, gc_tuning, task_result
+from detectorkit.runtime import crash_points, gc_tuning, task_result
 from detectorkit.runtime.batches import by_partition, stamps_ms
 from detectorkit.runtime.stage import KeyedBatch, Source
 from detectorkit.runtime.task_context import PartitionSummary, TaskContext
 from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
 from detectorkit.runtime.task_stores import TaskStores
-from detectorkit.runtime.writers import AtLeastOnceWriter, TransactionalWriter, Writer
+from detectorkit.runtime.writers import Writer
 from detectorkit.state import cache
 
 _log = structlog.get_logger("detectorkit.state")
@@ -109,27 +108,6 @@ def send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int,
         summaries.setdefault(p, PartitionSummary()).detected_at.append(stamps[out.position].as_py())
 
 
-def process_planned(ctx: TaskContext, source: SourceOptions, ranges: list[PartitionRange], claim: Claim | None = None) -> Iterator[pa.RecordBatch]:
-    """A task of the job's source (kafka.source.task_source): reads its planned ranges, in the
-    source's own Python worker, and processes them there, so records never cross the JVM.
-
-    The position it reports is each range's planned end, not its last record + 1: the offsets
-    after the last record may hold transaction markers or aborted records, and a position short
-    of them would leave lag that never reaches 0.
-
-    With a `claim`, `ranges` are the whole batch's, and the task runs the share it claims
-    (kafka.claims), the partitions whose stores this worker holds first."""
-    setup_worker(ctx)
-    if claim is not None:
-        ranges = take_claimed(ctx, source, claim, ranges)
-    writer = TransactionalWriter(ctx, source, ranges) if ctx.exactly_once else AtLeastOnceWriter(ctx)
-    with writer:
-        todo = writer.todo(ranges)
-        stores = TaskStores.open(ctx, todo, source) if ctx.state is not None else None
-        ends: dict[int, int] = {}
-        return iter(list(run_task(ctx, _read(source, todo, ends), ends, stores, writer)))
-
-
 def take_claimed(ctx: TaskContext, source: SourceOptions, claim: Claim, ranges: list[PartitionRange]) -> list[PartitionRange]:
     """The share of `ranges` a task's `claim` takes (kafka.claims): first the partitions whose
     stores, or whose open transactions, this worker holds."""
@@ -169,46 +147,6 @@ def fire_quiet(ctx: TaskContext, stores: TaskStores, writer: Writer, summaries: 
     """Step 2: the timers of the partitions with nothing to read (`stores.idle`), their detections sent."""
     for p, found in stores.fire_idle(ctx):
         send_outputs(ctx, found, writer.sink_of(p), summaries, None, None, None, ctx.state.input_topic)
-
-
-def _read(source: SourceOptions, ranges: list[PartitionRange], ends: dict[int, int]) -> Iterator[pa.RecordBatch]:
-    reading = [r for r in ranges if r.size]
-    if reading:
-        yield from range_reader.read_planned(source, reading)
-    for r in ranges:  # read in full: only now may the position move to its end
-        ends[r.partition] = max(ends.get(r.partition, -1), r.end)
-
-
-def run_task(
-    ctx: TaskContext,
-    batches: Iterator[pa.RecordBatch],
-    ends: dict[int, int],
-    stores: TaskStores | None,
-    writer: Writer,
-) -> Iterator[pa.RecordBatch]:
-    """A task's records through the stage, its timers, then its checkpoint (runtime.checkpoint);
-    yields its result, a row per partition, once the checkpoint is done."""
-    summaries: dict[int, PartitionSummary] = {}
-    # 1. the records: with state, the whole task's as one chunk (the reader hands them over in
-    # interleaved chunks of 20,000; held in Arrow meanwhile, MAX_RECORDS_PER_BATCH at most).
-    process_chunk(ctx, batches, writer, stores, summaries)
-    if stores is not None:
-        # 2. the timers of partitions with nothing to read.
-        fire_quiet(ctx, stores, writer, summaries)
-        for p in stores.stores:
-            summaries.setdefault(p, PartitionSummary())
-    # 3-6.
-    failed = checkpoint.TaskCheckpoint(ctx, writer, stores, summaries, ends).commit()
-    lost = failed.partitions if failed is not None else frozenset()
-    for p in lost:
-        summaries.pop(p, None)
-    for p, end in [*ends.items(), *writer.skipped.items()]:
-        if p not in lost:
-            s = summaries.setdefault(p, PartitionSummary())
-            s.next_offset = max(s.next_offset, end)
-    # Latency ends when the broker has acknowledged the detection: after the flush.
-    if summaries or failed is not None:
-        yield summary_batch(summaries, time.time() * 1000, None if failed is None else str(failed))
 
 
 def summary_batch(summaries: dict[int, PartitionSummary], written_ms: float, error: str | None = None) -> pa.RecordBatch:

@@ -1,5 +1,5 @@
-"""The Spark query that reads what this instance owns: started on a fresh checkpoint, stopped after its
-batch in flight, one at a time.
+"""The Spark query whose batches run this instance's slices (runtime.slices): started on a fresh
+checkpoint, stopped after its batch in flight, one at a time.
 
 A batch runs under the batch lock; whatever must not happen under a running batch (a stop, a
 recommit, closing Kafka clients) takes that lock here, in a `with`, and nowhere else. A batch of a
@@ -17,7 +17,6 @@ from functools import partial
 
 import structlog
 
-from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.runtime.job_plan import JobPlan
 from detectorkit.runtime.supervisor import explain
 
@@ -44,25 +43,20 @@ class QueryRunner:
         self._lock = threading.Lock()
         self._checkpoint: str | None = None
 
-    def start(self, source_format: str | None, options: SourceOptions | None = None) -> None:
-        """A query over the job's Kafka source (`source_format`), or, None, over Spark's rate
-        source, whose batches only tick: each runs a slice (runtime.slices)."""
+    def start(self) -> None:
+        """A query over Spark's rate source, whose batches only tick: each runs a slice, whose
+        tasks read the partitions themselves. Rows come faster than any slice ends, so a batch
+        follows each at once; none is ever computed."""
         spark = self._spark() if callable(self._spark) else self._spark
         token = self._token
         self._stopping = False
         self._checkpoint = self.plan.fresh_checkpoint()
-        if source_format is None:
-            # Rows come faster than any slice ends, so a batch follows each at once; none is ever computed.
-            stream = spark.readStream.format("rate").option("rowsPerSecond", 1000).option("numPartitions", 1).load()
-        else:
-            stream = spark.readStream.format(source_format).options(**options.to_options()).load()
+        stream = spark.readStream.format("rate").option("rowsPerSecond", 1000).option("numPartitions", 1).load()
         writer = (
             stream.writeStream.foreachBatch(partial(self._on_batch, token))
             .option("checkpointLocation", self._checkpoint)
             .queryName(f"{self.plan.service}-{token}")
         )
-        if self.plan.trigger_interval_seconds > 0 and source_format is not None:
-            writer = writer.trigger(processingTime=f"{self.plan.trigger_interval_seconds} seconds")
         self.query = writer.start()
 
     def _on_batch(self, token: int, frame, batch_id: int) -> None:

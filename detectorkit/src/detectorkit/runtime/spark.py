@@ -6,13 +6,12 @@ from collections.abc import Iterable
 
 from pyspark.sql import SparkSession
 
-from detectorkit.kafka.source import KafkaSource
 from detectorkit.runtime import jvm, shipping
 
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
-def session(master: str | None = "local[2]", app_name: str = "detectorkit", ship: Iterable[str] = (), python_source: bool = True) -> SparkSession:
+def session(master: str | None = "local[2]", app_name: str = "detectorkit", ship: Iterable[str] = ()) -> SparkSession:
     """A session on `master`. On a cluster (any master but local), the packages named in `ship`
     are zipped and sent to the executors (see shipping), whose Python is PYSPARK_PYTHON (their
     environment's, with detectorkit's dependencies) and whose log4j2.properties is the workers'
@@ -62,9 +61,4 @@ def session(master: str | None = "local[2]", app_name: str = "detectorkit", ship
     )
     spark.sparkContext.setLogLevel("WARN")
     shipping.ship(spark, zips)
-    if python_source:
-        # Registering a Python data source starts a Python process that looks up the installed
-        # ones and stays for the session: a job whose tasks read for themselves (slices) does
-        # without it (the CHANGELOG has what it cost).
-        spark.dataSource.register(KafkaSource)
     return spark

@@ -3,7 +3,7 @@ driver commits the offsets after every task has flushed) and transactional (a tr
 partition, which commits the partition's writes and its next offset together).
 
 A writer is entered before anything is read (a transactional one fences every earlier writer of its
-partitions first, and skips ranges an earlier attempt committed) and left when the task is done."""
+partitions first) and left when the task is done."""
 
 from __future__ import annotations
 
@@ -32,13 +32,8 @@ class CommitsFailed(TransactionError):
 
 
 class Writer(Protocol):
-    # Ranges an earlier attempt already committed, reported as read to their end with nothing done now.
-    skipped: dict[int, int]
     # Each partition's records go to its own sink (its transaction), so they are split by partition.
     splits_by_partition: bool
-
-    def todo(self, ranges: list[PartitionRange]) -> list[PartitionRange]:
-        """What is left to process of `ranges`."""
 
     def sink_of(self, partition: int) -> sinks.Sink: ...
 
@@ -58,7 +53,6 @@ class Writer(Protocol):
 class AtLeastOnceWriter(AbstractContextManager):
     """The worker's shared producer for the task; the driver commits the offsets after the tasks."""
 
-    skipped: dict[int, int] = {}
     splits_by_partition = False
 
     def __init__(self, ctx: TaskContext):
@@ -72,9 +66,6 @@ class AtLeastOnceWriter(AbstractContextManager):
 
     def __exit__(self, *exc) -> None:
         self._held.__exit__(*exc)
-
-    def todo(self, ranges: list[PartitionRange]) -> list[PartitionRange]:
-        return ranges
 
     def sink_of(self, partition: int) -> sinks.Sink:
         return self._sink
@@ -105,7 +96,6 @@ class TransactionalWriter(AbstractContextManager):
         self.ctx, self.source, self._known = ctx, source, known
         self._starts = {r.partition: (r.start, r.end) for r in ranges}
         self.txns: TaskTransactions | None = None
-        self.skipped: dict[int, int] = {}
 
     def __enter__(self) -> TransactionalWriter:
         ctx, source = self.ctx, self.source
@@ -122,14 +112,10 @@ class TransactionalWriter(AbstractContextManager):
             self._known,
         )
         self.txns, self._done = self._held.__enter__()
-        self.skipped = {p: self._starts[p][1] for p in self._done}
         return self
 
     def __exit__(self, *exc) -> None:
         self._held.__exit__(*exc)
-
-    def todo(self, ranges: list[PartitionRange]) -> list[PartitionRange]:
-        return [r for r in ranges if r.partition not in self._done]
 
     def sink_of(self, partition: int) -> sinks.Sink:
         return self.txns.of(partition)
