@@ -12,9 +12,8 @@ if TYPE_CHECKING:
 __all__ = ["Detector", "NoConfig", "State"]
 __version__ = "0.1.0"
 
-# Loaded on first use (PEP 562): Spark's planner processes unpickle the Kafka source, which imports
-# this package, and importing pandas there for a name they never use cost each of them ~50 MiB and
-# ~0.3 s at every query start.
+# Loaded on first use (PEP 562): what imports the package for something else (the command line's
+# broker and tail, a worker's first import) does not pay for pandas.
 _LAZY = {"Detector": "detectorkit.detector", "NoConfig": "detectorkit.detector", "State": "detectorkit.state"}
 
 

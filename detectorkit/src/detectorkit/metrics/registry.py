@@ -119,10 +119,8 @@ class JobMetrics:
         self.dead_letters = Counter(f"{PREFIX}_dead_letters", "Records written to the dead-letter topic, by reason.", ["reason"], registry=r)
         for reason in dead_letter_reasons:  # present from the start, so dashboards show a zero, not "no data"
             self.dead_letters.labels(reason=reason)
-        self.batches = Counter(f"{PREFIX}_batches", "Micro-batches completed.", registry=r)
-        self.batch_duration = Histogram(
-            f"{PREFIX}_batch_duration_seconds", "Time to process and commit one micro-batch.", buckets=BATCH_BUCKETS, registry=r
-        )
+        self.batches = Counter(f"{PREFIX}_batches", "Slices completed (each a batch of the job's Spark query).", registry=r)
+        self.batch_duration = Histogram(f"{PREFIX}_batch_duration_seconds", "Time to run and commit one slice.", buckets=BATCH_BUCKETS, registry=r)
         self.latency = MergedHistogram(
             f"{PREFIX}_end_to_end_latency_seconds", "From an input record's Kafka timestamp to its detection written.", LATENCY_BUCKETS
         )

@@ -1,4 +1,4 @@
-"""Keyed state kept across micro-batches: declared by a detector, held per input partition in the
+"""Keyed state kept across slices and restarts: declared by a detector, held per input partition in the
 task that processes the partition, backed by a compacted changelog topic in Kafka."""
 
 from detectorkit.state.columns import lists
