@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup tools chart kafka-manifests demo diamond scale-demo test test-fast test-runtime test-examples test-lanes test-template test-tansu lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
+.PHONY: setup tools chart kafka-manifests demo diamond scale-demo docs docs-build test test-fast test-runtime test-examples test-lanes test-template test-tansu lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -75,7 +75,17 @@ chart: tools
 # The declared Pythons and the cookbook, then two pytest runs on Apache Kafka at once (the runtime's
 # tests and the template's each have a `tests` package; scripts/test-lanes.sh), then the embedded
 # broker's smoke: the demo and a graceful stop and restart on Tansu.
-test: setup tools lint test-pythons test-examples test-lanes test-tansu
+test: setup tools lint docs-build test-pythons test-examples test-lanes test-tansu
+
+# The docs site: `make docs` serves it at http://127.0.0.1:8000 as you edit; `make docs-build` builds
+# it into site/ with every warning an error (a broken link, a page left out of the nav), as CI does.
+# Its reference pages are written from the code as it builds (docs/gen_reference.py).
+MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs
+docs: setup
+	$(MKDOCS) serve
+
+docs-build: setup
+	$(MKDOCS) build --strict --quiet
 
 test-lanes: setup
 	bash scripts/test-lanes.sh

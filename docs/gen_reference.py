@@ -1,0 +1,16 @@
+"""Writes the generated pages into the site as it builds (mkdocs-gen-files): the settings, the command
+line and the metrics from the code (detectorkit.cli.reference), and the changelog."""
+
+import pathlib
+
+import mkdocs_gen_files
+
+from detectorkit.cli import reference
+
+for name, text in reference.pages().items():
+    with mkdocs_gen_files.open(f"reference/{name}", "w") as page:
+        page.write(text)
+    mkdocs_gen_files.set_edit_path(f"reference/{name}", "../detectorkit/src/detectorkit/cli/reference.py")
+
+with mkdocs_gen_files.open("changelog.md", "w") as page:
+    page.write(pathlib.Path("CHANGELOG.md").read_text())
