@@ -1,5 +1,5 @@
 """Writes the generated pages into the site as it builds (mkdocs-gen-files): the settings, the command
-line and the metrics from the code (detectorkit.cli.reference), and the changelog."""
+line and the metrics from the code (detectorkit.cli.reference), the changelog and the benchmarks' charts."""
 
 import pathlib
 
@@ -14,3 +14,8 @@ for name, text in reference.pages().items():
 
 with mkdocs_gen_files.open("changelog.md", "w") as page:
     page.write(pathlib.Path("CHANGELOG.md").read_text())
+
+# The benchmarks' charts, as each run drew them (bench/results/<run>/*.png), for the benchmarks page.
+for chart in sorted(pathlib.Path("bench/results").rglob("*.png")):
+    with mkdocs_gen_files.open(f"bench-results/{chart.relative_to('bench/results')}", "wb") as image:
+        image.write(chart.read_bytes())
