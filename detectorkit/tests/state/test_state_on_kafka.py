@@ -61,7 +61,8 @@ def test_state_carries_across_slices_exactly_as_one_pass_would(spark, kafka_boot
     keys_held = sum(sample.value for family in job.metrics.state_keys.collect() for sample in family.samples)  # dropped on release
     job.stop()
     assert job.error() is None
-    assert job.stats.batches >= 3  # the state crossed slice boundaries
+    # The records came in more than one slice: the state crossed a slice boundary at least.
+    assert job.stats.batches >= 2 and job.stats.last.records < 3_000, job.stats
     found = detections(bs, topics)
     assert set(found) == every_nth_reference(sent)
     assert set(found.values()) == {1}
