@@ -4,6 +4,7 @@ argparse's own help, and every metric a job publishes (its registry: name, type,
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
@@ -11,7 +12,7 @@ import typing
 
 from pydantic.fields import FieldInfo
 
-from detectorkit.settings import Settings
+from detectorkit.settings import Settings, add_arguments
 
 # The commands of `detectorkit --help`, each a section of the CLI page with its own --help.
 COMMANDS = (
@@ -61,13 +62,25 @@ def settings_page() -> str:
         "| variable | flag | type | default | what |",
         "|---|---|---|---|---|",
     ]
+    flags = _flags()
     for name, field in Settings.model_fields.items():
-        flag = "`--kafka-option KEY=VALUE`" if name == "kafka_options" else f"`--{name.replace('_', '-')}`"
-        if name == "schema_registry_options":
-            flag = "`--schema-registry-option KEY=VALUE`"
+        flag = flags[name]
         lines.append(f"| `{name.upper()}` | {flag} | {_cell(_type(field))} | {_cell(_default(field))} | {_cell(field.description or '')} |")
     lines += ["", "Kafka client settings: `KAFKA_OPTION_*` variables or `--kafka-option`; their secrets never print."]
     return "\n".join(lines) + "\n"
+
+
+def _flags() -> dict[str, str]:
+    """Each setting's flag as the command line declares it (settings.add_arguments), by its name."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags = {}
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            # A value named as its variable says nothing more; KEY=VALUE does.
+            value = "" if action.metavar == action.dest.upper() else f" {action.metavar}"
+            flags[action.dest] = f"`{action.option_strings[0]}{value}`"
+    return flags
 
 
 def command_help(command: str | None = None) -> str:
