@@ -31,10 +31,11 @@ def metadata(bs, group):
 def run_range(bs, t, starts, value=b"x"):
     base = clients.base(bs)
     with transactions.for_task(base, clients.producer(base), t.group, t.input, starts, metadata(bs, t.group), 10_000, 30.0) as (txns, done):
-        for p, (_, end) in starts.items():
+        for p in starts:
             if p not in done:
-                txns.of(p).send(t.output, None, value)
-                txns.commit(p, end)
+                txns.sink.send(t.output, None, value)
+        if txns.partitions:
+            txns.commit({p: end for p, (_, end) in starts.items()})
     return done
 
 
@@ -102,8 +103,7 @@ def test_a_partition_known_to_be_committed_at_its_start_is_not_read_back(transac
             txns,
             done,
         ):
-            for p, (_, end) in starts.items():
-                txns.commit(p, end)
+            txns.commit({p: end for p, (_, end) in starts.items()})
         return done
 
     assert begin({0: (10, 12), 1: (5, 6)}, frozenset({0, 1})) == set() and reads == []
@@ -111,3 +111,28 @@ def test_a_partition_known_to_be_committed_at_its_start_is_not_read_back(transac
     with pytest.raises(transactions.TransactionError, match="not where this batch starts"):
         begin({0: (12, 13), 1: (4, 8)}, frozenset({0}))
     assert reads == [[0, 1]] and committed(bs, t, [0, 1]) == {0: 12, 1: 6}
+
+
+@pytest.mark.unit
+def test_a_worker_holds_the_partitions_of_its_last_task_whose_producer_is_current(monkeypatch):
+    """Sticky claims give a worker's next task what it holds: all of its last task's partitions (the
+    producer's id names only the first; holding that one alone, a task claimed it alone and the
+    other task took the other seven)."""
+    from types import SimpleNamespace
+
+    meta = b"generation-1"
+    gen = transactions.generation_of(meta).hex()
+
+    def sink(partitions, used, current=True):
+        return SimpleNamespace(partitions=frozenset(partitions), used=used, current=lambda: current)
+
+    held = {
+        f"g-in-0/{gen}": sink({0, 1, 2, 3}, used=1.0),
+        f"g-in-4/{gen}": sink({4, 5}, used=2.0),
+        f"g-in-6/{gen}": sink({6, 7}, used=3.0, current=False),  # fenced since: another worker runs them
+        "g-in-2/another-generation": sink({2}, used=4.0),
+        f"g-other-1/{gen}": sink({1}, used=5.0),
+    }
+    monkeypatch.setattr(transactions._producers, "held", lambda: held)
+    assert transactions.held("g", "in", meta) == {4, 5}
+    assert transactions.held("g", "none", meta) == set()

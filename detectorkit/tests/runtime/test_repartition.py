@@ -104,7 +104,7 @@ def test_a_rule_keyed_by_a_field_answers_exactly_once_through_kill_9s_in_either_
     # and no kill left an aborted write behind).
     env.update(PROCESSING_GUARANTEE="exactly-once", SLICE_SECONDS="5", SLICE_COMMIT_INTERVAL_SECONDS="1")
     feeder = SimpleNamespace(group=f"{topics.group}.repartition", input=topics.input)
-    for point in ("during-produce", "between-commits", "before-commit"):
+    for point in ("during-produce", "during-commit", "before-commit"):
         crash(env, COMMAND, point, bs, feeder)
     code, output = run({**env, "STOP_AFTER_IDLE_SECONDS": "3"}, timeout=300, command=COMMAND)
     assert code == 0, output

@@ -356,11 +356,11 @@ def test_a_redeploy_with_exactly_once_replays_what_the_commit_says_the_changelog
     committed = []
 
     class Transactions:
-        def of(self, partition):
-            return kafka["sink"]
+        sink = kafka["sink"]
+        partitions = frozenset({3})
 
-        def commit(self, partition, next_offset, offsets_sent=None):
-            committed.append((partition, next_offset))
+        def commit(self, ends, offsets_sent=None):
+            committed.extend(sorted(ends.items()))
 
     @contextlib.contextmanager
     def for_task(*args, **kwargs):

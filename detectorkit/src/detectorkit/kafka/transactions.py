@@ -1,21 +1,25 @@
-"""Exactly-once: what a task writes for one input partition, and the partition's next offset, in one
-Kafka transaction.
+"""Exactly-once: what a task writes for its input partitions, and their next offsets, in one Kafka
+transaction (Kafka Streams' `exactly_once_v2`: a transaction per thread, not per partition; each
+transaction costs round trips to the transaction coordinator and its markers, and a task's
+partitions one transaction each made every checkpoint several times slower).
 
-Each input partition has its own transactional producer, `transactional.id` `<group>-<topic>-<p>`:
-the same id always stands for the same partition, so a producer that starts on it (the partition's
-next task, in another Python worker or another instance) fences every earlier one, and a zombie (a
-task of a paused instance, a retried attempt's forerunner) can neither write nor commit. The task's
-offsets go into its transaction with the driver's group metadata (`send_offsets_to_transaction`):
-the broker checks the member's generation (KIP-447), so a transaction begun before a rebalance
-cannot commit after it. A task first reads the group's committed offset of each partition
-(read_committed: it waits for a pending transaction to end) and skips a range already committed,
-so a task attempt Spark runs again after a success writes nothing twice.
+A task's transactional id is its first partition's, `<group>-<topic>-<p>`, and whoever next owns
+that partition starts a producer on it, which fences every earlier one and aborts its open
+transaction: the member the group gives the partition (runtime.partition_owner fences the id of
+every partition it takes, so a killed owner's transactions end at once), the query that starts
+again after a failed task (the same), or a later task that begins with it. A zombie (a task of a
+paused instance, a failed attempt's forerunner) can then neither write nor commit. The offsets go
+into the transaction with the driver's group metadata (`send_offsets_to_transaction`): the broker
+checks the member's generation (KIP-447), so a transaction begun before a rebalance cannot commit
+after it, whichever partition its id names. A task first reads the group's committed offset of each
+partition (read_committed: it waits for a pending transaction to end) and skips a range already
+committed, so a task attempt Spark runs again after a success writes nothing twice.
 
 A worker keeps its producers between tasks (initialising one costs round trips to the transaction
 coordinator). A producer that another process of this machine has since started on the same id
-(the partition ran in the other Python worker) is fenced: a small file per id says which producer
+(the task ran in the other Python worker) is fenced: a small file per id says which producer
 started last, and a fenced one is replaced before its task begins. A producer is also replaced
-when the group's generation changes, since the partition may have been in another instance since.
+when the group's generation changes, since its partitions may have been in another instance since.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import structlog
@@ -73,6 +77,13 @@ class TransactionalSink(Sink):
         self.token = uuid.uuid4().hex
         self.timeout_ms = timeout_ms
         self.open = False
+        # Set once the broker said a newer producer holds the id (maybe in another instance, where
+        # the file below cannot tell): the worker replaces it before its next task.
+        self.fenced = False
+        # The input partitions of the last task it wrote for, and when it began: what a task of its
+        # worker claims again (`held`).
+        self.partitions: frozenset[int] = frozenset()
+        self.used = 0.0
         self.began = time.monotonic()
         try:
             # Fences every earlier producer with this id and aborts its open transaction.
@@ -90,6 +101,8 @@ class TransactionalSink(Sink):
 
     def current(self) -> bool:
         """False once another producer of this machine has started on the same id (this one is fenced)."""
+        if self.fenced:
+            return False
         try:
             return _owner_file(self.transactional_id).read_text() == self.token
         except FileNotFoundError:
@@ -97,7 +110,11 @@ class TransactionalSink(Sink):
 
     def begin(self) -> None:
         self._errors.clear()
-        self.producer.begin_transaction()
+        try:
+            self.producer.begin_transaction()
+        except KafkaException as exc:
+            self._note(exc.args[0])
+            raise TransactionError(describe(exc.args[0], self.transactional_id, "beginning a transaction")) from None
         self.open = True
         self.began = time.monotonic()
 
@@ -121,11 +138,16 @@ class TransactionalSink(Sink):
                     raise
         except KafkaException as exc:
             error = exc.args[0]
+            self._note(error)
             if error.txn_requires_abort():
                 self.abort(timeout)
             opened = time.monotonic() - self.began
             raise TransactionError(describe(error, self.transactional_id, step, opened, self.timeout_ms / 1000)) from None
         self.open = False
+
+    def _note(self, error: KafkaError) -> None:
+        if error.fatal() or error.code() in _FENCED:
+            self.fenced = True
 
     def abort(self, timeout: float) -> None:
         if not self.open:
@@ -159,8 +181,8 @@ def describe(error: KafkaError, tid: str, step: str, open_seconds: float | None 
         return f"transaction {tid} timed out while {step} ({error.str()}); TRANSACTION_TIMEOUT_SECONDS must exceed a task's longest batch"
     if code in _UNSUPPORTED:
         return (
-            f"the broker refused transaction {tid} while {step} ({error.str()}): PROCESSING_GUARANTEE=exactly-once needs "
-            "a broker with transactions and the right to use this transactional id"
+            f"the broker refused transaction {tid} while {step} ({error.str()}): exactly-once needs "
+            "a broker with transactions and the right to use this transactional id (PROCESSING_GUARANTEE=at-least-once runs without)"
         )
     return f"transaction {tid} failed while {step}: {error.str()}"
 
@@ -175,35 +197,38 @@ _producers = WorkerClients(close=lambda sink: sink.close(5.0))
 
 
 def held(group: str, topic: str, metadata: bytes) -> set[int]:
-    """The partitions of `topic` whose transactional producers this worker holds, unfenced, for this
-    generation (kafka.claims gives a worker's tasks those partitions first)."""
+    """The partitions of `topic` of this worker's last task with an unfenced producer of this
+    generation: a task that runs them again reuses the producer, whose id is the first's
+    (kafka.claims gives a worker's tasks those partitions first)."""
     prefix, suffix = f"{group}-{topic}-", f"/{generation_of(metadata).hex()}"
-    return {
-        int(k[len(prefix) : -len(suffix)]) for k, sink in _producers.held().items() if k.startswith(prefix) and k.endswith(suffix) and sink.current()
-    }
+    sinks = [sink for k, sink in _producers.held().items() if k.startswith(prefix) and k.endswith(suffix) and sink.current()]
+    return set(max(sinks, key=lambda sink: sink.used).partitions) if sinks else set()
 
 
 _readers = WorkerClients(close=lambda consumer: consumer.close())
 
 
 class TaskTransactions:
-    """A task's transactions: one per input partition it runs, begun at the start."""
+    """A task's transaction over every input partition it runs, begun at the start and after each commit."""
 
-    def __init__(self, sinks: dict[int, TransactionalSink], topic: str, metadata: bytes, timeout: float):
-        self._sinks = sinks
+    def __init__(self, sink: TransactionalSink, topic: str, partitions: frozenset[int], metadata: bytes, timeout: float):
+        self.sink = sink
         self.topic = topic
+        # The partitions whose offsets it commits: those of the task not already committed.
+        self.partitions = partitions
         self.metadata = metadata
         self.timeout = timeout
 
-    def of(self, partition: int) -> TransactionalSink:
-        return self._sinks[partition]
+    def commit(self, ends: Mapping[int, int], offsets_sent: Callable[[], None] | None = None) -> None:
+        """Every partition's next offset in `ends` and what was written since the last commit, at once."""
+        offsets = [TopicPartition(self.topic, p, o) for p, o in sorted(ends.items()) if p in self.partitions]
+        self.sink.commit(offsets, self.metadata, self.timeout, offsets_sent)
 
-    def commit(self, partition: int, next_offset: int, offsets_sent: Callable[[], None] | None = None) -> None:
-        self._sinks[partition].commit([TopicPartition(self.topic, partition, next_offset)], self.metadata, self.timeout, offsets_sent)
+    def begin(self) -> None:
+        self.sink.begin()
 
     def abort_open(self) -> None:
-        for sink in self._sinks.values():
-            sink.abort(self.timeout)
+        self.sink.abort(self.timeout)
 
 
 @contextmanager
@@ -219,27 +244,25 @@ def for_task(
     idle_seconds: float | None = None,
     known: frozenset[int] = frozenset(),
 ) -> Iterator[tuple[TaskTransactions, set[int]]]:
-    """The task's transactions, and the partitions of `starts` (partition -> (start, end) of its
+    """The task's transaction, and the partitions of `starts` (partition -> (start, end) of its
     range) that an earlier attempt already committed: those are skipped. Every other partition's
     committed offset must be its range's start, else another member moved it on: TransactionError.
     `known`: partitions whose committed offset the caller knows is their start, because the task
     that committed it in this generation returned it (a slice continuing its predecessor). If they
     are all of them, the group's offsets are not read: right after that commit a stable read waits
     for the transaction's markers (UNSTABLE_OFFSET_COMMIT, then the client's backoff).
-    An exception out of the block aborts the transactions still open."""
+    An exception out of the block aborts the transaction if it is open."""
     generation = generation_of(metadata).hex()
+    tid = transactional_id(group, topic, min(starts))
     began, created = time.monotonic(), []
-    with ExitStack() as stack:
-        sinks: dict[int, TransactionalSink] = {}
-        for p in sorted(starts):
-            tid = transactional_id(group, topic, p)
 
-            def create(tid=tid, p=p):
-                created.append(p)
-                return TransactionalSink(producer_conf, tid, timeout_ms, timeout)
+    def create() -> TransactionalSink:
+        created.append(tid)
+        return TransactionalSink(producer_conf, tid, timeout_ms, timeout)
 
-            sinks[p] = stack.enter_context(_producers.use(f"{tid}/{generation}", create, idle_seconds, valid=TransactionalSink.current))
-        # Only now, with every earlier producer of these ids fenced and its transaction aborted, is
+    with _producers.use(f"{tid}/{generation}", create, idle_seconds, valid=TransactionalSink.current) as sink:
+        sink.partitions, sink.used = frozenset(starts), time.monotonic()
+        # Only now, with every earlier producer of this id fenced and its transaction aborted, is
         # the committed offset stable: nothing can move it but this task.
         ready = time.monotonic()
         read = not set(starts) <= known
@@ -264,10 +287,9 @@ def for_task(
             raise TransactionError(
                 f"the group's committed offsets are not where this batch starts ({where}): another member moved them; the batch is planned again"
             )
-        for p, sink in sinks.items():
-            if p not in done:
-                sink.begin()
-        txns = TaskTransactions({p: s for p, s in sinks.items() if p not in done}, topic, metadata, timeout)
+        txns = TaskTransactions(sink, topic, frozenset(starts) - done, metadata, timeout)
+        if txns.partitions:
+            txns.begin()
         try:
             yield txns, done
         except BaseException:

@@ -9,9 +9,9 @@ steps 3 to 6 (`TaskCheckpoint.commit`) at each of its checkpoints:
   4. the state's changes are sent, one record per key tagged with the input position they stand
      for, and flushed;
   5. the partitions' next offsets are committed. With exactly-once (PROCESSING_GUARANTEE) by the
-     task: 3 to 5 are one Kafka transaction per input partition (runtime.writers), so outputs, dead
-     letters, the state's changes and the partition's next offset become visible together or not
-     at all. At-least-once by the driver, with the positions the tasks report
+     task: 3 to 5 are one Kafka transaction for the task's input partitions (runtime.writers), so
+     outputs, dead letters, the state's changes and the partitions' next offsets become visible
+     together or not at all. At-least-once by the driver, with the positions the tasks report
      (`runtime.driver_checkpoint.DriverCheckpoint`), for the partitions this instance still owns;
   6. the stores go back into the worker's cache, each with where its changes should have landed in
      the changelog (checked by its next catch-up, state.cache): after 5, so a task that failed

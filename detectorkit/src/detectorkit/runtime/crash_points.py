@@ -5,7 +5,7 @@ driver and its JVM included, the n-th time any of its Python workers reaches `<p
 `<point>:<n>:raise` fails the task there instead, `<point>:<n>:stall<seconds>` stalls it there. A kill from
 outside lands wherever the job happens to be; these land exactly between two steps, the places
 where exactly-once could break: before any output, amid the outputs, after the outputs before
-the commit, between a transaction's offsets and its end, and between two partitions' commits.
+the commit, and between a transaction's offsets and its end.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import signal
 import tempfile
 import time
 
-POINTS = ("before-produce", "during-produce", "before-commit", "during-commit", "between-commits")
+POINTS = ("before-produce", "during-produce", "before-commit", "during-commit")
 
 
 def _count(point: str) -> int:

@@ -127,11 +127,11 @@ def process_chunk(
     tags: dict[int, int] | None = None,
 ) -> None:
     """Step 1: records through the stage, their detections and dead letters sent. A stateless
-    stage's go as read; with state, or a transaction per partition, each partition's records of
-    `batches` go at once, so a key they share is read, decoded, encoded and written once. `tags`:
-    each partition's position after them, which its state's changes stand for."""
+    stage's go as read; with state each partition's records of `batches` go at once, so a key they
+    share is read, decoded, encoded and written once. `tags`: each partition's position after
+    them, which its state's changes stand for."""
     crash_points.reach("before-produce")
-    if stores is None and not writer.splits_by_partition:
+    if stores is None:
         for batch in batches:
             process_batch(ctx, batch, writer.sink_of(-1), summaries)
             crash_points.reach("during-produce")

@@ -12,8 +12,8 @@ rebalance, a stop):
   2. every tick, the timers of its quiet partitions fire as the wall clock passes them;
   3. every SLICE_COMMIT_INTERVAL_SECONDS, and at the end, the checkpoint of runtime.checkpoint over
      what was read since the last one: outputs flushed, state changes written, and with exactly-once
-     each partition's transaction committed with its position and the next one begun (as Kafka
-     Streams commits every 100 ms under exactly-once); then it reports its positions to the driver,
+     the task's transaction committed with its positions and the next one begun (as Kafka Streams
+     commits every 100 ms under exactly-once); then it reports its positions to the driver,
      with what it wrote since its last report, which the driver counts into the job's metrics.
 With at-least-once the driver commits the positions each report brings, every commit interval as
 they move, and the last ones once the slice ends, as after a batch (runtime.driver_checkpoint). A

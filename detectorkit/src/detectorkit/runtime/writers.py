@@ -1,13 +1,12 @@
 """The two ways a task writes, behind one interface: at-least-once (the worker's shared producer; the
-driver commits the offsets after every task has flushed) and transactional (a transaction per input
-partition, which commits the partition's writes and its next offset together).
+driver commits the offsets after every task has flushed) and transactional (one transaction for the
+task's input partitions, which commits their writes and next offsets together).
 
 A writer is entered before anything is read (a transactional one fences every earlier writer of its
-partitions first) and left when the task is done."""
+id first) and left when the task is done."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -21,10 +20,9 @@ from detectorkit.runtime.task_context import TaskContext
 
 
 class CommitsFailed(TransactionError):
-    """Some of a task's transactions could not commit (a rebalance during the batch, a fenced
-    producer) and were aborted; the others committed. The task reports what committed and the
-    driver fails the batch after counting it: the failed partitions are read again from the
-    group's offsets, and records whose transaction committed are counted once."""
+    """A task's transaction could not commit (a rebalance during the slice, a fenced producer) and
+    was aborted. The task reports its partitions with what committed before, and the driver reads
+    them again from the group's offsets: records whose transaction committed are counted once."""
 
     def __init__(self, message: str, partitions: set[int]):
         super().__init__(message)
@@ -32,9 +30,6 @@ class CommitsFailed(TransactionError):
 
 
 class Writer(Protocol):
-    # Each partition's records go to its own sink (its transaction), so they are split by partition.
-    splits_by_partition: bool
-
     def sink_of(self, partition: int) -> sinks.Sink: ...
 
     def flush_outputs(self) -> None:
@@ -44,7 +39,7 @@ class Writer(Protocol):
         """Step 4's end: the state's changes (of the partitions in `due`) written."""
 
     def commit(self, ends: dict[int, int]) -> CommitsFailed | None:
-        """Step 5 where the task commits: each partition's next offset. None if all committed."""
+        """Step 5 where the task commits: each partition's next offset. None if it committed."""
 
     def begin_next(self) -> None:
         """After a commit that is not the task's last, what the next checkpoint writes into."""
@@ -52,8 +47,6 @@ class Writer(Protocol):
 
 class AtLeastOnceWriter(AbstractContextManager):
     """The worker's shared producer for the task; the driver commits the offsets after the tasks."""
-
-    splits_by_partition = False
 
     def __init__(self, ctx: TaskContext):
         self.ctx = ctx
@@ -85,10 +78,8 @@ class AtLeastOnceWriter(AbstractContextManager):
 
 
 class TransactionalWriter(AbstractContextManager):
-    """A transaction per input partition (kafka.transactions): its outputs, dead letters, state
-    changes and next offset become visible together or not at all."""
-
-    splits_by_partition = True
+    """One transaction for the task's input partitions (kafka.transactions): their outputs, dead
+    letters, state changes and next offsets become visible together or not at all."""
 
     def __init__(self, ctx: TaskContext, source: SourceOptions, ranges: list[PartitionRange], known: frozenset[int] = frozenset()):
         if source.group_metadata is None:
@@ -111,70 +102,36 @@ class TransactionalWriter(AbstractContextManager):
             ctx.client_idle_seconds,
             self._known,
         )
-        self.txns, self._done = self._held.__enter__()
+        self.txns, _ = self._held.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         self._held.__exit__(*exc)
 
     def sink_of(self, partition: int) -> sinks.Sink:
-        return self.txns.of(partition)
+        return self.txns.sink
 
     def flush_outputs(self) -> None:
-        return None  # flushed with the changes, which join the same transactions first
+        return None  # flushed with the changes, which join the same transaction first
 
     def flush_changes(self, due: set[int]) -> None:
-        # Every partition's, due or not: `flush_outputs` left each transaction's outputs to this flush.
-        for p in sorted(self._starts):
-            if p not in self._done:
-                self.txns.of(p).flush(self.ctx.flush_timeout)
+        if self.txns.partitions:
+            self.txns.sink.flush(self.ctx.flush_timeout)
 
     def begin_next(self) -> None:
-        """After a commit, the next transaction of each partition (a slice commits many)."""
-        for p in sorted(self._starts):
-            if p not in self._done:
-                self.txns.of(p).begin()
+        """After a commit, the next transaction (a slice commits many)."""
+        if self.txns.partitions:
+            self.txns.begin()
 
     def commit(self, ends: dict[int, int]) -> CommitsFailed | None:
+        ends = {p: o for p, o in ends.items() if p in self.txns.partitions}
+        if not ends:
+            return None
         try:
-            _commit_all(self.txns, ends)
-        except CommitsFailed as exc:
-            # The others committed: reported, they are counted once; raised, Spark would drop
-            # them with the task, and no one would read their records again.
+            self.txns.commit(ends, offsets_sent=lambda: crash_points.reach("during-commit"))
+        except TransactionError as exc:
+            # Reported, not raised: raised, Spark would drop the task's summaries with it, and the
+            # driver would not know where its partitions are to be read again from.
             self.txns.abort_open()
-            return exc
+            return CommitsFailed(str(exc), set(ends))
         return None
-
-
-def _commit_all(txns: TaskTransactions, ends: dict[int, int]) -> None:
-    """Each partition's transaction committed, all at once: a commit is round trips to the group
-    and transaction coordinators (the offsets, then the end and its markers), which librdkafka
-    waits out with the GIL released, and one after the other they were a tenth of a batch's time
-    with exactly-once. The transactions are independent: one that fails leaves the others
-    committed, and its partition is planned again (as when the commits ran in turn):
-    CommitsFailed names the partitions whose transactions failed. Any other error is raised as is."""
-
-    def commit(p: int) -> None:
-        txns.commit(p, ends[p], offsets_sent=lambda: crash_points.reach("during-commit"))
-
-    failures: dict[int, BaseException] = {}
-    if len(ends) <= 1:
-        for p in ends:
-            try:
-                commit(p)
-            except TransactionError as exc:
-                failures[p] = exc
-    else:
-        with ThreadPoolExecutor(max_workers=len(ends), thread_name_prefix="commit") as pool:
-            futures = {pool.submit(commit, p): p for p in sorted(ends)}
-            for n, future in enumerate(as_completed(futures), 1):
-                error = future.exception()
-                if error is not None:
-                    failures[futures[future]] = error
-                elif n < len(futures):
-                    crash_points.reach("between-commits")  # one partition committed, another not yet
-    for error in failures.values():
-        if not isinstance(error, TransactionError):
-            raise error
-    if failures:
-        raise CommitsFailed(str(failures[min(failures)]), set(failures))
