@@ -123,6 +123,8 @@ def contenders(service_cmd: str, quix_python: str, bootstrap: str, in_topic: str
         "STARTING_OFFSETS": "earliest",
         "METRICS_TOPIC": f"{prefix}.metrics",
         "LOG_LEVEL": "WARNING",
+        # Beside Kafka Streams' default; the exactly-once contender says so (the runtime's default on Apache Kafka).
+        "PROCESSING_GUARANTEE": "at-least-once",
     }
     service = Contender("detector service (this project)", out, [service_cmd], service_env)
     out, group = names("plain")

@@ -191,6 +191,8 @@ def service_env(bootstrap: str, in_topic: str, out: str, group: str, metrics: st
         "STARTING_OFFSETS": "earliest",
         "METRICS_TOPIC": metrics,
         "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
+        # Beside Kafka Streams' at-least-once (the runtime's default on Apache Kafka is exactly-once).
+        "PROCESSING_GUARANTEE": "at-least-once",
     }
 
 

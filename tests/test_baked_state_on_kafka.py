@@ -105,6 +105,8 @@ def service_env(bs, topics, **settings):
         DLQ_TOPIC=topics.dlq,
         CONSUMER_GROUP=topics.group,
         GROUP_SESSION_TIMEOUT_SECONDS=str(SESSION),
+        # The runtime's default is exactly-once on Apache Kafka: each test says which it runs.
+        PROCESSING_GUARANTEE="at-least-once",
     )
     env.update({k.upper(): str(v) for k, v in settings.items()})
     return env

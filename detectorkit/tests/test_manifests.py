@@ -44,10 +44,12 @@ def test_a_stateful_exactly_once_service_owns_its_dead_letters_and_changelog_and
     # on the cluster (a job with only these rights runs: runtime/test_on_kafka.py).
     assert not {op for ops in granted.values() for op in ops} & {"Create", "Delete", "Alter", "All"}
     assert not [k for k in granted if k[0] == "cluster"]
+    # The default runs exactly-once on Apache Kafka, which a Strimzi cluster is: the same rights.
+    assert manifests.manifests(service_of(settings(), "svc", as_stage(COUNT).state), "main") == docs
 
 
 def test_a_stateless_at_least_once_service_gets_no_changelog_and_no_transactions_and_no_metrics_on_another_cluster():
-    stateless = service_of(settings(metrics_bootstrap_servers="metrics:9092"), "svc", None)
+    stateless = service_of(settings(processing_guarantee="at-least-once", metrics_bootstrap_servers="metrics:9092"), "svc", None)
     docs = manifests.manifests(stateless, "main", authentication="scram-sha-512")
     assert [d["spec"]["topicName"] for d in docs if d["kind"] == "KafkaTopic"] == ["svc.dlq"]
     (user,) = [d for d in docs if d["kind"] == "KafkaUser"]

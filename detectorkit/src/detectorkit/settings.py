@@ -100,11 +100,11 @@ class Settings(BaseModel):
     fail_on_data_loss: bool = Field(True, description="Stop when planned records are gone (retention, deleted topic); false skips ahead.")
     spark_master: str = Field("local[2]", description="Spark master URL.")
     slice_seconds: float = Field(
-        30.0,
+        300.0,
         gt=0,
         description="Each Spark task runs this long, reading, detecting, writing and committing as records arrive (a slice): "
-        "Spark's scheduling is paid once a slice, and a record waits for a poll rather than a batch. A rebalance or a stop ends "
-        "a slice early.",
+        "Spark's scheduling is paid once a slice, and a record waits for a poll rather than a batch. Between two slices reading "
+        "stops for the next Spark batch's start (a few hundred ms), so slices are long; a rebalance or a stop ends one early.",
     )
     slice_commit_interval_seconds: float = Field(
         0.1,
@@ -180,10 +180,12 @@ class Settings(BaseModel):
         "writes them every batch. A partition that moves, or a restart, replays the records read since without writing their "
         "outputs again. Exactly-once, and the embedded broker, write them every batch.",
     )
-    processing_guarantee: Literal["at-least-once", "exactly-once"] = Field(
-        "at-least-once",
-        description="at-least-once: a crash replays the last batch's outputs. exactly-once (Apache Kafka only): each task writes "
-        "a partition's detections, dead letters, state changes and next offset in one Kafka transaction; consumers read read_committed.",
+    processing_guarantee: Literal["auto", "at-least-once", "exactly-once"] = Field(
+        "auto",
+        description="exactly-once (Apache Kafka only): each task writes its partitions' detections, dead letters, state changes and "
+        "next offsets in one Kafka transaction; consumers read read_committed. at-least-once: a crash replays what was written since "
+        "the last commit. auto: exactly-once where the broker keeps transactions (Apache Kafka), at-least-once on the embedded broker "
+        "(said at start).",
     )
     transaction_timeout_seconds: float = Field(
         30.0,
@@ -222,7 +224,8 @@ class Settings(BaseModel):
 
     @property
     def exactly_once(self) -> bool:
-        return self.processing_guarantee == "exactly-once"
+        """What a job on Apache Kafka runs (auto included): where it needs transactions' rights."""
+        return self.processing_guarantee != "at-least-once"
 
     def static_instance_id(self) -> str | None:
         """group.instance.id: only an id someone chose is stable across restarts."""

@@ -31,6 +31,7 @@ TANSU = broker_kind.profile(broker_kind.TANSU)
 
 
 def plan_of(detector, broker=KAFKA, master="local[2]", **options):
+    options.setdefault("processing_guarantee", "at-least-once")
     settings = Settings(kafka_bootstrap_servers="b:9", state_flush_interval_seconds=5.0, **options).for_service(detector.name)
     return JobPlan.of(as_stage(detector), settings, broker, master)
 
@@ -49,6 +50,9 @@ def test_the_plan_decides_once_what_the_guarantee_and_the_broker_imply():
     assert plan_of(THRESHOLD, processing_guarantee="exactly-once").claims_dir is not None  # producers stay with their worker
     assert plan_of(COUNT, master="spark://cluster:7077").claims_dir is None  # tasks on other machines claim nothing here
     assert plan_of(SILENCE, timer_idle_grace_seconds=8).tick_seconds == 2.0
+    # By default, exactly-once where the broker hides aborted transactions, else at-least-once.
+    assert plan_of(COUNT, processing_guarantee="auto").guarantee is Guarantee.EXACTLY_ONCE
+    assert plan_of(COUNT, broker=TANSU, processing_guarantee="auto").guarantee is Guarantee.AT_LEAST_ONCE
 
 
 def test_exactly_once_on_a_broker_that_shows_aborted_records_is_refused_in_one_line():

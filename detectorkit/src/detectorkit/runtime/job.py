@@ -178,6 +178,8 @@ class StreamJob:
                 transactions.check_broker(clients.producer(self._base), s.consumer_group, timeout)
             except transactions.TransactionError as exc:
                 raise SettingsError(str(exc)) from None
+        elif s.processing_guarantee == "auto":
+            log.info("at-least-once: the embedded broker cannot hide aborted transactions; exactly-once runs on Apache Kafka")
         self._task = self._task_context(plan)
         # The first Python job of a session pays for starting the workers and their imports: done
         # now, it overlaps the group join instead of delaying the first batch.

@@ -71,7 +71,10 @@ class JobPlan:
     @classmethod
     def of(cls, stage: Stage, settings: Settings, broker: BrokerProfile, spark_master: str = "local") -> JobPlan:
         s = settings
-        guarantee = Guarantee(s.processing_guarantee)
+        if s.processing_guarantee == "auto":
+            guarantee = Guarantee.EXACTLY_ONCE if broker.hides_aborted else Guarantee.AT_LEAST_ONCE
+        else:
+            guarantee = Guarantee(s.processing_guarantee)
         if guarantee is Guarantee.EXACTLY_ONCE and not broker.hides_aborted:
             raise SettingsError(
                 "PROCESSING_GUARANTEE=exactly-once needs Apache Kafka: the embedded broker (Tansu) shows aborted transactions "
