@@ -179,11 +179,14 @@ class Joining:
     command: list[str]
     bootstrap: str
     ends: dict[int, int] | None = None  # records.normalized's end offsets when it was deployed
+    # The records normalised by then: not the offsets' sum, which counts an exactly-once
+    # normaliser's transaction markers too.
+    before: int = 0
     had_offsets: bool = False  # its group held offsets before it started (it must not)
     start: dict[int, int] | None = None  # where its group says it starts
     job: Job | None = None
 
-    def deploy(self, diamond: Diamond) -> None:
+    def deploy(self, diamond: Diamond, normalised: int) -> None:
         from detectorkit.kafka import broker_kind
         from detectorkit.kafka.end_offsets import open_end_offsets
 
@@ -194,6 +197,7 @@ class Joining:
             self.ends = probe.end_offsets(probe.topic_partitions(), confirmed=True)
         finally:
             probe.close()
+        self.before = normalised
         self.had_offsets = any(o is not None for o in self._committed().values())
         # Its default STARTING_OFFSETS (latest), not the others' earliest.
         env = diamond.env(self.name, output_topic=JOINING_OUTPUT)
@@ -221,8 +225,7 @@ class Joining:
 
     def lines(self, table: dict[str, dict[str, float]]) -> tuple[list[str], bool]:
         m = table.get(self.name, {})
-        normalised = table["normaliser"]["detector_records_read_total"] - table["normaliser"]["detector_dead_letters_total"]
-        after = int(normalised) - sum(self.ends.values())
+        after = _normalised(table) - self.before
         at_end = self.start == self.ends and not self.had_offsets
         read_after = m.get("detector_records_read_total", -1) == after
         return [
@@ -426,17 +429,21 @@ def _watch(diamond: Diamond, args, planted: list, fed: Feed, stopping: threading
                 return False
             if joining is not None and fed.held.is_set() and not fed.resume.is_set():
                 if joining.job is None and _drained(table, fed.sent, stages=("normaliser",)):
-                    joining.deploy(diamond)
+                    joining.deploy(diamond, _normalised(table))
                 elif joining.job is not None and joining.started():
                     fed.resume.set()
             extra = (joining.name,) if joining is not None and joining.job is not None else ()
-            settled = fed.done.is_set() and _drained(table, fed.sent, joined=extra, after=sum(joining.ends.values()) if extra else 0)
+            settled = fed.done.is_set() and _drained(table, fed.sent, joined=extra, after=joining.before if extra else 0)
             settled_since = (settled_since or time.monotonic()) if settled else None
             if settled_since and time.monotonic() - settled_since > 6:  # three reports in a row
                 diamond.final_metrics = table
                 return True
             stopping.wait(1.0)
     return False
+
+
+def _normalised(table: dict[str, dict[str, float]]) -> int:
+    return int(table["normaliser"]["detector_records_read_total"] - table["normaliser"]["detector_dead_letters_total"])
 
 
 def _drained(
@@ -456,7 +463,7 @@ def _drained(
         return False
     if any(table[s].get("detector_consumer_lag_records", 0) != 0 for s in services):
         return False
-    normalised = table["normaliser"]["detector_records_read_total"] - table["normaliser"]["detector_dead_letters_total"]
+    normalised = _normalised(table)
     detectors = [n for n, _ in DETECTORS if n in stages]
     if any(table[n]["detector_records_read_total"] != normalised for n in detectors):
         return False
