@@ -16,6 +16,7 @@ import sys
 import time
 
 from detectorkit.kafka import clients
+from detectorkit.kafka.access import KafkaAccess
 from detectorkit.state import cache
 from detectorkit.state.changelog import StateContext
 
@@ -24,7 +25,7 @@ def main(argv: list[str]) -> int:
     bootstrap, topic, target, *pairs = argv
     module, _, attribute = target.partition(":")
     state = getattr(importlib.import_module(module), attribute).state
-    ctx = StateContext(topic, clients.base(bootstrap))
+    ctx = StateContext(topic, KafkaAccess(clients.base(bootstrap), "detectorkit-restore"))
     partitions = {}
     started = time.time()
     wanted = {int(p): (int(start), 0) for p, _, start in (pair.partition("=") for pair in pairs)}

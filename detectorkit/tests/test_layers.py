@@ -199,3 +199,18 @@ def test_only_the_cli_sees_devtools():
         if _within(target, ("detectorkit.devtools",))
     ]
     assert not seen, "devtools outside the CLI and the test helpers:\n" + "\n".join(seen)
+
+
+# One concern per module; the driver's functions each a step one reads at once.
+MODULE_LINES, RUNTIME_FUNCTION_LINES = 500, 60
+
+
+def test_no_module_grows_past_its_concern_nor_a_runtime_function_past_a_screen():
+    long_modules = [f"{p.relative_to(SRC)}: {n} lines" for p in sorted(SRC.rglob("*.py")) if (n := len(p.read_text().splitlines())) > MODULE_LINES]
+    long_functions = [
+        f"runtime/{p.name}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for p in sorted((SRC / "runtime").glob("*.py"))
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > RUNTIME_FUNCTION_LINES
+    ]
+    assert not long_modules and not long_functions, "\n".join(long_modules + long_functions)

@@ -16,6 +16,7 @@ import pytest
 
 from detectorkit import records as rec
 from detectorkit.kafka import offset_store, range_reader
+from detectorkit.kafka.access import KafkaAccess
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.range_reader import arrow_schema
 from detectorkit.roles import notifier as nt
@@ -439,8 +440,8 @@ def task_batch(notifier, kafka, monkeypatch, items, start, partition=0):
         schema=arrow_schema(),
     )
     monkeypatch.setattr(range_reader, "read_planned", lambda source, ranges: iter([batch]))
-    state = StateContext(f"{GROUP}.notifications", {}, 5.0, 600.0, 60.0, "detections")
-    ctx = TaskContext("notifier", notifier, CONFIG, {}, "notifications", "notifier.dlq", state=state)
+    state = StateContext(f"{GROUP}.notifications", KafkaAccess({}, GROUP, 5.0), 600.0, 60.0, "detections")
+    ctx = TaskContext("notifier", notifier, CONFIG, KafkaAccess({}, GROUP, 5.0), "notifications", "notifier.dlq", state=state)
     source = SimpleNamespace(client_conf={}, group=GROUP, topic="detections")
     ranges = [PartitionRange("detections", partition, start, start + n)]
     with AtLeastOnceWriter(ctx) as writer:

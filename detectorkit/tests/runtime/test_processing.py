@@ -9,6 +9,7 @@ import pytest
 
 from detectorkit import records as rec
 from detectorkit.detector import Detector
+from detectorkit.kafka.access import KafkaAccess
 from detectorkit.kafka.range_reader import arrow_schema
 from detectorkit.runtime.batches import by_partition
 from detectorkit.runtime.processing import process_batch
@@ -27,7 +28,7 @@ class FakeSink:
 
 
 def ctx(detector=THRESHOLD, config=Config()):
-    return TaskContext("svc", as_stage(detector), config, {}, "out", "svc.dlq")
+    return TaskContext("svc", as_stage(detector), config, KafkaAccess({}, "svc"), "out", "svc.dlq")
 
 
 def arrow(values, partition=3, first_offset=100):

@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from detectorkit.kafka.access import KafkaAccess
 from detectorkit.runtime.job import StreamJob
 from detectorkit.samples import samples
 from detectorkit.testing import create_test_topics, produce, read_all
@@ -149,7 +150,7 @@ def test_only_a_slices_first_attempt_takes_its_partitions_as_committed_where_the
     from detectorkit.kafka.source_options import SourceOptions
     from detectorkit.runtime import slices
 
-    source = SourceOptions(topic="in", client_conf={"bootstrap.servers": "127.0.0.1:9"}, group="g")
+    source = SourceOptions(topic="in", access=KafkaAccess({"bootstrap.servers": "127.0.0.1:9"}, "g"))
     spec = slices.plan(source, {0: 10, 1: 5}, 1, 5.0, 0.1, None, ("127.0.0.1", 9), "t", frozenset({1, 7}))
     assert spec.known == {1}  # a partition no longer this instance's is not carried
     assert slices.known_committed(spec, attempt=0) == {1}
@@ -160,7 +161,7 @@ def _spec(seconds, interval):
     from detectorkit.kafka.source_options import SourceOptions
     from detectorkit.runtime import slices
 
-    source = SourceOptions(topic="in", client_conf={"bootstrap.servers": "127.0.0.1:9"}, group="g")
+    source = SourceOptions(topic="in", access=KafkaAccess({"bootstrap.servers": "127.0.0.1:9"}, "g"))
     return slices.plan(source, {0: 0}, 1, seconds, interval, None, ("127.0.0.1", 9), "t")
 
 

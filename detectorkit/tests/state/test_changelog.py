@@ -8,6 +8,7 @@ import types
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
 
+from detectorkit.kafka.access import KafkaAccess
 from detectorkit.settings import SettingsError
 from detectorkit.state import changelog
 
@@ -165,7 +166,7 @@ def test_a_read_gives_each_partition_to_its_end_and_leaves_what_was_written_sinc
             [Message(0, 9, "later")],  # the partition ended: left for the store's next read
         ]
     )
-    parts = list(changelog.read(changelog.StateContext("t", {}, timeout=1.0), {0: 5, 1: None}))
+    parts = list(changelog.read(changelog.StateContext("t", KafkaAccess({}, "g", 1.0)), {0: 5, 1: None}))
     assert [(p.partition, [r[0] for r in p.records], p.end) for p in parts] == [(0, ["a", "c"], None), (1, ["b"], None), (0, ["d"], 8), (1, [], 1)]
     assert parts[0].records[0] == ("a", b"{}", 10, 5)
 
@@ -173,7 +174,7 @@ def test_a_read_gives_each_partition_to_its_end_and_leaves_what_was_written_sinc
 def test_an_offset_out_of_range_is_reported_and_read_again_from_the_first_record_when_asked(consumer):
     out_of_range = Message(0, 50, error=KafkaError(KafkaError._AUTO_OFFSET_RESET))
     consumer["consumer"] = fake = Consumer([[out_of_range, Message(1, 3, "b"), eof(1, 4)], [Message(0, 0, "a"), eof(0, 1)]])
-    reader = changelog.read(changelog.StateContext("t", {}, timeout=1.0), {0: 50, 1: 3})
+    reader = changelog.read(changelog.StateContext("t", KafkaAccess({}, "g", 1.0)), {0: 50, 1: 3})
     parts = []
     for part in reader:
         parts.append(part)
@@ -190,4 +191,4 @@ def test_an_offset_out_of_range_is_reported_and_read_again_from_the_first_record
 def test_a_broker_error_fails_the_read(consumer):
     consumer["consumer"] = Consumer([[Message(0, 0, error=KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))]])
     with pytest.raises(KafkaException):
-        list(changelog.read(changelog.StateContext("t", {}, timeout=1.0), {0: None}))
+        list(changelog.read(changelog.StateContext("t", KafkaAccess({}, "g", 1.0)), {0: None}))

@@ -14,6 +14,7 @@ import structlog.testing
 from confluent_kafka import TopicPartition
 
 from detectorkit.kafka import clients, offset_store
+from detectorkit.kafka.access import KafkaAccess
 from detectorkit.runtime.job import StreamJob
 from detectorkit.samples import Sample
 from detectorkit.state import changelog
@@ -288,7 +289,7 @@ def test_a_tasks_partitions_are_read_back_together_each_to_its_own_end(kafka_boo
         for i, key in enumerate(keys):
             producer.produce(topic, key=key.encode(), value=b"{}", headers=[("input_offset", str(10 + i).encode())], partition=p)
     producer.flush(30)
-    ctx = StateContext(topic, base, timeout=30.0)
+    ctx = StateContext(topic, KafkaAccess(base, "detectorkit-restore"))
     read, ends = collections.defaultdict(list), {}
     for part in changelog.read(ctx, {0: None, 1: None, 2: 1}):
         if part.records:
@@ -320,7 +321,7 @@ def test_a_changelog_offset_out_of_range_is_reported_and_the_partition_read_agai
     for i in range(3):
         txn.produce(topic, key=f"b{i}".encode(), value=b"{}", headers=[("input_offset", b"10")], partition=1)
     txn.commit_transaction(30)
-    ctx = StateContext(topic, base, timeout=30.0, isolation="read_committed")
+    ctx = StateContext(topic, KafkaAccess(base, "detectorkit-restore"), isolation="read_committed")
     wait_for(lambda: changelog.ends(ctx, [0, 1]) == {0: 5, 1: 4}, what="the commit marker")  # written after the commit returns
 
     def read(starts):

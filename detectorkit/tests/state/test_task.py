@@ -12,6 +12,7 @@ import pytest
 import structlog.testing
 
 from detectorkit.kafka import offset_store, range_reader
+from detectorkit.kafka.access import KafkaAccess
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.runtime import processing
 from detectorkit.runtime.stage import as_stage
@@ -25,6 +26,8 @@ from detectorkit.state.store import EVENT_TIME_KEY
 from ..detectors import COUNT, SILENCE, CountConfig, SilenceConfig
 from ..runtime.test_processing import arrow
 from ..tasks import run_task
+
+ACCESS = KafkaAccess({}, "svc", 5.0)
 
 
 class Sink:
@@ -105,7 +108,7 @@ def _process(ctx, batches, ends, stores):
 
 
 def task(detector, config, topic="svc.state", grace=60.0):
-    return TaskContext("svc", as_stage(detector), config, {}, "out", "svc.dlq", state=StateContext(topic, {}, 5.0, 600.0, grace, "in"))
+    return TaskContext("svc", as_stage(detector), config, ACCESS, "out", "svc.dlq", state=StateContext(topic, ACCESS, 600.0, grace, "in"))
 
 
 def run(ctx, batch, start, end, partition=3, tick=0, tick_ms=None):
@@ -239,10 +242,10 @@ def interval_task(seconds=60.0):
         "svc",
         as_stage(COUNT),
         CountConfig(every=3),
-        {},
+        ACCESS,
         "out",
         "svc.dlq",
-        state=StateContext("svc.state", {}, 5.0, 600.0, 60.0, "in", flush_interval_seconds=seconds),
+        state=StateContext("svc.state", ACCESS, 600.0, 60.0, "in", flush_interval_seconds=seconds),
     )
 
 

@@ -6,28 +6,42 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from detectorkit.kafka import broker_kind as kinds
+from detectorkit.kafka.access import KafkaAccess
 
 
 @dataclass(frozen=True)
 class SourceOptions:
     topic: str
-    client_conf: dict[str, Any]
-    group: str
+    access: KafkaAccess
     max_records_per_batch: int | None = None
     fail_on_data_loss: bool = True
-    timeout: float = 30.0
     # The partitions this instance owns.
     partitions: list[int] | None = None
     # Where to start each partition, resolved by the group's member (the job).
     start_offsets: dict[int, int] | None = None
-    # broker_kind.KAFKA or TANSU (AUTO: detected on first use); the job detects it once at start.
-    broker_kind: str = kinds.AUTO
-    # A worker's cached reading consumer is closed after this long unused (see worker_clients).
-    client_idle_seconds: float = 60.0
     # Where a slice's tasks claim their partitions when they all run on this machine (kafka.claims):
     # set for a stateful stage in local mode, so a worker keeps the partitions whose stores it holds.
     claims_dir: str | None = None
     # With exactly-once: the driver's consumer group metadata (hex) at the query's start, with which
     # the tasks commit their offsets inside their transactions (kafka.transactions).
     group_metadata: str | None = None
+
+    @property
+    def client_conf(self) -> dict[str, Any]:
+        return self.access.client_conf
+
+    @property
+    def group(self) -> str:
+        return self.access.group
+
+    @property
+    def timeout(self) -> float:
+        return self.access.timeout
+
+    @property
+    def client_idle_seconds(self) -> float:
+        return self.access.client_idle_seconds
+
+    @property
+    def broker_kind(self) -> str:
+        return self.access.broker_kind

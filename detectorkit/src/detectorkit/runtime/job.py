@@ -34,6 +34,7 @@ import structlog
 
 from detectorkit.detector import Detector
 from detectorkit.kafka import broker_kind, clients, transactions
+from detectorkit.kafka.access import KafkaAccess
 from detectorkit.kafka.end_offsets import open_end_offsets
 from detectorkit.kafka.membership import GroupMember
 from detectorkit.kafka.source_options import SourceOptions
@@ -107,6 +108,7 @@ class StreamJob:
         self._serving: threading.Thread | None = None
         self._slices: SliceDriver | None = None
         self._source: SourceOptions | None = None  # what the query's tasks read (set when it starts)
+        self._access: KafkaAccess | None = None
         self._local = True
         self.client_idle_seconds, self.state_idle_seconds = client_idle_seconds, state_idle_seconds
 
@@ -134,17 +136,20 @@ class StreamJob:
             self.plan = JobPlan.of(self.stage, self.settings, broker_kind.profile(self.broker_kind), master)
         return self.plan
 
+    def access(self) -> KafkaAccess:
+        """How the job's workers reach Kafka: one object, which every part the tasks take holds."""
+        if self._access is None:
+            plan = self.make_plan()
+            self._access = KafkaAccess(self._base, plan.group, plan.timeout, self.client_idle_seconds, self.broker_kind)
+        return self._access
+
     def source_options(self) -> SourceOptions:
         s, plan = self.settings, self.make_plan()
         return SourceOptions(
-            topic=s.input_topic,
-            client_conf=self._base,
-            group=s.consumer_group,
+            topic=plan.input_topic,
+            access=self.access(),
             max_records_per_batch=s.max_records_per_batch,
-            fail_on_data_loss=s.fail_on_data_loss,
-            timeout=s.connect_timeout_seconds,
-            broker_kind=self.broker_kind,
-            client_idle_seconds=self.client_idle_seconds,
+            fail_on_data_loss=plan.fail_on_data_loss,
             claims_dir=plan.claims_dir,
         )
 
@@ -154,15 +159,13 @@ class StreamJob:
             return None
         s, plan = self.settings, self.make_plan()
         return StateContext(
-            topic=state.changelog_topic(s.consumer_group),
-            client_conf=self._base,
-            timeout=s.connect_timeout_seconds,
+            topic=state.changelog_topic(plan.group),
+            access=self.access(),
             idle_seconds=self.state_idle_seconds,
             idle_grace_seconds=s.timer_idle_grace_seconds,
-            input_topic=s.input_topic,
+            input_topic=plan.input_topic,
             isolation=plan.state_isolation,
             flush_interval_seconds=plan.flush_interval_seconds,
-            group=s.consumer_group,
         )
 
     def start(self):
@@ -213,16 +216,15 @@ class StreamJob:
             service=self.stage.name,
             stage=self.stage,
             config=self.config,
-            producer_conf=clients.producer(self._base),
+            access=self.access(),
             output_topic=s.output_topic,
             dlq_topic=s.dlq_topic,
-            client_idle_seconds=self.client_idle_seconds,
             log_level=s.log_level,
-            log_context=(("service", self.stage.name), ("instance", s.instance_id)),
+            log_context=(("service", plan.service), ("instance", plan.instance_id)),
             state=self.state_context(),
             exactly_once=plan.exactly_once,
-            transaction_timeout_ms=int(s.transaction_timeout_seconds * 1000),
-            flush_timeout=max(60.0, s.transaction_timeout_seconds),
+            transaction_timeout_ms=int(plan.transaction_timeout_seconds * 1000),
+            flush_timeout=max(60.0, plan.transaction_timeout_seconds),
         )
 
     def _prepare_topics(self) -> None:

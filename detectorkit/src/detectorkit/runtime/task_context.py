@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from detectorkit.kafka.access import KafkaAccess
 from detectorkit.runtime.stage import Stage
 from detectorkit.state.changelog import StateContext
 
@@ -21,12 +22,10 @@ class TaskContext:
     service: str
     stage: Stage
     config: Any
-    producer_conf: dict[str, Any]
+    access: KafkaAccess
     output_topic: str
     dlq_topic: str
     flush_timeout: float = 60.0
-    # A worker's cached producer is closed after this long unused (see worker_clients).
-    client_idle_seconds: float = 60.0
     # The job's log level and context (service, instance), for the JSON logs of its Python workers.
     log_level: str = "INFO"
     log_context: tuple[tuple[str, str], ...] = ()
@@ -35,6 +34,14 @@ class TaskContext:
     # PROCESSING_GUARANTEE=exactly-once: each partition's writes and next offset in one transaction.
     exactly_once: bool = False
     transaction_timeout_ms: int = 30_000
+
+    @property
+    def producer_conf(self) -> dict[str, Any]:
+        return self.access.producer_conf
+
+    @property
+    def client_idle_seconds(self) -> float:
+        return self.access.client_idle_seconds
 
 
 @dataclass

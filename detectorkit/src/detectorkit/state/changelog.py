@@ -28,6 +28,7 @@ import structlog
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, TopicPartition
 
 from detectorkit.kafka import broker_kind, clients
+from detectorkit.kafka.access import KafkaAccess
 from detectorkit.kafka.worker_clients import WorkerClients
 from detectorkit.settings import SettingsError
 from detectorkit.state.codec import tag_of
@@ -44,8 +45,7 @@ class StateContext:
     """What a task needs to find its partitions' state: pickled to the workers with the task."""
 
     topic: str
-    client_conf: dict[str, Any]
-    timeout: float = 30.0
+    access: KafkaAccess
     # A store no task has used for this long is dropped from the worker (its partition moved away).
     idle_seconds: float = 600.0
     # A partition with nothing to read is taken to have reached this long before the wall clock (timers).
@@ -57,9 +57,18 @@ class StateContext:
     # then carries how far the changelog reflects the input (`durable`), a restore reads it up to
     # there and the records after it are replayed (runtime.processing).
     flush_interval_seconds: float = 0.0
-    # The group a restore's consumer names: the service's own, whose Read right a user with only the
-    # service's rights (detectorkit.manifests) has; it never subscribes or commits, only assigns.
-    group: str = "detectorkit-restore"
+
+    @property
+    def client_conf(self) -> dict[str, Any]:
+        return self.access.client_conf
+
+    @property
+    def timeout(self) -> float:
+        return self.access.timeout
+
+    @property
+    def group(self) -> str:
+        return self.access.group
 
 
 def create(base_conf: Mapping[str, Any], topic: str, input_topic: str, kind: str, timeout: float) -> None:
