@@ -100,11 +100,12 @@ class Settings(BaseModel):
     fail_on_data_loss: bool = Field(True, description="Stop when planned records are gone (retention, deleted topic); false skips ahead.")
     spark_master: str = Field("local[2]", description="Spark master URL.")
     slice_seconds: float = Field(
-        300.0,
+        30.0,
         gt=0,
         description="Each Spark task runs this long, reading, detecting, writing and committing as records arrive (a slice): "
         "Spark's scheduling is paid once a slice, and a record waits for a poll rather than a batch. Between two slices reading "
-        "stops for the next Spark batch's start (a few hundred ms), so slices are long; a rebalance or a stop ends one early.",
+        "stops for the next Spark batch's start (a few hundred ms); on a cluster, a lost executor's partitions wait for the "
+        "slice's end. A rebalance or a stop ends a slice early.",
     )
     slice_commit_interval_seconds: float = Field(
         0.1,
