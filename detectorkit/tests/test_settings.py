@@ -21,7 +21,7 @@ def test_documented_defaults():
     assert got.kafka_bootstrap_servers is None
     assert (got.input_topic, got.output_topic, got.starting_offsets) == ("records.normalized", "detections", "latest")
     assert got.max_records_per_batch == 250_000 and got.fail_on_data_loss is True
-    assert got.slice_seconds == 30
+    assert got.slice_seconds is None  # the plan's, by master (runtime.job_plan.slice_seconds)
     assert all(f.description for f in s.Settings.model_fields.values())
 
 

@@ -99,13 +99,14 @@ class Settings(BaseModel):
     max_records_per_batch: int = Field(250_000, gt=0, description="At most this many records in one poll of a task (and one detector call).")
     fail_on_data_loss: bool = Field(True, description="Stop when planned records are gone (retention, deleted topic); false skips ahead.")
     spark_master: str = Field("local[2]", description="Spark master URL.")
-    slice_seconds: float = Field(
-        30.0,
+    slice_seconds: float | None = Field(
+        None,
         gt=0,
         description="Each Spark task runs this long, reading, detecting, writing and committing as records arrive (a slice): "
         "Spark's scheduling is paid once a slice, and a record waits for a poll rather than a batch. Between two slices reading "
-        "stops for the next Spark batch's start (a few hundred ms); on a cluster, a lost executor's partitions wait for the "
-        "slice's end. A rebalance or a stop ends a slice early.",
+        "stops for the next Spark batch's start (a few hundred ms). A rebalance or a stop ends a slice early. Unset: 300 in "
+        "local mode, where a failed task fails its slice at once; 30 on a cluster, where a task lost with its executor waits "
+        "for a core, which the slice's other tasks free at its end.",
     )
     slice_commit_interval_seconds: float = Field(
         0.1,

@@ -53,6 +53,10 @@ def test_the_plan_decides_once_what_the_guarantee_and_the_broker_imply():
     # By default, exactly-once where the broker hides aborted transactions, else at-least-once.
     assert plan_of(COUNT, processing_guarantee="auto").guarantee is Guarantee.EXACTLY_ONCE
     assert plan_of(COUNT, broker=TANSU, processing_guarantee="auto").guarantee is Guarantee.AT_LEAST_ONCE
+    # Long slices where a failed task fails its slice at once; on a cluster a lost executor's task
+    # waits for the slice's end.
+    assert plan_of(THRESHOLD).slice_seconds == 300 and plan_of(THRESHOLD, master="spark://cluster:7077").slice_seconds == 30
+    assert plan_of(THRESHOLD, slice_seconds=7, master="spark://cluster:7077").slice_seconds == 7
 
 
 def test_exactly_once_on_a_broker_that_shows_aborted_records_is_refused_in_one_line():

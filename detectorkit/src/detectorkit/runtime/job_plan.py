@@ -16,6 +16,15 @@ from detectorkit.runtime.stage import Stage
 from detectorkit.settings import Settings, SettingsError
 
 
+def slice_seconds(spark_master: str) -> float:
+    """A slice's length when SLICE_SECONDS is unset. Reading pauses between two slices while Spark
+    starts the next, so the longer the better, but for one thing a slice's end does: on a cluster, a
+    task lost with its executor is retried once a core frees, and the slice's other tasks hold
+    theirs until its end. In local mode a failed task fails its slice at once (Spark retries no
+    task there), and the query starts again."""
+    return 300.0 if spark_master.startswith("local") else 30.0
+
+
 class Guarantee(enum.Enum):
     AT_LEAST_ONCE = "at-least-once"
     # Each partition's writes and next offset in one transaction per task.
@@ -99,7 +108,7 @@ class JobPlan:
             timeout=s.connect_timeout_seconds,
             starting_offsets=s.starting_offsets,
             fail_on_data_loss=s.fail_on_data_loss,
-            slice_seconds=s.slice_seconds,
+            slice_seconds=s.slice_seconds or slice_seconds(spark_master),
             slice_commit_interval_seconds=s.slice_commit_interval_seconds,
             slice_pause_seconds=s.group_session_timeout_seconds / 2,
             # A repartitioned detector's reader and its feeder's, in one session.
