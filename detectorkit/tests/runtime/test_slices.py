@@ -85,9 +85,26 @@ def test_a_slice_writes_detections_and_commits_while_it_runs_and_a_stop_ends_it_
     job = StreamJob.of(THRESHOLD, settings(bs, topics, starting_offsets="earliest", slice_seconds=600), spark)
     job.start()
     wait_for(lambda: len(detections(bs, topics.output)) == len(expected(sent + more)), timeout=60, what="the second run's detections")
+    wait_for(lambda: committed(bs, topics, range(2)) == ends(sent + more, 2), timeout=30, what="the second run's offsets")
+    # A worker lost in local mode fails its slice at once (Spark retries no task there) and the
+    # query starts again: what comes next is read long before the ten minutes are up, which is
+    # what lets local slices be long by default (runtime.job_plan.slice_seconds).
+    for worker in _slice_workers():
+        worker.kill()
+    last = produce(bs, topics.input, samples(200, seed=44, bad_every=0, high_share=0.5))
+    wait_for(lambda: len(detections(bs, topics.output)) == len(expected(sent + more + last)), timeout=90, what="the detections after a worker died")
     job.stop()
     found = detections(bs, topics.output)
-    assert set(found) == expected(sent + more) and set(found.values()) == {1}
+    assert set(found) == expected(sent + more + last) and set(found.values()) == {1}
+
+
+def _slice_workers() -> list[psutil.Process]:
+    """This process's Python workers running a slice's task: the worker daemon's children."""
+    spawned = psutil.Process().children(recursive=True)
+    daemons = [p for p in spawned if any("worker_daemon" in c for c in command_lines([p]))]
+    workers = [w for d in daemons for w in d.children()]
+    assert workers, command_lines(spawned)
+    return workers
 
 
 def test_a_stateful_sliced_job_counts_as_one_pass_and_a_slice_whose_deadline_passes_mid_write_repeats_nothing(spark, kafka_bootstrap_servers):
