@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -154,7 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("tail", "print a topic's records as JSON lines"),
     ):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--bootstrap-servers", required=True)
+        # As `produce`, `backtest` and `diff` take it: a shell that exported it once needs no flag.
+        servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        p.add_argument("--bootstrap-servers", default=servers, required=not servers, help="default: KAFKA_BOOTSTRAP_SERVERS")
         p.add_argument("--topic", required=name != "produce-raw", default="records.raw")
     for name in ("produce-sample", "produce-raw"):
         p = sub.choices[name]
