@@ -1,4 +1,5 @@
-"""Keep the chosen detector kind's files under their usual names, and drop the other kinds'.
+"""Keep the chosen detector kind's files under their usual names, and drop the other kinds'; keep
+the weekly template update only in a service that cruft generated (it updates nothing else).
 
 The template holds each kind's detector and tests as plain files in `_kinds/<kind>/`, rather than
 one file per name with a Jinja branch per kind, so each reads as the Python it bakes to (the way
@@ -33,5 +34,17 @@ def keep_kind(project: pathlib.Path, kind: str, package: str) -> None:
     shutil.rmtree(project / KINDS)
 
 
+TEMPLATE_UPDATE = ".github/workflows/template-update.yml"
+
+
+def keep_template_update(project: pathlib.Path, made_by_cruft: bool) -> None:
+    """The workflow runs `cruft update`, which needs the `.cruft.json` only `cruft create` writes:
+    in a plain cookiecutter bake it would run weekly and do nothing."""
+    if not made_by_cruft:
+        (project / TEMPLATE_UPDATE).unlink(missing_ok=True)
+
+
 if __name__ == "__main__":
     keep_kind(pathlib.Path.cwd(), "{{ cookiecutter.detector_kind }}", "{{ cookiecutter.package_name }}")
+    # cruft adds the template's commit to the context it generates with; cookiecutter does not.
+    keep_template_update(pathlib.Path.cwd(), "{{ cookiecutter._commit | default('') }}" != "")

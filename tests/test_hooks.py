@@ -155,6 +155,15 @@ def test_keep_kind_puts_the_chosen_files_in_place_and_drops_the_other_kinds(tmp_
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == sorted(post_gen.places("pkg").values())
 
 
+def test_the_template_update_workflow_stays_only_in_a_service_cruft_made(tmp_path):
+    for made_by_cruft in (True, False):
+        workflow = tmp_path / str(made_by_cruft) / post_gen.TEMPLATE_UPDATE
+        workflow.parent.mkdir(parents=True)
+        workflow.write_text("on: schedule")
+        post_gen.keep_template_update(tmp_path / str(made_by_cruft), made_by_cruft)
+        assert workflow.exists() is made_by_cruft
+
+
 @pytest.mark.parametrize("kind", ["threshold", "burst", "silence", "totals"])
 def test_a_bake_holds_its_kinds_files_under_the_usual_names_and_no_other_kinds(cookies, kind):
     result = cookies.bake(extra_context={"service_name": f"svc-{kind}", "detector_kind": kind})
