@@ -1,5 +1,6 @@
 """Writes the generated pages into the site as it builds (mkdocs-gen-files): the settings, the command
-line and the metrics from the code (detectorkit.cli.reference), the changelog and the benchmarks' charts."""
+line and the metrics from the code (detectorkit.cli.reference), the changelog, and the benchmarks'
+results pages and charts as `make bench*` wrote them (bench/results/)."""
 
 import pathlib
 
@@ -19,3 +20,21 @@ with mkdocs_gen_files.open("changelog.md", "w") as page:
 for chart in sorted(pathlib.Path("bench/results").rglob("*.png")):
     with mkdocs_gen_files.open(f"bench-results/{chart.relative_to('bench/results')}", "wb") as image:
         image.write(chart.read_bytes())
+
+# Each benchmark's own results page, as its command wrote it (the benchmarks page links them), its
+# charts beside it.
+RESULTS = {
+    "latest.md": "bench/results/latest.md",
+    "stateful.md": "bench/results/stateful.md",
+    "exactly-once-5m.md": "bench/results/exactly-once-5m/latest.md",
+    "stores.md": "bench/results/stores.md",
+    "backtest-rules.md": "bench/results/backtest-rules.md",
+}
+for name, source in RESULTS.items():
+    text = pathlib.Path(source).read_text()
+    folder = pathlib.Path(source).parent.relative_to("bench/results")
+    if str(folder) != ".":
+        text = text.replace("](throughput.png)", f"]({folder}/throughput.png)").replace("](latency.png)", f"]({folder}/latency.png)")
+    with mkdocs_gen_files.open(f"bench-results/{name}", "w") as page:
+        page.write(text)
+    mkdocs_gen_files.set_edit_path(f"bench-results/{name}", f"../{source}")
