@@ -79,6 +79,11 @@ class TreeSampler(threading.Thread):
         self.peak_rss = 0
         self.peak_pss = 0
         self.pss = 0  # at the last sample
+        # The last sample's PSS by kind of process, and how many of each (a forked Python worker
+        # counted apart from the daemon it was forked from, whose command line it keeps).
+        self.pss_by_kind: dict[str, tuple[int, int]] = {}
+        # Each kind's PSS at the sample where the whole tree's was highest (where the peak was).
+        self.at_peak_by_kind: dict[str, tuple[int, int]] = {}
         self.cpu = 0.0
         self._cpu_by_pid: dict[int, float] = {}
         self._name_by_pid: dict[int, str] = {}
@@ -91,11 +96,17 @@ class TreeSampler(threading.Thread):
         except psutil.Error:
             return
         rss = pss = 0
+        by_kind: dict[str, tuple[int, int]] = {}
         for proc in procs:
             try:
                 info = proc.memory_full_info() if hasattr(psutil.Process, "memory_full_info") else proc.memory_info()
                 rss += info.rss
                 pss += getattr(info, "pss", info.rss)
+                kind = _kind_of(proc)
+                if self._name_by_pid.get(proc.ppid()) == kind:
+                    kind += " (forked)"
+                had, n = by_kind.get(kind, (0, 0))
+                by_kind[kind] = (had + getattr(info, "pss", info.rss), n + 1)
                 t = proc.cpu_times()
                 # Remember each process's own CPU: an exited worker's seconds still count.
                 self._cpu_by_pid[proc.pid] = max(self._cpu_by_pid.get(proc.pid, 0.0), t.user + t.system)
@@ -105,6 +116,9 @@ class TreeSampler(threading.Thread):
             except psutil.Error:
                 continue
         self.pss = pss
+        self.pss_by_kind = by_kind
+        if pss > self.peak_pss:
+            self.at_peak_by_kind = by_kind
         self.peak_rss = max(self.peak_rss, rss)
         self.peak_pss = max(self.peak_pss, pss)
         self.cpu = sum(self._cpu_by_pid.values())
@@ -137,6 +151,17 @@ def _kind_of(proc: psutil.Process) -> str:
     if not cmd:
         return "?"
     program = pathlib.Path(cmd[0]).name
+    if program == "java":
+        # Its main class (or jar): the first argument that is not an option or an option's value.
+        args = iter(cmd[1:])
+        for a in args:
+            if a in ("-cp", "-classpath", "--class-path"):
+                next(args, None)
+            elif a == "-jar":
+                return f"java -jar {pathlib.Path(next(args, '?')).name}"[:80]
+            elif not a.startswith("-"):
+                return f"java {a}"[:80]
+        return "java"
     module = next((cmd[i + 1] for i, a in enumerate(cmd[:-1]) if a == "-m"), None)
     main = next((a for a in cmd[1:] if not a.startswith("-") and ("." in a or "/" in a)), "")
     return f"{program} {module or main}"[:80]
@@ -265,6 +290,7 @@ def throughput_run(c: Contender, base: dict, out_topic: str, records: int, expec
         "records_per_s": records / span_s if span_s > 0 else float("nan"),
         "first_detection_s": (tail.first_ms / 1000 - launched) if tail.first_ms else float("nan"),
         "peak_memory_bytes": sampler.peak_pss,
+        "peak_pss_by_process": {k: {"pss_bytes": b, "processes": n} for k, (b, n) in sorted(sampler.at_peak_by_kind.items())},
         "peak_rss_sum_bytes": sampler.peak_rss,
         "cpu_seconds_per_million": sampler.cpu / records * 1_000_000,
         "steady_cpu_seconds_per_million": steady,

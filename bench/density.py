@@ -62,11 +62,13 @@ def density_run(
             s.sample()
             cpu_before.append(s.cpu)
         pss = [[] for _ in procs]
+        first: list[dict[str, tuple[int, int]]] = []  # the first instance, per kind of process
         began = time.monotonic()
         while time.monotonic() - began < sample_s:
             for k, s in enumerate(samplers):
                 s.sample()
                 pss[k].append(s.pss)
+            first.append(samplers[0].pss_by_kind)
             time.sleep(1.0)
         elapsed = time.monotonic() - began
         for s in samplers:
@@ -85,5 +87,12 @@ def density_run(
         "idle_pss_bytes": per_instance,
         "idle_cpu_cores": cpu_share,
         "fit_in_memory": int(memory // per_instance) if per_instance else 0,
+        # Where an idle instance's memory is: each kind of process, its mean PSS over the samples.
+        "idle_pss_by_process": {
+            kind: {"pss_bytes": sum(f.get(kind, (0, 0))[0] for f in first) / len(first), "processes": max(f.get(kind, (0, 0))[1] for f in first)}
+            for kind in sorted({k for f in first for k in f})
+        }
+        if first
+        else {},
         "memory_bytes": memory,
     }
