@@ -43,3 +43,16 @@ def test_each_python_block_runs(code):
     namespace = {}
     exec(compile(PREAMBLE, "preamble", "exec"), namespace)
     exec(compile(code, "block", "exec"), namespace)
+
+
+def test_the_changelog_keeps_a_changelogs_shape():
+    """Keep a Changelog: a section per version (Unreleased first), its changes under the six kinds,
+    and since the last release a line per change (the why is in git)."""
+    text = (ROOT / "CHANGELOG.md").read_text()
+    versions = re.findall(r"^## (.*)$", text, re.M)
+    assert versions[0] == "[Unreleased]" and all(re.fullmatch(r"\[\d+\.\d+\.\d+\] - \d{4}-\d{2}-\d{2}", v) for v in versions[1:]), versions
+    kinds = set(re.findall(r"^### (.*)$", text, re.M))
+    assert kinds <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, kinds
+    unreleased = text.split("\n## ", 2)[1]
+    entries = [line for line in unreleased.splitlines() if line and not line.startswith(("[Unreleased]", "### "))]
+    assert entries and all(line.startswith("- ") for line in entries), [line for line in entries if not line.startswith("- ")]
