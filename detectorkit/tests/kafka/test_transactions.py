@@ -1,5 +1,6 @@
-"""A partition's transaction on Apache Kafka: a range already committed is skipped, a position
-moved by someone else is refused, and a producer started elsewhere on the same id fences this one."""
+"""A task's transaction on Apache Kafka: it commits its partitions' positions with what it wrote, a
+position moved by someone else is refused, and a producer started elsewhere on the same id fences
+this one."""
 
 import uuid
 
@@ -28,29 +29,27 @@ def metadata(bs, group):
         consumer.close()
 
 
-def run_range(bs, t, starts, value=b"x"):
+def run_slice(bs, t, starts, ends, value=b"x"):
+    """A task reading `starts` (partition -> offset) that commits `ends` with one output per partition."""
     base = clients.base(bs)
-    with transactions.for_task(base, clients.producer(base), t.group, t.input, starts, metadata(bs, t.group), 10_000, 30.0) as (txns, done):
-        for p in starts:
-            if p not in done:
-                txns.sink.send(t.output, None, value)
-        if txns.partitions:
-            txns.commit({p: end for p, (_, end) in starts.items()})
-    return done
+    with transactions.for_task(base, clients.producer(base), t.group, t.input, starts, metadata(bs, t.group), 10_000, 30.0) as txns:
+        for _ in starts:
+            txns.sink.send(t.output, None, value)
+        txns.commit(ends)
 
 
-def test_a_committed_range_is_skipped_and_a_position_moved_elsewhere_is_refused(transactional_kafka):
+def test_a_task_commits_its_positions_with_its_output_and_a_position_moved_elsewhere_is_refused(transactional_kafka):
     bs, t = transactional_kafka, topics(transactional_kafka)
-    assert run_range(bs, t, {0: (0, 10), 1: (0, 5)}) == set()
+    run_slice(bs, t, {0: 0, 1: 0}, {0: 10, 1: 5})
     assert committed(bs, t, [0, 1]) == {0: 10, 1: 5}
-    # The same ranges again (a task attempt Spark runs after one that committed): nothing written twice.
-    assert run_range(bs, t, {0: (0, 10), 1: (0, 5)}) == {0, 1}
     assert len(read_all(bs, t.output, committed_only=True)) == 2
-    # A range that does not start where the group is: another member moved it.
-    with pytest.raises(transactions.TransactionError, match="not where this batch starts"):
-        run_range(bs, t, {0: (4, 12)})
+    # A task that does not start where the group is (another member, or an earlier attempt of the
+    # same task that committed before it failed, moved it): refused, nothing written.
+    with pytest.raises(transactions.TransactionError, match="not where this slice starts"):
+        run_slice(bs, t, {0: 4, 1: 5}, {0: 12, 1: 6})
     assert committed(bs, t, [0, 1]) == {0: 10, 1: 5}
-    assert run_range(bs, t, {0: (10, 12)}) == set()
+    assert len(read_all(bs, t.output, committed_only=True)) == 2
+    run_slice(bs, t, {0: 10}, {0: 12})
     assert committed(bs, t, [0]) == {0: 12}
 
 
@@ -92,24 +91,20 @@ def test_a_partition_known_to_be_committed_at_its_start_is_not_read_back(transac
     transaction commits them, a stable read would wait for the markers. Known, they are not read;
     one partition unknown, all are (and a position moved elsewhere is refused again)."""
     bs, t = transactional_kafka, topics(transactional_kafka)
-    assert run_range(bs, t, {0: (0, 10), 1: (0, 5)}) == set()
+    run_slice(bs, t, {0: 0, 1: 0}, {0: 10, 1: 5})
     reads = []
     real = transactions._committed
     monkeypatch.setattr(transactions, "_committed", lambda *a, **k: reads.append(a[3]) or real(*a, **k))
     base = clients.base(bs)
 
-    def begin(starts, known):
-        with transactions.for_task(base, clients.producer(base), t.group, t.input, starts, metadata(bs, t.group), 10_000, 30.0, known=known) as (
-            txns,
-            done,
-        ):
-            txns.commit({p: end for p, (_, end) in starts.items()})
-        return done
+    def begin(starts, ends, known):
+        with transactions.for_task(base, clients.producer(base), t.group, t.input, starts, metadata(bs, t.group), 10_000, 30.0, known=known) as txns:
+            txns.commit(ends)
 
-    assert begin({0: (10, 12), 1: (5, 6)}, frozenset({0, 1})) == set() and reads == []
-    assert committed(bs, t, [0, 1]) == {0: 12, 1: 6}
-    with pytest.raises(transactions.TransactionError, match="not where this batch starts"):
-        begin({0: (12, 13), 1: (4, 8)}, frozenset({0}))
+    begin({0: 10, 1: 5}, {0: 12, 1: 6}, frozenset({0, 1}))
+    assert reads == [] and committed(bs, t, [0, 1]) == {0: 12, 1: 6}
+    with pytest.raises(transactions.TransactionError, match="not where this slice starts"):
+        begin({0: 12, 1: 4}, {0: 13, 1: 8}, frozenset({0}))
     assert reads == [[0, 1]] and committed(bs, t, [0, 1]) == {0: 12, 1: 6}
 
 

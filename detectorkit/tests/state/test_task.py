@@ -367,7 +367,7 @@ def test_a_redeploy_with_exactly_once_replays_what_the_commit_says_the_changelog
 
     @contextlib.contextmanager
     def for_task(*args, **kwargs):
-        yield Transactions(), set()
+        yield Transactions()
 
     monkeypatch.setattr(processing.transactions, "for_task", for_task)
     ctx = dataclasses.replace(interval_task(0), exactly_once=True)

@@ -237,21 +237,22 @@ def for_task(
     producer_conf: Mapping[str, Any],
     group: str,
     topic: str,
-    starts: Mapping[int, tuple[int, int]],
+    starts: Mapping[int, int],
     metadata: bytes,
     timeout_ms: int,
     timeout: float,
     idle_seconds: float | None = None,
     known: frozenset[int] = frozenset(),
-) -> Iterator[tuple[TaskTransactions, set[int]]]:
-    """The task's transaction, and the partitions of `starts` (partition -> (start, end) of its
-    range) that an earlier attempt already committed: those are skipped. Every other partition's
-    committed offset must be its range's start, else another member moved it on: TransactionError.
-    `known`: partitions whose committed offset the caller knows is their start, because the task
-    that committed it in this generation returned it (a slice continuing its predecessor). If they
-    are all of them, the group's offsets are not read: right after that commit a stable read waits
-    for the transaction's markers (UNSTABLE_OFFSET_COMMIT, then the client's backoff).
-    An exception out of the block aborts the transaction if it is open."""
+) -> Iterator[TaskTransactions]:
+    """The task's transaction over the partitions of `starts` (partition -> the offset it reads
+    from). Each one's committed offset must be that start, else someone moved it on (another
+    member, or an earlier attempt of this task that committed before it failed): TransactionError,
+    and the slice is planned again from the group's offsets. `known`: partitions whose committed
+    offset the caller knows is their start, because the task that committed it in this generation
+    returned it (a slice continuing its predecessor). If they are all of them, the group's offsets
+    are not read: right after that commit a stable read waits for the transaction's markers
+    (UNSTABLE_OFFSET_COMMIT, then the client's backoff). An exception out of the block aborts the
+    transaction if it is open."""
     generation = generation_of(metadata).hex()
     tid = transactional_id(group, topic, min(starts))
     began, created = time.monotonic(), []
@@ -266,7 +267,7 @@ def for_task(
         # the committed offset stable: nothing can move it but this task.
         ready = time.monotonic()
         read = not set(starts) <= known
-        committed = _committed(base_conf, group, topic, list(starts), timeout, idle_seconds) if read else {p: s for p, (s, _) in starts.items()}
+        committed = _committed(base_conf, group, topic, list(starts), timeout, idle_seconds) if read else dict(starts)
         log.debug(
             "transactions begin",
             partitions=sorted(starts),
@@ -275,23 +276,16 @@ def for_task(
             producers_seconds=round(ready - began, 4),
             committed_seconds=round(time.monotonic() - ready, 4),
         )
-        done, moved = set(), {}
-        for p, (start, end) in starts.items():
-            at = committed.get(p)
-            if at is not None and at >= end and end > start:
-                done.add(p)
-            elif at is not None and at != start:
-                moved[p] = (at, start)
+        moved = {p: (at, start) for p, start in starts.items() if (at := committed.get(p)) is not None and at != start}
         if moved:
             where = ", ".join(f"{topic}-{p} at {at}, planned from {start}" for p, (at, start) in sorted(moved.items()))
             raise TransactionError(
-                f"the group's committed offsets are not where this batch starts ({where}): another member moved them; the batch is planned again"
+                f"the group's committed offsets are not where this slice starts ({where}): someone moved them; the slice is planned again"
             )
-        txns = TaskTransactions(sink, topic, frozenset(starts) - done, metadata, timeout)
-        if txns.partitions:
-            txns.begin()
+        txns = TaskTransactions(sink, topic, frozenset(starts), metadata, timeout)
+        txns.begin()
         try:
-            yield txns, done
+            yield txns
         except BaseException:
             txns.abort_open()
             raise

@@ -85,7 +85,7 @@ class TransactionalWriter(AbstractContextManager):
         if source.group_metadata is None:
             raise ValueError("exactly-once needs the group's metadata in the source options")
         self.ctx, self.source, self._known = ctx, source, known
-        self._starts = {r.partition: (r.start, r.end) for r in ranges}
+        self._starts = {r.partition: r.start for r in ranges}
         self.txns: TaskTransactions | None = None
 
     def __enter__(self) -> TransactionalWriter:
@@ -102,7 +102,7 @@ class TransactionalWriter(AbstractContextManager):
             ctx.client_idle_seconds,
             self._known,
         )
-        self.txns, _ = self._held.__enter__()
+        self.txns = self._held.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -115,16 +115,13 @@ class TransactionalWriter(AbstractContextManager):
         return None  # flushed with the changes, which join the same transaction first
 
     def flush_changes(self, due: set[int]) -> None:
-        if self.txns.partitions:
-            self.txns.sink.flush(self.ctx.flush_timeout)
+        self.txns.sink.flush(self.ctx.flush_timeout)
 
     def begin_next(self) -> None:
         """After a commit, the next transaction (a slice commits many)."""
-        if self.txns.partitions:
-            self.txns.begin()
+        self.txns.begin()
 
     def commit(self, ends: dict[int, int]) -> CommitsFailed | None:
-        ends = {p: o for p, o in ends.items() if p in self.txns.partitions}
         if not ends:
             return None
         try:
