@@ -4,6 +4,7 @@ schema, the batch committer's folding and commits, and the assignment's look at 
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -258,3 +259,39 @@ def test_a_slices_commit_that_finds_the_input_gone_ends_the_slice():
     committer.allow({0})
     committer.commit_reported({0: 5}, {})
     assert ended == [True]
+
+
+@pytest.mark.unit
+def test_a_slice_begun_just_after_a_stop_asked_for_the_end_is_ended_too():
+    """A batch that passed its check of the stop before the stop came begins its slice after the
+    first word to end: the stop says it again while it waits, so that slice ends at its next
+    checkpoint instead of running to its deadline (300 s in local mode), which outlasted the stop's
+    timeout and had the batch cancelled, its output never committed (seen in CI: a static member's
+    graceful stop replayed its last slice)."""
+    from detectorkit.runtime.query_runner import QueryRunner
+    from detectorkit.runtime.slice_control import SliceControl
+
+    control = SliceControl()
+    stop_began, ended_in_time = threading.Event(), []
+
+    def run_batch(frame, batch_id):
+        stop_began.wait(5)
+        control.begin("late")  # after the stop's first word
+        deadline = time.monotonic() + 5  # the slice's deadline, were it not told to end
+        while "late" not in control._ended and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ended_in_time.append("late" in control._ended)
+
+    runner = QueryRunner(None, plan_of(THRESHOLD), run_batch=run_batch, serve=lambda: None, interrupt=lambda: (control.end(), stop_began.set()))
+    runner.query = SimpleNamespace(stop=lambda: None)
+    batch = threading.Thread(target=runner._on_batch, args=(0, None, 0))
+    batch.start()
+    cancelled = []
+    try:
+        while not runner._lock.locked():
+            time.sleep(0.01)
+        runner.stop(timeout=2.0, on_cancel=lambda: cancelled.append(True))
+    finally:
+        batch.join(10)
+        control.close()
+    assert ended_in_time == [True] and not cancelled

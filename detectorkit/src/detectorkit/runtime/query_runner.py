@@ -85,7 +85,9 @@ class QueryRunner:
         self._stopping = True
         if self._interrupt is not None:
             self._interrupt()
-        with self.idle(timeout) as finished:
+        # Said again while waiting: a batch that had passed its check of `_stopping` may begin its
+        # slice after the first word, and would run to its deadline.
+        with self.idle(timeout, interrupting=True) as finished:
             self._token += 1  # later batches of this query are skipped, and never committed
         if not finished:
             log.warning("batch in flight did not finish in time; cancelling it", timeout=timeout)
@@ -98,13 +100,16 @@ class QueryRunner:
         self._drop_checkpoint()
 
     @contextmanager
-    def idle(self, timeout: float, serving: bool = True) -> Iterator[bool]:
+    def idle(self, timeout: float, serving: bool = True, interrupting: bool = False) -> Iterator[bool]:
         """No batch runs inside (True), or none finished within `timeout` (False). The group is
         served meanwhile (unless it is being closed): the batch in flight may wait for its commit
-        to run on this thread."""
+        to run on this thread. `interrupting`: the batch in flight is asked to end early at each
+        turn of the wait."""
         deadline = time.monotonic() + timeout
         acquired = False
         while not (acquired := self._lock.acquire(timeout=0.05 if serving else timeout)):
+            if interrupting and self._interrupt is not None:
+                self._interrupt()
             if serving:
                 self._serve()
             if not serving or time.monotonic() > deadline:

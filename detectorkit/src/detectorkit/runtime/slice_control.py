@@ -87,7 +87,8 @@ class SliceControl:
         """Tell the slice's tasks (every slice's, None) to end at their next checkpoint; a task that
         connects later is told at once."""
         with self._lock:
-            tokens = list(self.progress) if token is None else [token]
+            # Each slice's tasks are told once; a stop says it again while it waits.
+            tokens = [t for t in (list(self.progress) if token is None else [token]) if t not in self._ended]
             self._ended.update(tokens)
             links = [s for t in tokens for s in self._links.get(t, [])]
         for link in links:
