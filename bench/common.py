@@ -100,19 +100,18 @@ class TreeSampler(threading.Thread):
         for proc in procs:
             try:
                 info = proc.memory_full_info() if hasattr(psutil.Process, "memory_full_info") else proc.memory_info()
+                own = getattr(info, "pss", info.rss)
                 rss += info.rss
-                pss += getattr(info, "pss", info.rss)
-                kind = _kind_of(proc)
-                if self._name_by_pid.get(proc.ppid()) == kind:
-                    kind += " (forked)"
+                pss += own
+                # Each time: Spark's launcher script execs the JVM in the same process.
+                name = self._name_by_pid[proc.pid] = _kind_of(proc)
+                kind = f"{name} (forked)" if self._name_by_pid.get(proc.ppid()) == name else name
                 had, n = by_kind.get(kind, (0, 0))
-                by_kind[kind] = (had + getattr(info, "pss", info.rss), n + 1)
+                by_kind[kind] = (had + own, n + 1)
                 t = proc.cpu_times()
                 # Remember each process's own CPU: an exited worker's seconds still count.
                 self._cpu_by_pid[proc.pid] = max(self._cpu_by_pid.get(proc.pid, 0.0), t.user + t.system)
                 self._sys_by_pid[proc.pid] = max(self._sys_by_pid.get(proc.pid, 0.0), t.system)
-                # Each time: Spark's launcher script execs the JVM in the same process.
-                self._name_by_pid[proc.pid] = _kind_of(proc)
             except psutil.Error:
                 continue
         self.pss = pss

@@ -304,6 +304,16 @@ def latency_run(c: Contender, base: dict, in_topic: str, out_topic: str, rate: i
     }
 
 
+def by_process_table(contenders: list[tuple[str, dict]]) -> list[str]:
+    """A table of each contender's PSS per kind of process (bench.common.TreeSampler's)."""
+    lines = ["| contender | process | processes | PSS |", "|---|---|---:|---:|"]
+    for name, by_process in contenders:
+        for kind, p in by_process.items():
+            if p["pss_bytes"] >= 2**20:  # not a process that was ending (its command line already gone)
+                lines.append(f"| {name} | `{kind}` | {p['processes']} | {p['pss_bytes'] / 2**20:,.0f} MiB |")
+    return lines
+
+
 def markdown(result: dict, charts: list[str] = ()) -> str:
     p = result["params"]
     lines = [
@@ -341,11 +351,7 @@ def markdown(result: dict, charts: list[str] = ()) -> str:
     at_peak = [r for r in result["throughput"] if r.get("peak_pss_by_process") and r["name"] in (SERVICE_NAME, STREAMS)]
     if at_peak:
         lines += ["", "Where the peak PSS was, per kind of process, at the sample where the whole tree's was highest:", ""]
-        lines += ["| contender | process | processes | PSS |", "|---|---|---:|---:|"]
-        for r in at_peak:
-            for kind, p in r["peak_pss_by_process"].items():
-                if p["pss_bytes"] >= 2**20:
-                    lines.append(f"| {r['name']} | `{kind}` | {p['processes']} | {p['pss_bytes'] / 2**20:,.0f} MiB |")
+        lines += by_process_table([(r["name"], r["peak_pss_by_process"]) for r in at_peak])
     if result.get("density"):
         lines += [
             "",
@@ -359,12 +365,7 @@ def markdown(result: dict, charts: list[str] = ()) -> str:
                 f"| {d['name']} | {d['idle_pss_bytes'] / 2**20:,.0f} MiB | {d['idle_cpu_cores'] * 100:.1f}% of a core | {d['fit_in_memory']:,} |"
             )
         lines += ["", "Where the first idle instance's memory is, per kind of process (mean PSS over the samples):", ""]
-        lines += ["| contender | process | processes | PSS |", "|---|---|---:|---:|"]
-        for d in result["density"]:
-            for kind, p in d.get("idle_pss_by_process", {}).items():
-                if p["pss_bytes"] < 2**20:
-                    continue  # a process that was ending (its command line already gone)
-                lines.append(f"| {d['name']} | `{kind}` | {p['processes']} | {p['pss_bytes'] / 2**20:,.0f} MiB |")
+        lines += by_process_table([(d["name"], d.get("idle_pss_by_process", {})) for d in result["density"]])
     lines += ["", "## Targets (the detector service, ratios within this run)", "", "| target | measured | met |", "|---|---:|---|"]
     for t in result["targets"]:
         lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |")
