@@ -8,6 +8,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from detectorkit.kafka import broker_kind, clients, offset_store, transactions
 from detectorkit.kafka.membership import CommitRefused
@@ -159,6 +160,48 @@ def test_a_zombies_refused_commit_leaves_the_batch_written_and_the_job_going():
     assert committer.finish(1, [TaskResult(partition=0, next_offset=3, records=3)], started=0.0).records == 3
 
 
+def test_a_slices_end_whose_commit_fails_goes_on_and_the_stop_commits_it():
+    """The broker away a moment as a slice ends: its output is flushed, so the job goes on (a restart
+    would read the slice again) and the next commit, or the stop's, carries the positions."""
+
+    class Flaky(Member):
+        failing = 1
+
+        def commit(self, offsets, metadata=None):
+            if offsets and self.failing:
+                self.failing -= 1
+                raise KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))
+            super().commit(offsets, metadata)
+
+    member = Flaky()
+    committer = committer_of(plan_of(THRESHOLD), member)
+    committer.allow({0, 1})
+    committer.starting_at({0: 0, 1: 0}, {0: offset_store.Commit(0, None), 1: offset_store.Commit(0, None)})
+    result = committer.finish(1, [TaskResult(partition=0, next_offset=7, records=7), TaskResult(partition=1, next_offset=3, records=3)], 0.0)
+    assert result.records == 10 and member.commits == []
+    committer.settle()  # the query stopped: no slice moves them further
+    assert member.commits == [({0: 7, 1: 3}, None)]
+    committer.settle()
+    assert len(member.commits) == 1  # owed no more
+    # Owed, then handed over: the new owner's to commit, never this instance's.
+    member.failing = 1
+    committer.finish(2, [TaskResult(partition=0, next_offset=9, records=2)], 0.0)
+    committer.forbid({0})
+    committer.settle()
+    assert len(member.commits) == 1
+
+
+def test_a_commit_refused_for_good_fails_the_slice():
+    class Denied(Member):
+        def commit(self, offsets, metadata=None):
+            raise KafkaException(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED, "Broker: Group authorization failed"))
+
+    committer = committer_of(plan_of(THRESHOLD), Denied())
+    committer.allow({0})
+    with pytest.raises(KafkaException, match="authorization failed"):
+        committer.finish(1, [TaskResult(partition=0, next_offset=3, records=3)], 0.0)
+
+
 def test_a_slices_checkpoints_commit_as_it_goes_with_where_the_changelog_is_and_never_move_the_group_back():
     member = Member()
     committer = committer_of(plan_of(COUNT), member)
@@ -248,7 +291,6 @@ def test_an_input_created_again_is_committed_from_its_start_though_behind_the_ol
 
 def test_a_slices_commit_that_finds_the_input_gone_ends_the_slice():
     # Its readers, told nothing by librdkafka, would go on into a topic created again meanwhile.
-    from confluent_kafka import KafkaError, KafkaException
 
     class Gone(Member):
         def commit(self, offsets, metadata=None):

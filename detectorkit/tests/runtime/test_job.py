@@ -314,7 +314,7 @@ def test_a_query_that_fails_to_start_is_restarted_and_a_failed_commit_tried_agai
         job.stop()
     assert job.error() is None
     assert failures == {"start": 0, "commit": 0}
-    # A failed commit of a slice's positions is tried again at the next commit interval: no restart.
+    # A failed commit of a slice's positions is tried again by the next commit, or the stop's: no restart.
     assert restarts(job) == {"RuntimeError": 1.0}
     found = detections_by_source(bs, topics.output)
     assert set(found) == expected_detections(sent) and set(found.values()) == {1}

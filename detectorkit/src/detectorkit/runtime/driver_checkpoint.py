@@ -22,6 +22,7 @@ from detectorkit.kafka.membership import CommitRefused, GroupMember
 from detectorkit.kafka.planning import deleted_input_topic
 from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
 from detectorkit.runtime.job_plan import JobPlan
+from detectorkit.runtime.supervisor import describe, is_permanent
 from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
 
 log = structlog.get_logger("detectorkit.job")
@@ -91,6 +92,10 @@ class DriverCheckpoint:
         # older position landing after a newer one would move the group back.
         self._committed: dict[int, int] = {}
         self._commit_lock = threading.Lock()
+        # Positions whose outputs are flushed but whose commit failed (the broker away a moment):
+        # the next commit of the partition supersedes them; a stop or a hand-over tries them again
+        # (`settle`), else the next owner would read a whole slice again.
+        self._owed: dict[int, int] = {}
         # What a slice's tasks reported at their checkpoints, counted as it came, since the slice began.
         self._counts_lock = threading.Lock()
         self._reported = _Folded()
@@ -107,10 +112,12 @@ class DriverCheckpoint:
         with self._lock:
             if partitions is None:
                 self._committable = set()
+                self._owed.clear()
             else:
                 self._committable -= set(partitions)
                 for p in partitions:
                     self._committed.pop(p, None)  # its next owner commits it, maybe back where this one began
+                    self._owed.pop(p, None)
                 self.metrics.forget_partitions(set(partitions))
 
     def starting_at(self, start: dict[int, int], commits: dict[int, offset_store.Commit]) -> None:
@@ -262,9 +269,20 @@ class DriverCheckpoint:
                     "offsets not committed: the group gave these partitions to another member", partitions=sorted(mine), error=exc.args[0].str()
                 )
                 mine = {}
+            except Exception as exc:  # noqa: BLE001 - the output is flushed: only the position waits
+                if isinstance(exc, KafkaException | LookupError) and clients.is_not_there(exc) or is_permanent(describe(exc)):
+                    raise  # a deleted input below; an error no retry mends fails the job
+                # The slice goes on; its next commit, or a stop's or a hand-over's, carries them.
+                log.warning("could not commit the slice's positions yet", partitions=sorted(mine), error=describe(exc))
+                with self._lock:
+                    self._owed.update(mine)
+                return
             with self._lock:
                 if not exactly_once:
                     self._committed.update(mine)
+                    for p, o in mine.items():
+                        if self._owed.get(p, -1) <= o:
+                            self._owed.pop(p, None)
                 if mine:
                     self._committed_at = time.monotonic()
                 if mine and measure:
@@ -278,6 +296,17 @@ class DriverCheckpoint:
             if self.on_input_gone is not None:
                 # Its readers would go on from the old topic's positions into one created again.
                 self.on_input_gone()
+
+    def settle(self) -> None:
+        """Before a stop or a hand-over, once no slice runs: positions whose commit failed are tried
+        once more. Failing again, the next owner reads those records again (at least once)."""
+        with self._commit_lock:
+            with self._lock:
+                if self.member is None:
+                    return
+                owed = {p: o for p, o in self._owed.items() if p in self._committable and o > self._committed.get(p, -1)}
+            if owed:
+                self._commit(owed, measure=False)
 
     def _durable_metadata(self, offsets: dict[int, int]) -> dict[int, str] | None:
         """The metadata of a commit of `offsets`: where each partition's changelog is (a commit

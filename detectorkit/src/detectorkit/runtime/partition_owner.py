@@ -243,3 +243,5 @@ class PartitionOwner:
         elif reason is not None:
             log.warning("query had failed; what this instance still owns starts again", error=reason)
         self.runner.stop(timeout, on_cancel=self.committer.forbid)
+        # Before the partitions go, or a new query reads the group's offsets: what failed to commit.
+        self.committer.settle()
