@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
+# uv, wherever a target runs it (a bake's lock and install), takes scripts/xdg/uv/uv.toml too.
+export XDG_CONFIG_DIRS := $(CURDIR)/scripts/xdg:$(or $(XDG_CONFIG_DIRS),/etc/xdg)
+
 .PHONY: setup tools chart kafka-manifests demo diamond scale-demo docs docs-build test test-fast test-runtime test-examples test-lanes test-template test-tansu lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
