@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # uv, wherever a target runs it (a bake's lock and install), takes scripts/xdg/uv/uv.toml too.
 export XDG_CONFIG_DIRS := $(CURDIR)/scripts/xdg:$(or $(XDG_CONFIG_DIRS),/etc/xdg)
 
-.PHONY: setup tools chart kafka-manifests demo diamond scale-demo docs docs-build test test-fast test-runtime test-examples test-lanes test-template test-tansu lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
+.PHONY: setup tools chart kafka-manifests demo diamond scale-demo docs docs-build test test-fast test-runtime test-examples test-lanes test-template test-tansu release release-check lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -121,6 +121,16 @@ test-tansu: setup
 .PHONY: test-pythons
 test-pythons: setup
 	SKIP_PYTHON=$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])') bash scripts/test-pythons.sh
+
+# A release (scripts/release.py): the changelog's section, the version wherever it is named, the wheel
+# and sdist built and checked against a default bake, a commit and the tag vVERSION.
+#   make release VERSION=0.2.0
+release: setup
+	$(PY) scripts/release.py release $(VERSION)
+
+# The tag at HEAD's wheel and sdist into dist/, checked as `make release` checks them (the release workflow).
+release-check: setup
+	$(PY) scripts/release.py check
 
 lint: setup
 	$(PY) -m ruff check .

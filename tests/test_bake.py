@@ -15,7 +15,11 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# The release this template is (scripts/release.py writes it): what a bake requires by default.
+DEFAULT_REQUIREMENT = json.loads((REPO / "cookiecutter.json").read_text())["detectorkit_requirement"]
 WORKFLOWS = REPO / "{{cookiecutter.service_name}}" / ".github" / "workflows"
+# The template repository's own: its CI and its release.
+TEMPLATE_WORKFLOWS = REPO / ".github" / "workflows"
 
 # Unrendered template code. Not any "{{": the baked CI workflow legitimately holds GitHub's ${{ }}.
 LEFTOVER = re.compile(r"\{\{-?\s*cookiecutter\.|\{%-?\s*(if|elif|else|endif|for|endfor|set|raw)\b")
@@ -80,7 +84,7 @@ def test_bake_renders_everything(cookies, extra):
 
     meta = tomllib.loads((project / "pyproject.toml").read_text())
     assert meta["project"]["name"] == service
-    requirement = Requirement(extra.get("detectorkit_requirement", "detectorkit>=0.1,<0.2"))
+    requirement = Requirement(extra.get("detectorkit_requirement", DEFAULT_REQUIREMENT))
     assert [Requirement(r) for r in meta["project"]["dependencies"]] == [requirement]
     # Developing it needs detectorkit's test extra (the plugin's brokers, the embedded one for `make run`),
     # from the same place as the dependency; the image installs the dependency alone.
@@ -112,7 +116,7 @@ def test_baked_ci_workflow_is_a_valid_github_workflow_with_githubs_own_expressio
     path = project / ".github" / "workflows" / "ci.yml"
     # The template's own files too: the weekly update workflow is baked only by cruft (and copied
     # as it is, never rendered).
-    workflows = sorted(str(p) for p in [*path.parent.glob("*.yml"), *WORKFLOWS.glob("*.yml")])
+    workflows = sorted(str(p) for p in [*path.parent.glob("*.yml"), *WORKFLOWS.glob("*.yml"), *TEMPLATE_WORKFLOWS.glob("*.yml")])
     assert not (project / ".github" / "workflows" / "template-update.yml").exists()  # a plain bake: nothing to update it
     run = subprocess.run(
         [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows], capture_output=True, text=True
@@ -178,7 +182,7 @@ def test_baked_workflows_use_each_actions_newest_major(cookies):
     project = pathlib.Path(cookies.bake().project_path)
     uses = [
         step["uses"]
-        for path in [*(project / ".github" / "workflows").glob("*.yml"), *WORKFLOWS.glob("*.yml")]
+        for path in [*(project / ".github" / "workflows").glob("*.yml"), *WORKFLOWS.glob("*.yml"), *TEMPLATE_WORKFLOWS.glob("*.yml")]
         for job in yaml.safe_load(path.read_text())["jobs"].values()
         for step in job["steps"]
         if "uses" in step

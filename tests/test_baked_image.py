@@ -12,7 +12,7 @@ from dockerfile_parse import DockerfileParser
 from dockerfile_parse.util import WordSplitter
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
-from test_bake import COMBINATIONS
+from test_bake import COMBINATIONS, DEFAULT_REQUIREMENT
 
 SHELL_SEPARATORS = {"&&", "||", ";", "|"}
 
@@ -69,7 +69,7 @@ def test_the_baked_image_installs_the_service_and_its_dependencies_exactly_as_lo
     copies = [i["value"].split() for i in DockerfileParser(path=str(dockerfile)).structure if i["instruction"] == "COPY"]
     assert any("uv.lock" in words[:-1] for words in copies), copies
     # One source for the requirement on detectorkit: pyproject.toml, which the lock follows.
-    answer = Requirement(extra.get("detectorkit_requirement", "detectorkit>=0.1,<0.2"))
+    answer = Requirement(extra.get("detectorkit_requirement", DEFAULT_REQUIREMENT))
     meta = tomllib.loads((project / "pyproject.toml").read_text())
     assert [Requirement(d) for d in meta["project"]["dependencies"]] == [answer]
     assert str(answer) not in dockerfile.read_text() and "DETECTORKIT_SPEC" not in dockerfile.read_text()

@@ -10,7 +10,6 @@ if TYPE_CHECKING:
     from detectorkit.state import State
 
 __all__ = ["Detector", "NoConfig", "State"]
-__version__ = "0.1.0"
 
 # Loaded on first use (PEP 562): what imports the package for something else (the command line's
 # broker and tail, a worker's first import) does not pay for pandas.
@@ -18,6 +17,11 @@ _LAZY = {"Detector": "detectorkit.detector", "NoConfig": "detectorkit.detector",
 
 
 def __getattr__(name: str):
+    if name == "__version__":
+        # The installed distribution's, which the repository's git tags set (no copy to keep in step).
+        from importlib import metadata
+
+        return metadata.version("detectorkit")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'detectorkit' has no attribute {name!r}")
