@@ -162,3 +162,13 @@ def test_the_docs_have_shell_blocks():
 def test_each_shell_command_resolves(block):
     for words in commands(block):
         check(words)
+
+
+def test_the_readme_is_a_front_door_whose_links_all_lead_somewhere():
+    """At most 10 KB (the docs hold the rest), and each of its links to a file of this repository
+    is there: the README is not part of the site, whose build checks its own links."""
+    readme = ROOT / "README.md"
+    assert readme.stat().st_size <= 10_000, f"README.md is {readme.stat().st_size} bytes: move the detail into docs/"
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme.read_text())
+    local = [link for link in links if not re.match(r"[a-z]+:", link)]
+    assert local and not [link for link in local if not (ROOT / link).exists()]

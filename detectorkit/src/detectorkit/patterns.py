@@ -39,6 +39,8 @@ from detectorkit.state.declaration import EVENT_TIME, KEY, State
 from detectorkit.windows import DEFAULT_RETENTION_SECONDS
 from detectorkit.windows.kinds import ms, ms_or_zero
 
+__all__ = ["followed_by"]
+
 NONE = -(2**62)  # no record yet
 FIRST, THEN = "first_ms", "then_ms"
 

@@ -100,6 +100,9 @@ class Diff:
 
 
 def compare(a: list[dict], b: list[dict], name_a: str = "A", name_b: str = "B") -> Diff:
+    """Two detection sets side by side (a shadow and its live service, two backtests): per hour, how
+    many both found and how many only one did, a window matched to an overlapping one of its key;
+    `detectorkit diff` prints it."""
     hours: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     windowed_a = [d for d in a if window_of(d) is not None]
     windowed_b = [d for d in b if window_of(d) is not None]

@@ -104,6 +104,8 @@ def produce(bootstrap_servers: str, topic: str, samples: Iterable[Sample]) -> li
 
 
 def read_all(bootstrap_servers: str, topic: str, timeout: float = 60.0, committed_only: bool = False) -> list[dict]:
+    """Every record on `topic` now, as dicts (a service's detections, in its integration test);
+    `committed_only`: what committed transactions wrote (exactly-once), as a downstream job reads it."""
     from detectorkit.kafka import clients
     from detectorkit.kafka.topic_reader import read_topic
 

@@ -32,18 +32,27 @@ class Count(_Aggregate):
 
 
 class Sum(_Aggregate):
+    """The total of `field` over the window's records, exact (math.fsum's partials): the same whatever
+    order the records came in and however many left a sliding window."""
+
     kind = "sum"
 
 
 class Min(_Aggregate):
+    """The smallest value of `field` among the window's records."""
+
     kind = "min"
 
 
 class Max(_Aggregate):
+    """The largest value of `field` among the window's records."""
+
     kind = "max"
 
 
 class Mean(_Aggregate):
+    """The mean of `field` over the window's records (its sum over its count)."""
+
     kind = "mean"
 
 
