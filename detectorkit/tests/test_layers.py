@@ -29,8 +29,8 @@ LAYERS = (
     # A detector's state: declaration, columns, store, changelog and the stateful run of a batch.
     ("state", ("detectorkit.state",)),
     # What a data scientist writes: a detect function, its config and its declared state, or a rule
-    # (windows, patterns).
-    ("detector", ("detectorkit.detector", "detectorkit.windows", "detectorkit.patterns")),
+    # (windows, patterns), or a model to score with (models).
+    ("detector", ("detectorkit.detector", "detectorkit.windows", "detectorkit.patterns", "detectorkit.models")),
     # The streaming job that runs a detector (or a stage) on Spark over Kafka.
     ("runtime", ("detectorkit.runtime",)),
     # The services built on the runtime: normaliser, notifier.

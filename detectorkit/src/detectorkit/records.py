@@ -26,7 +26,9 @@ KEY_MISMATCH = "key_mismatch"
 # RECORD_FORMAT avro, protobuf or json-schema: not in the Confluent wire format, an unknown schema id,
 # or a payload its schema does not read (kafka.schema_registry).
 UNDECODABLE = "undecodable"
-REASONS = (MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, DETECTOR_ERROR, BAD_EVENT_TIME, KEY_MISMATCH, UNDECODABLE)
+# A model detector's record whose features are missing or not finite numbers (detectorkit.models).
+UNSCORABLE = "unscorable"
+REASONS = (MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, DETECTOR_ERROR, BAD_EVENT_TIME, KEY_MISMATCH, UNDECODABLE, UNSCORABLE)
 
 # One Kafka value as a record (a dict), or Refused: `parse_object` for JSON, a Schema Registry decoder.
 Decode = Callable[[bytes | None], dict]
@@ -55,7 +57,10 @@ class Rejected:
 
 
 def detector_error(position: int, exc: BaseException) -> Rejected:
-    """A record the detector raised on: the exception in a line for the dead letter, its traceback beside it."""
+    """A record the detector raised on: the exception in a line for the dead letter, its traceback
+    beside it; a detector that refuses a record (Refused) names the reason itself."""
+    if isinstance(exc, Refused):
+        return Rejected(position, exc.reason, str(exc)[:2000])
     message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     return Rejected(position, DETECTOR_ERROR, message[:2000], "".join(traceback.format_exception(exc))[-8000:])
 

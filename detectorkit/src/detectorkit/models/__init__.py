@@ -1,0 +1,18 @@
+"""Detectors that score records with a trained model: the model's features from each record's
+fields, its score, and a detection where the score reaches the threshold, carrying the model's name,
+version and score.
+
+    from detectorkit import models
+
+    DETECTOR = models.detector(name="fraud-score", features=("amount", "items", "hour"))
+
+The model is an ONNX file (`DETECTOR_MODEL_URI`, default `model/model.onnx`; scikit-learn exports
+one with skl2onnx), loaded when the job starts (a model that cannot be loaded stops it in one line)
+and scored once per Python worker's session, on the batch as an array. A record whose features are
+missing or not finite numbers is a dead letter (`unscorable`).
+"""
+
+from detectorkit.models.detector import ModelConfig, detector
+from detectorkit.models.scoring import Model
+
+__all__ = ["Model", "ModelConfig", "detector"]
