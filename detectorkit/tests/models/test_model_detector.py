@@ -3,20 +3,27 @@ reaches the threshold with the model's name, version and score, refuses a record
 and a model it cannot load."""
 
 import dataclasses
+import functools
+import pathlib
+import tempfile
 
 import numpy as np
 import onnx
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from skl2onnx import to_onnx
 from skl2onnx.common.data_types import FloatTensorType
 from sklearn.ensemble import GradientBoostingClassifier
 
 from detectorkit import models
+from detectorkit import windows as w
 from detectorkit.records import UNSCORABLE
 from detectorkit.runtime.stage import detect_isolating
 from detectorkit.settings import SettingsError
 from detectorkit.testing import DetectorHarness
+from detectorkit.testing.harness import DetectorError
 
 FEATURES = ("amount", "items", "hour")
 
@@ -140,3 +147,88 @@ def test_scoring_without_onnxruntime_says_what_to_install(tmp_path, monkeypatch)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as where the `model` extra is not installed
     with pytest.raises(SettingsError, match=r"scoring needs onnxruntime: pip install 'detectorkit\[model\]'"):
         models.detector(name="fraud-score", features=FEATURES).configured(models.ModelConfig(model_uri=uri))
+
+
+# ---- features from windows ------------------------------------------------------------------------
+
+T0 = 1_795_000_000_000
+WINDOWED = {"count_10s": w.Count(), "sum_10s": w.Sum("amount")}
+
+
+@functools.cache
+def windowed_model():
+    """A model of the record's amount and items and its key's count and sum over the last 10 s."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="windowed-model-")) / "model.onnx"
+    rng = np.random.default_rng(5)
+    columns = [rng.exponential(50, 3000), rng.integers(1, 5, 3000), rng.integers(1, 8, 3000), rng.exponential(200, 3000)]
+    X = np.column_stack(columns).astype(np.float32)
+    y = ((X[:, 2] >= 3) & (X[:, 3] > 150)).astype(int)
+    model = GradientBoostingClassifier(n_estimators=20, max_depth=3, random_state=5).fit(X, y)
+    options, opsets = {id(model): {"zipmap": False}}, {"": 17, "ai.onnx.ml": 3}
+    onnx.save(to_onnx(model, initial_types=[("input", FloatTensorType([None, 4]))], options=options, target_opset=opsets), str(path))
+    return model, str(path)
+
+
+def keyed(rows, start=0):
+    """rows: (key, ms after T0, amount, items) -> records as the runtime hands them to a stateful detector."""
+    return pd.DataFrame(
+        {
+            "key": [r[0] for r in rows],
+            "event_time": pd.to_datetime([T0 + r[1] for r in rows], unit="ms", utc=True),
+            "amount": [float(r[2]) for r in rows],
+            "items": [r[3] for r in rows],
+        },
+        index=pd.RangeIndex(start, start + len(rows)),
+    )
+
+
+def test_a_models_window_features_are_the_keys_aggregates_as_of_each_record():
+    model, uri = windowed_model()
+    detector = models.detector(name="bursty-spend", features=("amount", "items"), window=w.Sliding(10), aggregates=WINDOWED)
+    rows = [("a", 0, 100, 1), ("a", 2_000, 120, 2), ("b", 3_000, 10, 1), ("a", 4_000, 300, 1), ("a", 15_000, 5, 1)]
+    found = DetectorHarness(detector, models.ModelConfig(model_uri=uri, threshold=0.0)).batch(keyed(rows))
+    assert list(found.index) == [0, 1, 2, 3, 4]  # threshold 0: every record, each with its features
+    assert found["count_10s"].tolist() == [1, 2, 1, 3, 1] and found["sum_10s"].tolist() == [100, 220, 10, 520, 5]
+    X = found[["amount", "items", "count_10s", "sum_10s"]].to_numpy(np.float32)
+    np.testing.assert_allclose(found["score"], model.predict_proba(X)[:, 1], atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 40_000), st.integers(1, 400), st.integers(1, 4)), min_size=1, max_size=40),
+    cuts=st.lists(st.integers(1, 39), max_size=4),
+    restarts=st.lists(st.booleans(), min_size=1, max_size=3),
+    partitions=st.sampled_from([1, 2]),
+)
+def test_a_models_window_features_and_scores_are_one_pass_whatever_the_batches(rows, cuts, restarts, partitions):
+    _, uri = windowed_model()
+    detector = models.detector(name="bursty-spend", features=("amount", "items"), window=w.Sliding(10, grace_seconds=3), aggregates=WINDOWED)
+    # Every record a detection (threshold 0): its features and score compared, not only whether it is one.
+    config = models.ModelConfig(model_uri=uri, threshold=0.0)
+    one = DetectorHarness(detector, config, partitions=partitions)
+    whole = one.batch(keyed(rows))
+    # A record later than its key's newest by more than the grace changes no window: not scored, counted late.
+    assert len(whole) + one.late == len(rows)
+    harness = DetectorHarness(detector, config, partitions=partitions)
+    parts = []
+    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
+    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        if restarts[n % len(restarts)]:
+            harness.restart()
+        parts.append(harness.batch(keyed(rows[lo:hi], start=lo)))
+    batched = pd.concat([p for p in parts if len(p)]) if any(len(p) for p in parts) else whole.iloc[:0]
+    assert batched.sort_index().drop(columns="score").equals(whole.sort_index().drop(columns="score"))
+    np.testing.assert_allclose(batched.sort_index()["score"], whole.sort_index()["score"], atol=1e-6)
+
+
+def test_a_record_it_cannot_score_changes_no_window_and_is_a_dead_letter():
+    _, uri = windowed_model()
+    detector = models.detector(name="bursty-spend", features=("amount", "items"), window=w.Sliding(10), aggregates=WINDOWED)
+    harness = DetectorHarness(detector, models.ModelConfig(model_uri=uri, threshold=0.0))
+    batch = keyed([("a", 0, 100, 1), ("a", 1_000, 50, 1), ("a", 2_000, 70, 1)]).astype({"items": object})
+    batch.loc[1, "items"] = "two"
+    with pytest.raises(DetectorError) as raised:
+        harness.batch(batch)
+    assert [(r.position, r.reason) for r in raised.value.rejected] == [(1, UNSCORABLE)]
+    found = raised.value.detections
+    assert found["count_10s"].tolist() == [1, 2] and found["sum_10s"].tolist() == [100, 170]  # as if it never came

@@ -1,14 +1,19 @@
-"""`models.detector`: a stateless detector that scores each record's features with a model and
-emits the records whose score reaches the threshold, with the model's name, version and score."""
+"""`models.detector`: a detector that scores each record's features with a model and emits the
+records whose score reaches the threshold, with the model's name, version and score. Its features
+are the record's fields and, with a window, its key's window aggregates as of the record, computed
+by a window rule that emits every record (`windows.Every`), so one pass gives them whatever the
+batches, restarts and partitions."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from detectorkit import windows
 from detectorkit.detector import Detector, defaults_of
 from detectorkit.models.scoring import Model
 from detectorkit.records import UNSCORABLE, Refused
@@ -24,32 +29,71 @@ class ModelConfig:
     threshold: float = 0.5
 
 
-def detector(name: str, features: Sequence[str], config: type = ModelConfig) -> Detector:
-    """A `Detector` scoring `features` (record fields, in the model's order) with the model at the
-    config's `model_uri`, loaded when the job starts, and emitting records whose score is at least
-    its `threshold`. `config`: ModelConfig or a dataclass with those two fields and more."""
+def detector(
+    name: str,
+    features: Sequence[str],
+    config: type = ModelConfig,
+    *,
+    window: windows.Window | None = None,
+    aggregates: Mapping[str, windows.Aggregate] | None = None,
+    key_field: str | None = None,
+    event_time_field: str | None = None,
+    retention_seconds: float | None = None,
+    repartition: bool = False,
+) -> Detector:
+    """A `Detector` scoring each record with the model at the config's `model_uri` (loaded when the
+    job starts) and emitting records whose score is at least its `threshold`. The model's features,
+    in its order: `features` (the record's fields), then `aggregates` by name, each over the record's
+    key's `window` as of the record (window rules' aggregates: `windows.Count()`, `Sum(field)`, ...).
+    `config`: ModelConfig, or a dataclass with its two fields and more. `key_field`,
+    `event_time_field`, `retention_seconds` and `repartition` as a window rule's."""
     features = tuple(features)
-    if not features:
+    if not features and not aggregates:
         raise TypeError("models.detector(features=...): name the record fields the model takes, in its order")
+    if (window is None) != (not aggregates):
+        raise TypeError("models.detector: a window and its aggregates go together (window=windows.Sliding(...), aggregates={...})")
+    clash = set(features) & set(aggregates or {})
+    if clash:
+        raise TypeError(f"models.detector: {sorted(clash)} named as a field and as an aggregate")
+    rule = None
+    if window is not None:
+        # The record's own fields beside its window's aggregates: Last(field) is the record's value.
+        every = {**aggregates, **{f: windows.Last(f) for f in features}}
+        rule = windows.detector(
+            name,
+            window=window,
+            aggregate=every,
+            emit=windows.Every(),
+            required_fields=features,
+            event_time_field=event_time_field,
+            key_field=key_field,
+            retention_seconds=retention_seconds,
+            repartition=repartition,
+        )
+    columns = (*features, *(aggregates or {}))
 
-    def build(settings, model: Model | None) -> Detector:
-        def detect(records: pd.DataFrame, _config) -> pd.DataFrame:
+    def build(settings: Any, model: Model | None) -> Detector:
+        def scored(rows: pd.DataFrame, fields: pd.DataFrame) -> pd.DataFrame:
             scoring = model if model is not None else Model.cached(settings.model_uri)
-            matrix = features_of(records, features, scoring.features)
-            scores = scoring.score(matrix)
+            scores = scoring.score(features_of(rows, columns, scoring.features))
             hit = scores >= settings.threshold
-            out = pd.DataFrame({MODEL: scoring.name, MODEL_VERSION: scoring.version, SCORE: scores[hit]}, index=records.index[hit])
-            for field in features:
-                out[field] = records.loc[hit, field]
+            out = fields.loc[hit].copy()
+            out[MODEL], out[MODEL_VERSION], out[SCORE] = scoring.name, scoring.version, scores[hit]
             return out
 
-        return Detector(
-            name=name,
-            detect=detect,
-            config=config,
-            required_fields=features,
-            configure=lambda chosen: build(chosen, Model.load(chosen.model_uri)),
-        )
+        if rule is None:
+
+            def detect(records: pd.DataFrame, _config) -> pd.DataFrame:
+                return scored(records, records.loc[:, list(features)])
+
+            return Detector(name=name, detect=detect, config=config, required_fields=features, configure=lambda c: build(c, Model.load(c.model_uri)))
+
+        def detect_windowed(records: pd.DataFrame, state: pd.DataFrame, rule_config) -> tuple:
+            features_of(records, features, len(features))  # a record it cannot score changes no window
+            out = rule.detect(records, state, rule_config)
+            return (scored(out[0], out[0]), *out[1:])
+
+        return dataclasses.replace(rule, detect=detect_windowed, config=config, configure=lambda c: build(c, Model.load(c.model_uri)))
 
     # At import the model is not read (a test may configure another); the job loads it at start.
     return build(defaults_of(config, True, "models.detector"), None)
