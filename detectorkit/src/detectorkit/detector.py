@@ -68,6 +68,11 @@ class Detector:
     # For a rule: how many records it dropped as late since it was last asked (older than their
     # key's newest by more than the grace, or for windows already closed); the job counts them.
     take_late: Callable[[], int] | None = dataclasses.field(default=None, repr=False, compare=False)
+    # A model detector's (detectorkit.models): the model's name and version, for detector_model_info;
+    # and its scores since it was last asked, as bucket counts of metrics.registry.SCORE_BUCKETS
+    # with their sum, which the job adds to detector_model_scores.
+    model_info: tuple[str, str] | None = None
+    take_scores: Callable[[], tuple[list[int], float]] | None = dataclasses.field(default=None, repr=False, compare=False)
     # Builds the detector for the config the job reads at start (a window sized by a setting); None:
     # this detector serves every config.
     configure: Callable[[Any], Detector] | None = dataclasses.field(default=None, repr=False, compare=False)

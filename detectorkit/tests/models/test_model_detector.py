@@ -232,3 +232,51 @@ def test_a_record_it_cannot_score_changes_no_window_and_is_a_dead_letter():
     assert [(r.position, r.reason) for r in raised.value.rejected] == [(1, UNSCORABLE)]
     found = raised.value.detections
     assert found["count_10s"].tolist() == [1, 2] and found["sum_10s"].tolist() == [100, 170]  # as if it never came
+
+
+# ---- versions and scores in the metrics ---------------------------------------------------------
+
+
+def test_every_score_reaches_the_jobs_histogram_and_the_model_its_info(tmp_path):
+    """From the worker's batch (process_batch), through a checkpoint's counts and a slice's end
+    results, to detector_model_scores; the model's name and version to detector_model_info."""
+    import json
+
+    from detectorkit.kafka.access import KafkaAccess
+    from detectorkit.metrics.registry import JobMetrics
+    from detectorkit.runtime import task_result
+    from detectorkit.runtime.driver_checkpoint import DriverCheckpoint
+    from detectorkit.runtime.processing import process_batch, summary_batch, take_counts
+    from detectorkit.runtime.stage import as_stage
+    from detectorkit.runtime.task_context import TaskContext
+
+    from ..detectors import THRESHOLD
+    from ..runtime.test_driver_parts import Ends, Member, plan_of
+    from ..runtime.test_processing import FakeSink, arrow
+
+    model = trained()
+    uri = exported(model, tmp_path / "model.onnx", version="12")
+    config = models.ModelConfig(model_uri=uri, threshold=0.5)
+    detector = models.detector(name="fraud-score", features=FEATURES).configured(config)
+    assert detector.model_info == ("fraud-gb", "12")
+    batch = records(200, seed=9)
+    values = [json.dumps(r).encode() for r in batch[list(FEATURES)].to_dict(orient="records")]
+    context = TaskContext("fraud-score", as_stage(detector), config, KafkaAccess({}, "fraud-score"), "out", "fraud-score.dlq")
+    summaries = {}
+    process_batch(context, arrow(values[:120]), FakeSink(), summaries)
+    reported = take_counts(summaries)  # a checkpoint's
+    process_batch(context, arrow(values[120:], first_offset=220), FakeSink(), summaries)
+    ended = task_result.rows_of([summary_batch(summaries, written_ms=0.0)])  # the slice's end
+
+    metrics = JobMetrics(process_tree=False)
+    committer = DriverCheckpoint(plan_of(THRESHOLD), metrics, member=Member(), ends=Ends())
+    committer.allow({3})
+    committer.count_reported(reported)
+    committer.finish(1, ended, started=0.0)
+    family = next(f for f in metrics.registry.collect() if f.name == "detector_model_scores")
+    samples = {s.labels.get("le"): s.value for s in family.samples if s.name.endswith("_bucket")}
+    expected = model.predict_proba(batch[list(FEATURES)].to_numpy(np.float32))[:, 1]
+    assert samples["+Inf"] == 200
+    assert samples["0.5"] == pytest.approx(int((expected <= 0.5).sum()), abs=2)  # float32's reach at the edge
+    total = next(s.value for s in family.samples if s.name.endswith("_sum"))
+    assert total == pytest.approx(expected.sum(), rel=1e-4)

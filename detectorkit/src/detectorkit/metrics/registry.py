@@ -23,6 +23,8 @@ PREFIX = "detector"
 # From a record's Kafka timestamp to its detection being acknowledged by the broker.
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+# A model's scores (detectorkit.models): a probability's tenths; a score above 1 counts in +Inf.
+SCORE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 def bucket_counts(values_seconds: Iterable[float], bounds: Sequence[float] = LATENCY_BUCKETS) -> list[int]:
@@ -125,6 +127,10 @@ class JobMetrics:
             f"{PREFIX}_end_to_end_latency_seconds", "From an input record's Kafka timestamp to its detection written.", LATENCY_BUCKETS
         )
         r.register(self.latency)
+        # A model detector's: what it scores with, and the distribution of every score it gave.
+        self.model_info = Gauge(f"{PREFIX}_model_info", "1 per instance, labelled with the model it scores with.", ["model", "version"], registry=r)
+        self.model_scores = MergedHistogram(f"{PREFIX}_model_scores", "Scores the model gave the records it scored.", SCORE_BUCKETS)
+        r.register(self.model_scores)
         self.lag = Gauge(f"{PREFIX}_consumer_lag_records", "High watermark minus committed offset, per input partition.", ["partition"], registry=r)
         self.committed = Gauge(f"{PREFIX}_committed_offset", "Last committed offset, per input partition.", ["partition"], registry=r)
         self.assigned = Gauge(f"{PREFIX}_assigned_partitions", "Input partitions this instance owns in its consumer group.", registry=r)
@@ -187,6 +193,11 @@ class JobMetrics:
             self.dead_letters.labels(reason=reason).inc(n)
         if any(latency_counts):
             self.latency.add(latency_counts, latency_sum)
+
+    def record_scores(self, counts: Sequence[int], total: float) -> None:
+        """A model detector's scores, as bucket counts of SCORE_BUCKETS (tasks count them)."""
+        if any(counts):
+            self.model_scores.add(counts, total)
 
     def set_assignment(self, owned, seconds: float) -> None:
         self.assigned.set(len(owned))

@@ -15,6 +15,7 @@ import pandas as pd
 
 from detectorkit import windows
 from detectorkit.detector import Detector, defaults_of
+from detectorkit.metrics.registry import SCORE_BUCKETS, bucket_counts
 from detectorkit.models.scoring import Model
 from detectorkit.records import UNSCORABLE, Refused
 
@@ -73,9 +74,13 @@ def detector(
     columns = (*features, *(aggregates or {}))
 
     def build(settings: Any, model: Model | None) -> Detector:
+        # This process's scores since the job last took them (a worker's, for detector_model_scores).
+        tally = _Tally()
+
         def scored(rows: pd.DataFrame, fields: pd.DataFrame) -> pd.DataFrame:
             scoring = model if model is not None else Model.cached(settings.model_uri)
             scores = scoring.score(features_of(rows, columns, scoring.features))
+            tally.add(scores)
             hit = scores >= settings.threshold
             out = fields.loc[hit].copy()
             out[MODEL], out[MODEL_VERSION], out[SCORE] = scoring.name, scoring.version, scores[hit]
@@ -86,17 +91,50 @@ def detector(
             def detect(records: pd.DataFrame, _config) -> pd.DataFrame:
                 return scored(records, records.loc[:, list(features)])
 
-            return Detector(name=name, detect=detect, config=config, required_fields=features, configure=lambda c: build(c, Model.load(c.model_uri)))
+            return Detector(
+                name=name,
+                detect=detect,
+                config=config,
+                required_fields=features,
+                model_info=None if model is None else (model.name, model.version),
+                take_scores=tally.take,
+                configure=lambda c: build(c, Model.load(c.model_uri)),
+            )
 
         def detect_windowed(records: pd.DataFrame, state: pd.DataFrame, rule_config) -> tuple:
             features_of(records, features, len(features))  # a record it cannot score changes no window
             out = rule.detect(records, state, rule_config)
             return (scored(out[0], out[0]), *out[1:])
 
-        return dataclasses.replace(rule, detect=detect_windowed, config=config, configure=lambda c: build(c, Model.load(c.model_uri)))
+        return dataclasses.replace(
+            rule,
+            detect=detect_windowed,
+            config=config,
+            model_info=None if model is None else (model.name, model.version),
+            take_scores=tally.take,
+            configure=lambda c: build(c, Model.load(c.model_uri)),
+        )
 
     # At import the model is not read (a test may configure another); the job loads it at start.
     return build(defaults_of(config, True, "models.detector"), None)
+
+
+class _Tally:
+    """Scores counted into SCORE_BUCKETS as they are given, taken by the job after each call."""
+
+    def __init__(self) -> None:
+        self.counts, self.sum = [0] * (len(SCORE_BUCKETS) + 1), 0.0
+
+    def add(self, scores: np.ndarray) -> None:
+        if len(scores):
+            for i, n in enumerate(bucket_counts(scores.tolist(), SCORE_BUCKETS)):
+                self.counts[i] += n
+            self.sum += float(scores.sum())
+
+    def take(self) -> tuple[list[int], float]:
+        taken = self.counts, self.sum
+        self.counts, self.sum = [0] * (len(SCORE_BUCKETS) + 1), 0.0
+        return taken
 
 
 def features_of(records: pd.DataFrame, features: tuple[str, ...], width: int) -> np.ndarray:

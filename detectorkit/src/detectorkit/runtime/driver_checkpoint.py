@@ -57,6 +57,8 @@ class _Folded:
     dead: Counter = field(default_factory=Counter)
     latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
     latency_sum: float = 0.0
+    score_counts: list[int] = field(default_factory=list)
+    score_sum: float = 0.0
     errors: list[str] = field(default_factory=list)
 
 
@@ -185,6 +187,10 @@ class DriverCheckpoint:
             f.dead.update(r.dead_letters)
             f.latency_counts = [a + b for a, b in zip(f.latency_counts, r.latency_counts, strict=True)] if r.latency_counts else f.latency_counts
             f.latency_sum += r.latency_sum
+            if r.scores:
+                counts = r.scores["counts"]
+                f.score_counts = [a + b for a, b in zip(f.score_counts, counts, strict=True)] if f.score_counts else list(counts)
+                f.score_sum += r.scores["sum"]
             self.metrics.executors.update(r.processes)
             if r.state:
                 self.metrics.record_state(r.partition, r.state)
@@ -201,6 +207,8 @@ class DriverCheckpoint:
         fails after some of its transactions committed, whose records are not read again."""
         with self._counts_lock:
             self.metrics.record_batch(result.records, result.detections, result.dead_letters, result.seconds, f.latency_counts, f.latency_sum)
+            if f.score_counts:
+                self.metrics.record_scores(f.score_counts, f.score_sum)
             self._add_to_stats(result.records, result.detections, result.dead_letters)
 
     def count_reported(self, counts: dict) -> None:
@@ -210,6 +218,8 @@ class DriverCheckpoint:
         records, detections, dead = counts["records"], counts["detections"], Counter(counts["dead_letters"])
         with self._counts_lock:
             self.metrics.record_counts(records, detections, dead, counts["latency_counts"], counts["latency_sum"])
+            if counts.get("score_counts"):
+                self.metrics.record_scores(counts["score_counts"], counts["score_sum"])
             for partition, state in counts.get("state", {}).items():
                 self.metrics.record_state(int(partition), state)
             self._add_to_stats(records, detections, dead)

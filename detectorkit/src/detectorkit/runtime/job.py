@@ -93,6 +93,9 @@ class StreamJob:
         self.broker_kind = s.kafka_broker_kind
         self.stats = JobStats()
         self.metrics = JobMetrics(dead_letter_reasons=self.stage.reasons, build=build_info.versions(build_info.package_of(self.stage)))
+        model = getattr(getattr(self.stage, "detector", None), "model_info", None)
+        if model is not None:
+            self.metrics.model_info.labels(model=model[0], version=model[1]).set(1)
         self.progress = Progress()  # for liveness: when a batch last completed
         self._leaving = threading.Event()
         self.supervisor = Supervisor(s.query_restart_attempts, s.query_restart_backoff_seconds, self.metrics.query_restarts, self._leaving)

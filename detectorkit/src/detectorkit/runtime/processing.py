@@ -73,6 +73,7 @@ def process_records(
         keyed = KeyedBatch(values, keys, stamps.to_numpy(), source, stores.stores[partition], stores.tags[partition], topic)
         found, rejected = ctx.stage.run_keyed(keyed, ctx.config, ctx.service)
     send_outputs(ctx, found, sink, summaries, keys, partitions, stamps, topic)
+    _take_scores(ctx, summaries.setdefault(int(partitions[0]), PartitionSummary()))
     for r in rejected:
         i = r.position
         p = int(partitions[i])
@@ -87,6 +88,21 @@ def process_records(
         s.records += int(mask.sum())
         s.detections += detections_in.get(p, 0)
         s.next_offset = max(s.next_offset, int(offsets[mask].max()) + 1)
+
+
+def _take_scores(ctx: TaskContext, summary: PartitionSummary) -> None:
+    """A model detector's scores of the call, onto a summary of its partitions (they are summed)."""
+    take = getattr(getattr(ctx.stage, "detector", None), "take_scores", None)
+    if take is None:
+        return
+    counts, total = take()
+    summary.score_counts = [a + b for a, b in zip(summary.score_counts, counts, strict=True)] if summary.score_counts else list(counts)
+    summary.score_sum += total
+
+
+def _scores_of(summaries: Iterable[PartitionSummary]) -> tuple[list[int], float]:
+    counted = [s.score_counts for s in summaries if s.score_counts]
+    return ([sum(c) for c in zip(*counted, strict=True)] if counted else []), float(sum(s.score_sum for s in summaries))
 
 
 def send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int, PartitionSummary], keys, partitions, stamps, topic: str) -> None:
@@ -164,6 +180,7 @@ def summary_batch(summaries: dict[int, PartitionSummary], written_ms: float, err
                 dead_letters=dict(s.dead_letters),
                 latency_counts=bucket_counts(latencies),
                 latency_sum=float(sum(latencies)),
+                scores={"counts": s.score_counts, "sum": s.score_sum} if s.score_counts else None,
                 processes=executors.report() if i == 0 else (),
                 state=s.state or None,
                 durable=s.durable,
@@ -191,11 +208,13 @@ def take_counts(summaries: dict[int, PartitionSummary]) -> dict:
         # Each partition's store as its last checkpoint left it (keys, bytes, what it wrote).
         "state": {str(p): s.state for p, s in summaries.items() if s.state},
     }
+    counts["score_counts"], counts["score_sum"] = _scores_of(summaries.values())
     for s in summaries.values():
         s.records = s.detections = s.timer_detections = 0
         s.dead_letters.clear()
         s.latencies.clear()
         s.state = {}
+        s.score_counts, s.score_sum = [], 0.0
     return counts
 
 

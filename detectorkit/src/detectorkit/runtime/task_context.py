@@ -55,6 +55,9 @@ class PartitionSummary:
     # Seconds from record to written, of detections already flushed (a slice's earlier checkpoints).
     latencies: list[float] = field(default_factory=list)
     timer_detections: int = 0  # detections of timers: no input record, no latency
+    # A model detector's scores: bucket counts (metrics.registry.SCORE_BUCKETS) and their sum.
+    score_counts: list[int] = field(default_factory=list)
+    score_sum: float = 0.0
     state: dict[str, float] = field(default_factory=dict)
     # With a state flush interval: the input offset the changelog reflects, once this task wrote it.
     durable: int | None = None

@@ -22,6 +22,8 @@ _COLUMNS = (
     ("dead_letters", pa.string(), "string"),
     ("latency_counts", pa.string(), "string"),
     ("latency_sum", pa.float64(), "double"),
+    # A model detector's scores: {"counts": bucket counts, "sum": their sum}.
+    ("scores", pa.string(), "string"),
     # What the task's processes cost (metrics.executors), on its first row only.
     ("processes", pa.string(), "string"),
     # The partition's state store (keys, bytes, restore, changelog records), for a stage with state.
@@ -34,7 +36,7 @@ _COLUMNS = (
     # row only; the rows are the partitions that did. The driver fails the batch after counting them.
     ("error", pa.string(), "string"),
 )
-_JSON = {"dead_letters", "latency_counts", "processes", "state"}
+_JSON = {"dead_letters", "latency_counts", "processes", "state", "scores"}
 
 SPARK_SCHEMA = ", ".join(f"{name} {sql}" for name, _, sql in _COLUMNS)
 ARROW_SCHEMA = pa.schema([(name, arrow) for name, arrow, _ in _COLUMNS])
@@ -49,6 +51,7 @@ class TaskResult:
     dead_letters: Mapping[str, int] = field(default_factory=dict)
     latency_counts: Sequence[int] = ()
     latency_sum: float = 0.0
+    scores: Mapping[str, Any] | None = None
     processes: Sequence[Mapping[str, Any]] = ()
     state: Mapping[str, float] | None = None
     durable: int | None = None
