@@ -19,7 +19,7 @@ PREAMBLE = """
 from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
-from detectorkit import Detector, State, patterns, windows
+from detectorkit import Detector, State, models, patterns, windows
 
 @dataclass(frozen=True)
 class Config:
