@@ -280,3 +280,58 @@ def test_every_score_reaches_the_jobs_histogram_and_the_model_its_info(tmp_path)
     assert samples["0.5"] == pytest.approx(int((expected <= 0.5).sum()), abs=2)  # float32's reach at the edge
     total = next(s.value for s in family.samples if s.name.endswith("_sum"))
     assert total == pytest.approx(expected.sum(), rel=1e-4)
+
+
+# ---- a candidate backtested with labels ------------------------------------------------------------
+
+
+def test_a_candidate_model_is_backtested_with_labels_roc_auc_and_the_precision_at_its_threshold(tmp_path, capsys, monkeypatch):
+    """`<service> backtest --model-uri CANDIDATE --labels`: every record scored by the candidate for
+    the ROC AUC; the detections, their precision and recall at DETECTOR_THRESHOLD."""
+    import json
+    import re
+
+    from sklearn.metrics import roc_auc_score
+
+    from detectorkit.cli.run import run_detector
+
+    live = exported(trained(seed=7), tmp_path / "live.onnx", version="1")
+    candidate_model = trained(rows=4_000, seed=8)
+    candidate = exported(candidate_model, tmp_path / "candidate.onnx", version="2")
+    batch = records(400, seed=21)
+    rows = [
+        {"id": f"r-{i}", **{f: float(v) for f, v in zip(FEATURES, values, strict=True)}} for i, values in enumerate(batch[list(FEATURES)].to_numpy())
+    ]
+    history = tmp_path / "history.jsonl"
+    history.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    truth = ((batch["amount"] > 500) & ((batch["hour"] < 6) | (batch["items"] > 10))).to_numpy()
+    labels = tmp_path / "labels.txt"
+    labels.write_text("id\n" + "".join(f"r-{i}\n" for i in np.flatnonzero(truth)))
+    monkeypatch.setenv("DETECTOR_MODEL_URI", live)
+    monkeypatch.setenv("DETECTOR_THRESHOLD", "0.7")
+    out = tmp_path / "found.jsonl"
+    detector = models.detector(name="fraud-score", features=FEATURES)
+    argv = ["backtest", "--files", str(history), "--out", str(out), "--labels", str(labels), "--model-uri", candidate, "--no-progress"]
+    assert run_detector(detector, argv) == 0
+    printed = capsys.readouterr().out
+
+    scores = candidate_model.predict_proba(batch[list(FEATURES)].to_numpy(np.float32))[:, 1]
+    found = [json.loads(line)["detection"] for line in out.read_text().splitlines()]
+    assert {d["model_version"] for d in found} == {"2"} and all(d["score"] >= 0.7 for d in found)
+    assert len(found) == int((scores >= 0.7).sum())
+    auc = float(re.search(r"400 scored, (\d+) of them labelled: ROC AUC ([0-9.]+)", printed)[2])
+    assert auc == pytest.approx(roc_auc_score(truth, scores), abs=1e-3)
+    flagged = set(np.flatnonzero(scores >= 0.7))
+    both = len(flagged & set(np.flatnonzero(truth)))
+    assert f"{truth.sum()} labelled, {len(flagged)} flagged, {both} both" in printed
+
+
+def test_a_candidate_for_a_detector_that_scores_with_no_model_is_refused(tmp_path, capsys):
+    from detectorkit.cli.run import run_detector
+
+    from ..detectors import THRESHOLD
+
+    (tmp_path / "h.jsonl").write_text('{"amount": 1}\n')
+    argv = ["backtest", "--files", str(tmp_path / "h.jsonl"), "--out", str(tmp_path / "f.jsonl"), "--model-uri", "m.onnx"]
+    assert run_detector(THRESHOLD, argv) == 2
+    assert "--model-uri is for a model detector" in capsys.readouterr().err

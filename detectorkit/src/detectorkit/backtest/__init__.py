@@ -18,7 +18,7 @@ from __future__ import annotations
 from detectorkit.backtest.diff import Diff, compare
 from detectorkit.backtest.history import Chunk, History, HistoryError, from_files, from_frame, from_kafka
 from detectorkit.backtest.replay import Backtest, run, run_on_spark
-from detectorkit.backtest.summary import Score, Summary, read_labels, summarise
+from detectorkit.backtest.summary import Ranking, Score, Summary, at_threshold, ranking, read_labels, summarise
 
 __all__ = [
     "Backtest",
@@ -26,12 +26,15 @@ __all__ = [
     "compare",
     "History",
     "HistoryError",
+    "Ranking",
     "Score",
     "Chunk",
     "Summary",
+    "at_threshold",
     "from_files",
     "from_frame",
     "from_kafka",
+    "ranking",
     "read_labels",
     "run",
     "run_on_spark",

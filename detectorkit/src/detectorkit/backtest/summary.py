@@ -4,6 +4,7 @@ per hour and by key, and with labels (records or keys known to be anomalous) its
 from __future__ import annotations
 
 import collections
+import dataclasses
 import pathlib
 from dataclasses import dataclass, field
 
@@ -32,6 +33,40 @@ class Score:
 
 
 @dataclass
+class Ranking:
+    """How a model's scores rank the labelled above the rest: the ROC AUC over every scored record
+    (by id) or key (its highest score), the probability that a labelled one outscores another."""
+
+    by: str
+    scored: int
+    labelled: int
+    auc: float | None
+
+    def line(self, threshold: float) -> str:
+        auc = "n/a (needs labelled and unlabelled ones)" if self.auc is None else f"{self.auc:.3f}"
+        scored = f"scores by {self.by}: {self.scored:,} scored, {self.labelled:,} of them labelled"
+        return f"{scored}: ROC AUC {auc} (the detections, and their precision and recall, are those at the threshold {threshold:g})"
+
+
+def ranking(scored: list[tuple[str | None, float]], labels: tuple[str, set[str]]) -> Ranking:
+    """`scored`: (the record's id, or its key for labels by key; its score) of every scored record."""
+    by, labelled = labels
+    best: dict[str, float] = {}
+    for name, score in scored:
+        if name is not None:
+            best[name] = max(best.get(name, float("-inf")), score)
+    names = list(best)
+    positive = pd.Series([n in labelled for n in names], dtype=bool)
+    ranks = pd.Series([best[n] for n in names], dtype=float).rank(method="average")
+    pos, neg = int(positive.sum()), int((~positive).sum())
+    auc = None
+    if pos and neg:
+        # Mann-Whitney's U over the average ranks (ties count half): no training library needed.
+        auc = float((ranks[positive].sum() - pos * (pos + 1) / 2) / (pos * neg))
+    return Ranking(by, len(names), pos, auc)
+
+
+@dataclass
 class Summary:
     service: str
     records: int
@@ -46,6 +81,8 @@ class Summary:
     seconds: float | None = None  # how long the backtest took
     first_error: str | None = None
     late: int = 0
+    ranking: Ranking | None = None
+    threshold: float | None = None  # a model detector's, with `ranking`
 
     def lines(self) -> list[str]:
         took = ""
@@ -69,12 +106,22 @@ class Summary:
             p = "n/a" if s.precision is None else f"{s.precision:.3f}"
             r = "n/a" if s.recall is None else f"{s.recall:.3f}"
             out.append(f"labels by {s.by}: {s.labelled:,} labelled, {s.flagged:,} flagged, {s.both:,} both: precision {p}, recall {r}")
+        if self.ranking is not None:
+            out.append(self.ranking.line(self.threshold))
         if self.first_error is not None:
             failed = self.dead_letters.get("detector_error", 0)
             out.append(
                 f"the detector raised on {failed:,} record(s) or timer(s) (dead letters, detector_error); the first:\n{self.first_error.rstrip()}"
             )
         return out + self.notes
+
+
+def at_threshold(result: Backtest, threshold: float) -> tuple[Backtest, list[tuple[str | None, str | None, float]]]:
+    """A model detector's backtest run at no threshold (every scored record a detection): the
+    detections at `threshold`, and (record id, key, score) of every scored record."""
+    scored = [(rid, d["source"].get("key"), float(d["detection"]["score"])) for d, rid in zip(result.detections, result.record_ids, strict=True)]
+    kept = [i for i, (_, _, score) in enumerate(scored) if score >= threshold]
+    return dataclasses.replace(result, detections=[result.detections[i] for i in kept], record_ids=[result.record_ids[i] for i in kept]), scored
 
 
 def summarise(result: Backtest, labels: tuple[str, set[str]] | None = None, seconds: float | None = None) -> Summary:

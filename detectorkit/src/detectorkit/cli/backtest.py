@@ -5,6 +5,7 @@ them; the history is a range of the input topic or files."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import time
@@ -54,6 +55,11 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="where the detections go: .parquet or .jsonl (the output topic's values)")
     p.add_argument("--labels", default=None, help="a file: a header line 'id' or 'key', then the anomalous ones, one a line")
     p.add_argument(
+        "--model-uri",
+        default=None,
+        help="a model detector: score with this model instead of DETECTOR_MODEL_URI's (a candidate); with --labels, the ROC AUC of its scores",
+    )
+    p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -79,6 +85,11 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
     try:
         settings = settings_mod.load(job.parse_args(rest), defaults=defaults).for_service(detector.name)
         config = detector.load_config()
+        scoring = detector.take_scores is not None and hasattr(config, "threshold")
+        if args.model_uri is not None:
+            if not scoring:
+                raise SettingsError(f"--model-uri is for a model detector (detectorkit.models); {detector.name} scores with none")
+            config = dataclasses.replace(config, model_uri=args.model_uri)
         out = pathlib.Path(args.out)
         if out.suffix not in (".parquet", ".jsonl"):
             raise SettingsError(f"--out must end in .parquet or .jsonl, not {out.name!r}")
@@ -108,6 +119,14 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
         decode = input_decoder(settings) if not args.files else None
     except (SettingsError, backtest.HistoryError) as exc:
         return fail(str(exc))
+    threshold = config.threshold if scoring and labels is not None else None
+    if threshold is not None:
+        # Every scored record's score, for the ROC AUC; the detections are those at the threshold.
+        config = dataclasses.replace(config, threshold=float("-inf"))
+    try:
+        detector.configured(config)  # a model that cannot be loaded: one line, before any record is read
+    except SettingsError as exc:
+        return fail(str(exc))
     started = time.monotonic()
     if args.spark:
         from detectorkit.backtest.spark_files import run_files_on_spark
@@ -131,8 +150,15 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
             except backtest.HistoryError as exc:
                 return fail(str(exc), EXIT_FAILED)
     seconds = time.monotonic() - started
+    scored = None
+    if threshold is not None:
+        result, scored = backtest.at_threshold(result, threshold)
     _write(result, out)
     summary = backtest.summarise(result, labels, seconds)
+    if scored is not None:
+        by = labels[0]
+        summary.ranking = backtest.ranking([(rid if by == "id" else key, score) for rid, key, score in scored], labels)
+        summary.threshold = threshold
     print("\n".join([*summary.lines(), f"detections written to {out}"]), flush=True)
     return 0
 
