@@ -17,17 +17,25 @@ KINDS = "_kinds"
 
 
 def places(package: str) -> dict[str, str]:
-    """Each file of a kind's folder, and where it goes in the baked project."""
+    """Each file a kind's folder may hold, and where it goes in the baked project: every kind has the
+    first three; a model's has its training script and the model it made."""
     return {
         "detector.py": f"src/{package}/detector.py",
         "test_detector.py": "tests/test_detector.py",
         "test_integration.py": "tests/test_integration.py",
+        "train.py": "train.py",
+        "model.onnx": f"src/{package}/model.onnx",
     }
+
+
+EVERY_KIND = ("detector.py", "test_detector.py", "test_integration.py")
 
 
 def keep_kind(project: pathlib.Path, kind: str, package: str) -> None:
     chosen = project / KINDS / kind
     for name, place in places(package).items():
+        if not (chosen / name).exists():
+            continue
         target = project / place
         target.parent.mkdir(parents=True, exist_ok=True)
         (chosen / name).replace(target)

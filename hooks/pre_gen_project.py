@@ -59,7 +59,7 @@ def check_email(email: str) -> str | None:
     return f"author_email {email!r} is not an e-mail address: type something like 'data-science@example.com'"
 
 
-KINDS = ("threshold", "burst", "silence", "totals")
+KINDS = ("threshold", "burst", "silence", "totals", "model")
 
 
 def check_detector_kind(kind: str) -> str | None:

@@ -29,6 +29,7 @@ COMBINATIONS = [
     {"service_name": "fraud-velocity", "description": "Too many orders from one card in a minute.", "detector_kind": "burst"},
     {"service_name": "gone-quiet", "description": "Customers who stopped sending records.", "detector_kind": "silence"},
     {"service_name": "big-hours", "description": "Customers who spent more than 10,000 in an hour.", "detector_kind": "totals"},
+    {"service_name": "fraud-score", "description": "Orders a trained model scores as fraud.", "detector_kind": "model"},
     {"service_name": "x", "input_topic": "orders_v2", "output_topic": "alerts.fraud", "dlq_topic": "x-dead"},
     {"service_name": "geo-mismatch", "package_name": "geo", "consumer_group": "geo.v3", "author_name": "Ana O'Neil"},
     {"service_name": "quotes", "description": 'Says "hello" \\ and {braces}'},
@@ -85,11 +86,20 @@ def test_bake_renders_everything(cookies, extra):
     meta = tomllib.loads((project / "pyproject.toml").read_text())
     assert meta["project"]["name"] == service
     requirement = Requirement(extra.get("detectorkit_requirement", DEFAULT_REQUIREMENT))
-    assert [Requirement(r) for r in meta["project"]["dependencies"]] == [requirement]
+    # A model's service scores with ONNX Runtime (the model extra); its developer trains (the train extra).
+    model = extra.get("detector_kind") == "model"
+    (dependency,) = [Requirement(r) for r in meta["project"]["dependencies"]]
+    assert (dependency.name, dependency.extras, dependency.specifier, dependency.url) == (
+        "detectorkit",
+        {"model"} if model else set(),
+        requirement.specifier,
+        requirement.url,
+    )
     # Developing it needs detectorkit's test extra (the plugin's brokers, the embedded one for `make run`),
     # from the same place as the dependency; the image installs the dependency alone.
     tested = Requirement(meta["project"]["optional-dependencies"]["test"][0])
-    assert (tested.name, tested.extras, tested.specifier, tested.url) == ("detectorkit", {"test"}, requirement.specifier, requirement.url)
+    expected = {"test", "train"} if model else {"test"}
+    assert (tested.name, tested.extras, tested.specifier, tested.url) == ("detectorkit", expected, requirement.specifier, requirement.url)
     # Nothing points back into this repository: the project lives in a repository of its own.
     readme = (project / "README.md").read_text()
     assert "../" not in readme

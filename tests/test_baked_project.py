@@ -48,6 +48,7 @@ SUITES = {
     "burst": {"service_name": "order-bursts", "package_name": "bursts", "input_topic": "orders", "detector_kind": "burst"},
     "silence": {"service_name": "quiet-customers", "package_name": "quiet", "detector_kind": "silence"},
     "totals": {"service_name": "hourly-totals", "package_name": "totals", "detector_kind": "totals"},
+    "model": {"service_name": "fraud-score", "package_name": "fraud_score", "detector_kind": "model"},
 }
 
 

@@ -127,13 +127,13 @@ def test_main_passes_good_answers(monkeypatch):
     assert hook.main() == 0
 
 
-@pytest.mark.parametrize("kind", ["threshold", "burst", "silence", "totals"])
+@pytest.mark.parametrize("kind", ["threshold", "burst", "silence", "totals", "model"])
 def test_every_detector_kind_passes(kind):
     assert hook.check_detector_kind(kind) is None
 
 
 def test_an_unknown_detector_kind_says_which_to_type():
-    assert hook.check_detector_kind("spike").endswith("type one of threshold, burst, silence, totals")
+    assert hook.check_detector_kind("spike").endswith("type one of threshold, burst, silence, totals, model")
 
 
 def test_each_kind_offered_has_a_folder_of_its_files_and_nothing_else():
@@ -141,18 +141,20 @@ def test_each_kind_offered_has_a_folder_of_its_files_and_nothing_else():
     assert sorted(offered) == sorted(hook.KINDS) == sorted(p.name for p in KINDS.iterdir())
     for kind in offered:
         # A file the hook does not place would be dropped from every bake without a word.
-        assert sorted(p.name for p in (KINDS / kind).iterdir()) == sorted(post_gen.places("pkg"))
+        files = {p.name for p in (KINDS / kind).iterdir()}
+        assert set(post_gen.EVERY_KIND) <= files <= set(post_gen.places("pkg")), files
 
 
-@pytest.mark.parametrize("kind", ["threshold", "burst", "silence", "totals"])
+@pytest.mark.parametrize("kind", ["threshold", "burst", "silence", "totals", "model"])
 def test_keep_kind_puts_the_chosen_files_in_place_and_drops_the_other_kinds(tmp_path, kind):
     shutil.copytree(KINDS, tmp_path / "_kinds")
     (tmp_path / "src" / "pkg").mkdir(parents=True)
     post_gen.keep_kind(tmp_path, kind, "pkg")
     assert not (tmp_path / "_kinds").exists()
-    for name, place in post_gen.places("pkg").items():
-        assert (tmp_path / place).read_text() == (KINDS / kind / name).read_text()
-    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == sorted(post_gen.places("pkg").values())
+    kept = {name: place for name, place in post_gen.places("pkg").items() if (KINDS / kind / name).exists()}
+    for name, place in kept.items():
+        assert (tmp_path / place).read_bytes() == (KINDS / kind / name).read_bytes()
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == sorted(kept.values())
 
 
 def test_the_template_update_workflow_stays_only_in_a_service_cruft_made(tmp_path):
@@ -164,17 +166,24 @@ def test_the_template_update_workflow_stays_only_in_a_service_cruft_made(tmp_pat
         assert workflow.exists() is made_by_cruft
 
 
-@pytest.mark.parametrize("kind", ["threshold", "burst", "silence", "totals"])
+@pytest.mark.parametrize("kind", ["threshold", "burst", "silence", "totals", "model"])
 def test_a_bake_holds_its_kinds_files_under_the_usual_names_and_no_other_kinds(cookies, kind):
     result = cookies.bake(extra_context={"service_name": f"svc-{kind}", "detector_kind": kind})
     assert result.exit_code == 0, result.exception
     project = pathlib.Path(result.project_path)
     assert not (project / "_kinds").exists()
     for name, place in post_gen.places(f"svc_{kind}").items():
+        if not (KINDS / kind / name).exists():
+            assert not (project / place).exists(), place
+            continue
+        if name.endswith(".onnx"):  # copied as it is, never rendered
+            assert (project / place).read_bytes() == (KINDS / kind / name).read_bytes()
+            continue
         template = (KINDS / kind / name).read_text()
         rendered = template.replace("{{ cookiecutter.service_name }}", f"svc-{kind}").replace("{{ cookiecutter.package_name }}", f"svc_{kind}")
         assert (project / place).read_text() == rendered, place
-    assert sorted(p.name for p in (project / "src" / f"svc_{kind}").iterdir()) == ["__init__.py", "__main__.py", "detector.py"]
+    shipped = ["model.onnx"] if kind == "model" else []
+    assert sorted(p.name for p in (project / "src" / f"svc_{kind}").iterdir()) == sorted(["__init__.py", "__main__.py", "detector.py", *shipped])
     # The kind's two tests, and the one every kind has (its Strimzi resources are current).
     assert sorted(p.name for p in (project / "tests").iterdir()) == ["test_detector.py", "test_integration.py", "test_kafka_manifests.py"]
 
