@@ -37,6 +37,12 @@ def bucket_counts(values_seconds: Iterable[float], bounds: Sequence[float] = LAT
     return counts
 
 
+def merged_counts(*counts: Sequence[int]) -> list[int]:
+    """Bucket counts added up bucket by bucket; an empty one (none counted yet) adds nothing."""
+    given = [c for c in counts if c]
+    return [sum(bucket) for bucket in zip(*given, strict=True)] if given else []
+
+
 class MergedHistogram(Collector):
     """A histogram fed with bucket counts computed elsewhere (prometheus-client's Histogram only
     takes single observations, and the executors observe, not the driver)."""

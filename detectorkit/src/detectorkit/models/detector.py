@@ -15,7 +15,7 @@ import pandas as pd
 
 from detectorkit import windows
 from detectorkit.detector import Detector, defaults_of
-from detectorkit.metrics.registry import SCORE_BUCKETS, bucket_counts
+from detectorkit.metrics.registry import SCORE_BUCKETS, bucket_counts, merged_counts
 from detectorkit.models.scoring import Model
 from detectorkit.records import UNSCORABLE, Refused
 
@@ -86,34 +86,25 @@ def detector(
             out[MODEL], out[MODEL_VERSION], out[SCORE] = scoring.name, scoring.version, scores[hit]
             return out
 
+        scoring = {
+            "config": config,
+            "model_info": None if model is None else (model.name, model.version),
+            "take_scores": tally.take,
+            "configure": lambda c: build(c, Model.load(c.model_uri)),
+        }
         if rule is None:
 
             def detect(records: pd.DataFrame, _config) -> pd.DataFrame:
                 return scored(records, records.loc[:, list(features)])
 
-            return Detector(
-                name=name,
-                detect=detect,
-                config=config,
-                required_fields=features,
-                model_info=None if model is None else (model.name, model.version),
-                take_scores=tally.take,
-                configure=lambda c: build(c, Model.load(c.model_uri)),
-            )
+            return Detector(name=name, detect=detect, required_fields=features, **scoring)
 
         def detect_windowed(records: pd.DataFrame, state: pd.DataFrame, rule_config) -> tuple:
             features_of(records, features, len(features))  # a record it cannot score changes no window
             out = rule.detect(records, state, rule_config)
             return (scored(out[0], out[0]), *out[1:])
 
-        return dataclasses.replace(
-            rule,
-            detect=detect_windowed,
-            config=config,
-            model_info=None if model is None else (model.name, model.version),
-            take_scores=tally.take,
-            configure=lambda c: build(c, Model.load(c.model_uri)),
-        )
+        return dataclasses.replace(rule, detect=detect_windowed, **scoring)
 
     # At import the model is not read (a test may configure another); the job loads it at start.
     return build(defaults_of(config, True, "models.detector"), None)
@@ -123,17 +114,17 @@ class _Tally:
     """Scores counted into SCORE_BUCKETS as they are given, taken by the job after each call."""
 
     def __init__(self) -> None:
-        self.counts, self.sum = [0] * (len(SCORE_BUCKETS) + 1), 0.0
+        self.counts: list[int] = []
+        self.sum = 0.0
 
     def add(self, scores: np.ndarray) -> None:
         if len(scores):
-            for i, n in enumerate(bucket_counts(scores.tolist(), SCORE_BUCKETS)):
-                self.counts[i] += n
+            self.counts = merged_counts(self.counts, bucket_counts(scores.tolist(), SCORE_BUCKETS))
             self.sum += float(scores.sum())
 
     def take(self) -> tuple[list[int], float]:
         taken = self.counts, self.sum
-        self.counts, self.sum = [0] * (len(SCORE_BUCKETS) + 1), 0.0
+        self.counts, self.sum = [], 0.0
         return taken
 
 
@@ -146,9 +137,11 @@ def features_of(records: pd.DataFrame, features: tuple[str, ...], width: int) ->
     for i, field in enumerate(features):
         values = pd.to_numeric(records[field], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
         matrix[:, i] = values
-    bad = ~np.isfinite(matrix).all(axis=1)
+    finite = np.isfinite(matrix)
+    bad = ~finite.all(axis=1)
     if bad.any():
-        row = records.iloc[int(np.flatnonzero(bad)[0])]
-        which = [f for f in features if not np.isfinite(pd.to_numeric(pd.Series([row[f]]), errors="coerce").astype(float).iloc[0])]
+        first = int(np.flatnonzero(bad)[0])
+        row = records.iloc[first]
+        which = [f for f, ok in zip(features, finite[first], strict=True) if not ok]
         raise Refused(UNSCORABLE, f"features {which} are not finite numbers: {[row[f] for f in which]}")
     return matrix

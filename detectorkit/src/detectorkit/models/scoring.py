@@ -67,11 +67,8 @@ class Model:
     def cached(cls, uri: str) -> Model:
         """`load(uri)` once per process: for a detector run without its config (the job and the
         harness configure it, which loads the model where they start)."""
-        with _SESSIONS_LOCK:
-            model = _LOADED.get(uri)
-        if model is None:
-            model = _LOADED.setdefault(uri, cls.load(uri))
-        return model
+        model = _LOADED.get(uri)
+        return model if model is not None else _LOADED.setdefault(uri, cls.load(uri))
 
     def score(self, features: np.ndarray) -> np.ndarray:
         """One score per row of `features` (rows of float32, in the declared order)."""

@@ -20,7 +20,7 @@ from confluent_kafka import KafkaException
 from detectorkit.kafka import clients, offset_store, transactions
 from detectorkit.kafka.membership import CommitRefused, GroupMember
 from detectorkit.kafka.planning import deleted_input_topic
-from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics
+from detectorkit.metrics.registry import LATENCY_BUCKETS, JobMetrics, merged_counts
 from detectorkit.runtime.job_plan import JobPlan
 from detectorkit.runtime.supervisor import describe, is_permanent
 from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
@@ -185,11 +185,10 @@ class DriverCheckpoint:
             f.records += r.records
             f.detections += r.detections
             f.dead.update(r.dead_letters)
-            f.latency_counts = [a + b for a, b in zip(f.latency_counts, r.latency_counts, strict=True)] if r.latency_counts else f.latency_counts
+            f.latency_counts = merged_counts(f.latency_counts, r.latency_counts)
             f.latency_sum += r.latency_sum
             if r.scores:
-                counts = r.scores["counts"]
-                f.score_counts = [a + b for a, b in zip(f.score_counts, counts, strict=True)] if f.score_counts else list(counts)
+                f.score_counts = merged_counts(f.score_counts, r.scores["counts"])
                 f.score_sum += r.scores["sum"]
             self.metrics.executors.update(r.processes)
             if r.state:

@@ -25,7 +25,7 @@ from detectorkit.kafka.claims import Claim
 from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.metrics import executors
-from detectorkit.metrics.registry import bucket_counts
+from detectorkit.metrics.registry import bucket_counts, merged_counts
 from detectorkit.records import dead_letter_headers
 from detectorkit.runtime import crash_points, gc_tuning, task_result
 from detectorkit.runtime.batches import by_partition, stamps_ms
@@ -96,13 +96,8 @@ def _take_scores(ctx: TaskContext, summary: PartitionSummary) -> None:
     if take is None:
         return
     counts, total = take()
-    summary.score_counts = [a + b for a, b in zip(summary.score_counts, counts, strict=True)] if summary.score_counts else list(counts)
+    summary.score_counts = merged_counts(summary.score_counts, counts)
     summary.score_sum += total
-
-
-def _scores_of(summaries: Iterable[PartitionSummary]) -> tuple[list[int], float]:
-    counted = [s.score_counts for s in summaries if s.score_counts]
-    return ([sum(c) for c in zip(*counted, strict=True)] if counted else []), float(sum(s.score_sum for s in summaries))
 
 
 def send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int, PartitionSummary], keys, partitions, stamps, topic: str) -> None:
@@ -208,7 +203,8 @@ def take_counts(summaries: dict[int, PartitionSummary]) -> dict:
         # Each partition's store as its last checkpoint left it (keys, bytes, what it wrote).
         "state": {str(p): s.state for p, s in summaries.items() if s.state},
     }
-    counts["score_counts"], counts["score_sum"] = _scores_of(summaries.values())
+    counts["score_counts"] = merged_counts(*(s.score_counts for s in summaries.values()))
+    counts["score_sum"] = float(sum(s.score_sum for s in summaries.values()))
     for s in summaries.values():
         s.records = s.detections = s.timer_detections = 0
         s.dead_letters.clear()
