@@ -20,7 +20,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: detectorkit/pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e 'detectorkit[test,schema-registry,train]' -r requirements-dev.txt
+	$(PY) -m pip install -q -e 'detectorkit[test,schema-registry,train,mlflow]' -r requirements-dev.txt
 	$(PY) -m detectorkit spark-archive
 	touch $@
 

@@ -44,7 +44,8 @@ def test_the_docs_have_python_blocks():
 
 
 @pytest.mark.parametrize("code", BLOCKS)
-def test_each_python_block_runs(code):
+def test_each_python_block_runs(code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # what a block saves (a model, an MLflow store) stays the test's
     namespace = {}
     exec(compile(PREAMBLE, "preamble", "exec"), namespace)
     exec(compile(code, "block", "exec"), namespace)

@@ -22,7 +22,8 @@ A record later than its key's newest by more than the window's grace changes no 
 scored (counted as late, as a window rule's).
 
 The model is an ONNX file (`DETECTOR_MODEL_URI`, default `model/model.onnx`; scikit-learn exports
-one with skl2onnx), loaded when the job starts (a model that cannot be loaded stops it in one line)
+one with skl2onnx) or one logged to MLflow (`models:/fraud/3`, `models:/fraud@champion`), loaded
+when the job starts (a model that cannot be loaded stops it in one line)
 and scored once per Python worker's session, on the batch as an array. A record whose features are
 missing or not finite numbers is a dead letter (`unscorable`).
 """

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from detectorkit.settings import SettingsError
+from detectorkit.models import registry
+from detectorkit.settings import SettingsError, redact_url
 
 # Sessions of this process by the model's digest: a worker scores every slice with one.
 _SESSIONS: dict[str, Any] = {}
@@ -35,9 +36,12 @@ class Model:
 
     @classmethod
     def load(cls, uri: str) -> Model:
-        """The model at `uri` (an .onnx file), checked by scoring nothing with it; SettingsError in
-        one line when it cannot be."""
-        path = pathlib.Path(uri)
+        """The model at `uri` (an .onnx file, or an MLflow URI: `models:/name/version`,
+        `models:/name@alias`, `runs:/...`), checked by scoring nothing with it; SettingsError in one
+        line when it cannot be."""
+        fetched = registry.fetch(uri) if registry.is_mlflow_uri(uri) else registry.Fetched(pathlib.Path(uri))
+        path = fetched.path
+        uri = redact_url(uri)
         if path.suffix != ".onnx":
             raise SettingsError(f"DETECTOR_MODEL_URI={uri!r}: not an ONNX file (.onnx); export the model with skl2onnx")
         try:
@@ -59,8 +63,8 @@ class Model:
         _check_output(uri, session)
         meta = session.get_modelmeta()
         props = meta.custom_metadata_map
-        name = props.get("name") or path.stem
-        version = props.get("version") or str(meta.version)
+        name = fetched.name or props.get("name") or path.stem
+        version = fetched.version or props.get("version") or str(meta.version)
         return cls(uri, name, version, int(inputs[0].shape[1]), digest, content)
 
     @classmethod
