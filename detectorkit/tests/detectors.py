@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from detectorkit import Detector, State, windows
+from detectorkit import Detector, State, models, windows
 
 
 @dataclass(frozen=True)
@@ -144,4 +144,13 @@ REFUSING = Detector(name="test-refusing", detect=refusing, config=Config, requir
 # the job's own (runtime.repartition): the input is keyed by something else.
 COUNT_BY_CUSTOMER = Detector(
     name="test-count-by-customer", detect=every_nth, config=CountConfig, state=State(columns=("count",)), key_field="customer", repartition=True
+)
+
+# A model's score of the record's amount and its customer's orders and spending in the last hour
+# (DETECTOR_MODEL_URI: models/spending.py trains one).
+MODEL = models.detector(
+    name="test-model",
+    features=("amount",),
+    window=windows.Sliding(3600),
+    aggregates={"orders_1h": windows.Count(), "spent_1h": windows.Sum("amount")},
 )

@@ -22,12 +22,13 @@ from detectorkit.samples import samples
 from detectorkit.testing import create_test_topics, produce, read_all
 
 from ..jobs import Job, aggregator_command, job_env, wait_for
+from ..models.spending import spending_model
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "diamond.json"
 SERVICE = "test-threshold"
-STATEFUL_SERVICE = "test-count"
-STATEFUL = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:COUNT"]
+MODEL_SERVICE = "test-model"
+MODEL = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:MODEL"]
 
 
 def free_port():
@@ -230,6 +231,9 @@ def test_dashboard_covers_what_sres_read():
         "state changelog records written",
         "input records replayed",
         "state restore",
+        "model version",
+        "model scores",
+        "model score p50",
     ):
         assert subject in titles
 
@@ -248,7 +252,7 @@ def test_every_dashboard_panel_returns_data_from_a_real_prometheus(kafka_bootstr
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "panels", partitions=2)
     metrics_topic = f"metrics.{uuid.uuid4().hex[:8]}"
-    aggregator = AggregatorProcess(bs, metrics_topic, STATEFUL_SERVICE)
+    aggregator = AggregatorProcess(bs, metrics_topic, MODEL_SERVICE)
     prom_port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -260,8 +264,11 @@ def test_every_dashboard_panel_returns_data_from_a_real_prometheus(kafka_bootstr
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    # A detector with state (every record of a key flagged, its count kept), so the state panels have data too.
-    job = Job(job_env(bs, topics, starting_offsets="latest", metrics_topic=metrics_topic, metrics_interval_seconds=1, detector_every=1), STATEFUL)
+    # A model detector with window features (a key's orders and spending kept), so the state and the
+    # model panels have data too.
+    model = spending_model(tmp_path / "model.onnx")
+    env = job_env(bs, topics, starting_offsets="latest", metrics_topic=metrics_topic, metrics_interval_seconds=1, detector_model_uri=model)
+    job = Job(env, MODEL)
 
     def query(expr):
         url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
@@ -304,22 +311,22 @@ def test_every_dashboard_panel_returns_data_from_a_real_prometheus(kafka_bootstr
                 break
         # The variables' own queries, as Grafana sends them: the label-values API of the series matched.
         variables = dashboard_variables()
-        assert STATEFUL_SERVICE in label_values(variables["service"]["definition"], {})
-        instances = label_values(variables["instance"]["definition"], {"service": [STATEFUL_SERVICE]})
+        assert MODEL_SERVICE in label_values(variables["service"]["definition"], {})
+        instances = label_values(variables["instance"]["definition"], {"service": [MODEL_SERVICE]})
         assert instances == [f"127.0.0.1:{aggregator.port}"]  # the aggregator Prometheus scraped
         assert label_values(variables["instance"]["definition"], {"service": ["no-such-service"]}) == []
         # Every panel with the service chosen and every instance (All), then one chosen by name.
         failures = []
         for title, expr in dashboard_queries():
             for chosen in (
-                {"service": [STATEFUL_SERVICE], "instance": ALL},
-                {"service": [STATEFUL_SERVICE, "another-service"], "instance": instances},
+                {"service": [MODEL_SERVICE], "instance": ALL},
+                {"service": [MODEL_SERVICE, "another-service"], "instance": instances},
             ):
                 result = query(as_grafana_would(expr, chosen))
                 if not result:
                     failures.append(f"{title}: {as_grafana_would(expr, chosen)} returned no data")
-                elif {r["metric"].get("service") for r in result} != {STATEFUL_SERVICE}:
-                    failures.append(f"{title}: {[r['metric'] for r in result]} is not only {STATEFUL_SERVICE}")
+                elif {r["metric"].get("service") for r in result} != {MODEL_SERVICE}:
+                    failures.append(f"{title}: {[r['metric'] for r in result]} is not only {MODEL_SERVICE}")
             # The filters filter: another service's dashboard shows none of this one's data.
             if query(as_grafana_would(expr, {"service": ["no-such-service"], "instance": ALL})):
                 failures.append(f"{title}: data for a service nobody runs")
@@ -328,6 +335,9 @@ def test_every_dashboard_panel_returns_data_from_a_real_prometheus(kafka_bootstr
         assert float(records_in[0]["value"][1]) > 0, f"no records read in the last minute; the job said:\n{job.output()[-3000:]}"
         p99 = query("histogram_quantile(0.99, sum by (service, le) (rate(detector_end_to_end_latency_seconds_bucket[5m])))")
         assert float(p99[0]["value"][1]) > 0
+        # One instance runs the model, of the version its file names.
+        versions = query("sum by (model, version) (detector_model_info)")
+        assert [(r["metric"], r["value"][1]) for r in versions] == [({"model": "model", "version": "7"}, "1")]
     finally:
         job.process.send_signal(signal.SIGTERM)
         job.wait(120)

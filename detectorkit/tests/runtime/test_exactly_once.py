@@ -17,11 +17,13 @@ from detectorkit.testing import create_test_topics, produce, read_all
 
 from ..detectors import every_nth_reference
 from ..jobs import COMMAND, HERE, Job, committed, job_env, run, wait_for
+from ..models.spending import one_pass, spending, spending_model
 from ..state.test_state_on_kafka import keyed
 
 PARTITIONS = 4
 RECORDS = 8_000
 COUNT_COMMAND = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:COUNT"]
+MODEL_COMMAND = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:MODEL"]
 
 
 def outputs(bs, topics, committed_only=True):
@@ -44,18 +46,26 @@ def malformed(sent, stateful):
     return {(s.partition, s.offset) for s in sent if s.sample.kind != "valid"}
 
 
-def start(bs, name, stateful):
+def start(bs, name, kind, tmp_path=None):
+    """Topics with records sent, the detections and dead letters one pass makes, the job's command
+    and settings; `kind` stateless (a threshold), stateful (a count per key) or model (a model of
+    windows' aggregates)."""
     topics = create_test_topics(bs, name, partitions=PARTITIONS)
-    if stateful:
+    settings = {}
+    if kind == "model":
+        uri = spending_model(tmp_path / "model.onnx")
+        sent = produce(bs, topics.input, spending(RECORDS))
+        (expected, dead), command, settings = one_pass(sent, uri), MODEL_COMMAND, {"detector_model_uri": uri}
+    elif kind == "stateful":
         sent = produce(bs, topics.input, keyed(RECORDS, seed=7))
-        expected, command = every_nth_reference(sent), COUNT_COMMAND
+        expected, dead, command = every_nth_reference(sent), malformed(sent, stateful=True), COUNT_COMMAND
     else:
         sent = produce(bs, topics.input, samples(RECORDS, seed=5, bad_every=50, high_share=0.2))
-        expected, command = above_threshold(sent), COMMAND
+        expected, dead, command = above_threshold(sent), malformed(sent, stateful=False), COMMAND
     # Polls of 1,000 in two tasks of two partitions each: many commits, each task with a partition
     # committed before another (the point between two commits).
-    env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=1_000, group_session_timeout_seconds=6, slice_seconds=5)
-    return topics, sent, expected, command, env
+    env = job_env(bs, topics, starting_offsets="earliest", max_records_per_batch=1_000, group_session_timeout_seconds=6, slice_seconds=5, **settings)
+    return topics, expected, dead, command, env
 
 
 def crash(env, command, point, bs, topics):
@@ -67,11 +77,11 @@ def crash(env, command, point, bs, topics):
     return committed(bs, topics, range(PARTITIONS), stable=False)
 
 
-@pytest.mark.parametrize("stateful", [False, True], ids=["stateless", "stateful"])
-def test_kill_9_at_every_point_of_the_commit_sequence_writes_everything_exactly_once(transactional_kafka, stateful):
+@pytest.mark.parametrize("kind", ["stateless", "stateful", "model"])
+def test_kill_9_at_every_point_of_the_commit_sequence_writes_everything_exactly_once(transactional_kafka, kind, tmp_path):
     """The points are reached inside a slice's loop, at each commit interval's checkpoint."""
     bs = transactional_kafka
-    topics, sent, expected, command, env = start(bs, "eos-kill", stateful)
+    topics, expected, expected_dead, command, env = start(bs, "eos-kill", kind, tmp_path)
     env["PROCESSING_GUARANTEE"] = "exactly-once"
     # A checkpoint after about every poll: a slice reads on between checkpoints, and at the
     # default interval the third reach of a point comes after the backlog.
@@ -89,12 +99,12 @@ def test_kill_9_at_every_point_of_the_commit_sequence_writes_everything_exactly_
     assert code == 0, output
     assert sum(committed(bs, topics, range(PARTITIONS)).values()) == RECORDS
     found = outputs(bs, topics)
-    assert set(found) == expected  # nothing lost, and with state: nothing shifted
+    assert expected and set(found) == expected  # nothing lost, and with state: nothing shifted
     assert set(found.values()) == {1}  # nothing twice
     dead = dead_letters(bs, topics)
-    assert set(dead) == malformed(sent, stateful)
+    assert set(dead) == expected_dead
     assert all(n == 1 for n in dead.values())
-    assert dead or stateful  # (the stateful run's records are all valid)
+    assert dead or kind == "stateful"  # (the stateful run's records are all valid)
     # The killed runs did write outputs that never became visible: aborted, not just never written.
     written = outputs(bs, topics, committed_only=False)
     assert sum(written.values()) > sum(found.values()), "no kill left an aborted write behind; the test proved nothing"
@@ -102,7 +112,7 @@ def test_kill_9_at_every_point_of_the_commit_sequence_writes_everything_exactly_
 
 def test_a_task_that_fails_after_its_outputs_is_planned_again_without_a_duplicate(transactional_kafka):
     bs = transactional_kafka
-    topics, sent, expected, command, env = start(bs, "eos-fail", stateful=False)
+    topics, expected, _, command, env = start(bs, "eos-fail", "stateless")
     env = {**env, "PROCESSING_GUARANTEE": "exactly-once", "STOP_AFTER_IDLE_SECONDS": "3"}
     code, output = run({**env, "DETECTORKIT_CRASH_AT": "before-commit:2:raise"}, timeout=240, command=command)
     assert code == 0, output
@@ -115,7 +125,7 @@ def test_a_task_that_fails_after_its_outputs_is_planned_again_without_a_duplicat
 
 def test_a_transaction_left_open_past_its_timeout_is_aborted_said_so_and_planned_again(transactional_kafka):
     bs = transactional_kafka
-    topics, sent, expected, command, env = start(bs, "eos-timeout", stateful=False)
+    topics, expected, _, command, env = start(bs, "eos-timeout", "stateless")
     env = {**env, "PROCESSING_GUARANTEE": "exactly-once", "STOP_AFTER_IDLE_SECONDS": "3", "TRANSACTION_TIMEOUT_SECONDS": "2"}
     # A task stalls after its outputs, inside its transaction, past the timeout (the test broker
     # aborts timed-out transactions within a second of their timeout).
@@ -152,7 +162,7 @@ def signal_session(job, signum):
 
 def test_a_paused_instance_that_resumes_after_its_partitions_moved_is_fenced_and_nothing_of_it_shows(transactional_kafka):
     bs = transactional_kafka
-    topics, sent, expected, command, env = start(bs, "eos-zombie", stateful=True)
+    topics, expected, _, command, env = start(bs, "eos-zombie", "stateful")
     env.update(PROCESSING_GUARANTEE="exactly-once")
     # A's calls are slow, so it is paused (every process of it, as a frozen VM or a long GC pause)
     # in the middle of a transaction with outputs written.
