@@ -58,12 +58,12 @@ def detector(
         raise TypeError(f"models.detector: {sorted(clash)} named as a field and as an aggregate")
     rule = None
     if window is not None:
-        # The record's own fields beside its window's aggregates: Last(field) is the record's value.
-        every = {**aggregates, **{f: windows.Last(f) for f in features}}
+        # The window keeps only the aggregates: the record's own fields are joined from the batch by
+        # the record's index, which each of Every's rows has.
         rule = windows.detector(
             name,
             window=window,
-            aggregate=every,
+            aggregate=dict(aggregates),
             emit=windows.Every(),
             required_fields=features,
             event_time_field=event_time_field,
@@ -102,7 +102,8 @@ def detector(
         def detect_windowed(records: pd.DataFrame, state: pd.DataFrame, rule_config) -> tuple:
             features_of(records, features, len(features))  # a record it cannot score changes no window
             out = rule.detect(records, state, rule_config)
-            return (scored(out[0], out[0]), *out[1:])
+            found = records.loc[out[0].index, list(features)].join(out[0])
+            return (scored(found, found), *out[1:])
 
         return dataclasses.replace(rule, detect=detect_windowed, **scoring)
 
