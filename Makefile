@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # uv, wherever a target runs it (a bake's lock and install), takes scripts/xdg/uv/uv.toml too.
 export XDG_CONFIG_DIRS := $(CURDIR)/scripts/xdg:$(or $(XDG_CONFIG_DIRS),/etc/xdg)
 
-.PHONY: setup tools chart kafka-manifests demo diamond scale-demo docs docs-build test test-fast test-runtime test-examples test-lanes test-template test-tansu release release-check lint bench bench-stateful bench-backtest bench-exactly-once bench-stores clean
+.PHONY: setup tools chart kafka-manifests demo diamond scale-demo docs docs-build test test-fast test-runtime test-examples test-lanes test-template test-tansu release release-check lint bench bench-stateful bench-model bench-backtest bench-exactly-once bench-stores clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -159,6 +159,11 @@ bench-exactly-once: setup
 # Where state lives: the in-memory store beside RocksDB and SQLite, without Kafka or Spark (~1 min; bench/results/stores.md).
 bench-stores: setup
 	$(PY) bench/stores.py
+
+# A model detector (100 trees, 10 features, 3 of them window aggregates) beside the stateless service,
+# and the model's scoring alone (~2 min; bench/results/model.md).
+bench-model: setup
+	$(PY) bench/model.py
 
 clean:
 	rm -rf $(VENV) .demo .diamond .scale-demo bench/.work bench/.venv-quix

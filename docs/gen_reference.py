@@ -26,6 +26,7 @@ for chart in sorted(pathlib.Path("bench/results").rglob("*.png")):
 RESULTS = {
     "latest.md": "bench/results/latest.md",
     "stateful.md": "bench/results/stateful.md",
+    "model.md": "bench/results/model.md",
     "exactly-once-5m.md": "bench/results/exactly-once-5m/latest.md",
     "stores.md": "bench/results/stores.md",
     "backtest-rules.md": "bench/results/backtest-rules.md",

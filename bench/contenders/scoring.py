@@ -1,0 +1,16 @@
+"""The model detectors the model benchmark runs with `detectorkit run --detector scoring:NAME`: a
+100-tree gradient-boosted classifier over 10 features, 3 of them the customer's window aggregates
+(WINDOWED), and the same kind of model over the record's fields alone (FIELDS_ONLY, stateless), which
+tells the windows' cost from the model's. bench/model.py trains both."""
+
+from detectorkit import models, windows
+
+FIELDS = ("amount", "items", "hour", "account_age_days", "distance_km", "failed_logins", "device_risk")
+AGGREGATES = {
+    "orders_1h": windows.Count(),
+    "spent_1h": windows.Sum("amount"),
+    "merchants_1h": windows.DistinctCount("merchant"),
+}
+
+WINDOWED = models.detector(name="bench-windowed-model", features=FIELDS, window=windows.Sliding(3600), aggregates=AGGREGATES)
+FIELDS_ONLY = models.detector(name="bench-fields-model", features=FIELDS)

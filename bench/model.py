@@ -1,0 +1,317 @@
+"""The model benchmark (issue 56): a detector that scores every record with a 100-tree
+gradient-boosted classifier over 10 features, 3 of them the customer's window aggregates, beside
+the template's stateless threshold service, on the same records in the same run, on the same broker.
+
+    python bench/model.py                      # 1,000,000 records (make bench-model)
+    python bench/model.py --records 200000     # a quick run
+
+Records are keyed by customer (100,000 customers, a rotating few hundred of them busy), carry seven
+numeric fields and a merchant, and their event time as the Kafka timestamp, 2 ms apart. Three
+contenders read them from the start, one after the other:
+
+- the model detector (bench/contenders/scoring.py WINDOWED): amount, items, hour, account age,
+  distance, failed logins and device risk, and the customer's orders, spending and distinct
+  merchants in the last hour as of the record;
+- the same kind of model over the seven fields alone (FIELDS_ONLY, stateless): what the windows cost
+  apart from the model;
+- the template's default service (a threshold on the amount, stateless): the peer of the targets.
+
+Each must give exactly the detections of a single pass computed here (each customer's aggregates
+so far, scored by the same ONNX file). Then the model's own scoring cost alone: ONNX Runtime on one
+thread over the same feature matrix in batches, as a Python worker scores a task's records.
+
+Printed, and written to bench/results/model.{json,md}: throughput and CPU per record of each, the
+targets (the model detector's records/s at least 0.5x the stateless service's, its CPU per record
+at most 2x), and the scoring cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import pathlib
+import random
+import sys
+import tempfile
+import time
+import uuid
+
+import common
+import numpy as np
+import stateful
+
+from detectorkit import models
+from detectorkit.devtools.brokers import ENGINES, start_broker
+from detectorkit.kafka import clients
+
+POPULATION = 100_000
+MERCHANTS = 2_000
+STEP_MS = 2
+WINDOW_MS = 3_600_000
+THRESHOLD = 0.5
+TREES = 100
+# A scoring call's rows in the cost alone: a poll of a partition's backlog during the run.
+SCORE_BATCH = 10_000
+
+
+def order_records(count: int, seed: int = 42, hot: int = 500, hot_share: float = 0.3) -> tuple[list, list[int], list[dict]]:
+    """(key, value, amount above the threshold service's), event times and the records as dicts."""
+    rng = random.Random(seed)
+    active = [rng.randrange(POPULATION) for _ in range(hot)]
+    first_ms = int(time.time() * 1000) - count * STEP_MS
+    values, times, rows = [], [], []
+    for i in range(count):
+        if rng.random() < hot_share:
+            j = rng.randrange(hot)
+            customer = active[j]
+            if rng.random() < 0.05:
+                active[j] = rng.randrange(POPULATION)
+        else:
+            customer = rng.randrange(POPULATION)
+        high = rng.random() < 0.05
+        t = first_ms + i * STEP_MS
+        row = {
+            "id": i,
+            "customer": f"c{customer:05d}",
+            "merchant": f"m{rng.randrange(MERCHANTS):04d}",
+            "amount": round(rng.uniform(1000.01, 5000), 2) if high else round(rng.uniform(0, 1000), 2),
+            "items": rng.randrange(1, 20),
+            "hour": t // 3_600_000 % 24,
+            "account_age_days": rng.randrange(0, 3650),
+            "distance_km": round(rng.expovariate(1 / 50), 1),
+            "failed_logins": min(int(rng.expovariate(1.5)), 9),
+            "device_risk": round(rng.random(), 3),
+        }
+        values.append((row["customer"].encode(), json.dumps(row).encode(), high))
+        times.append(t)
+        rows.append(row)
+    return values, times, rows
+
+
+def features(rows: list[dict], windowed: bool) -> np.ndarray:
+    """The model's features of every record in one pass: its fields and, windowed, its customer's
+    orders, spending and distinct merchants so far (all within the hour: the run is shorter)."""
+    import scoring
+
+    fields = np.array([[r[f] for f in scoring.FIELDS] for r in rows], dtype=np.float64)
+    if not windowed:
+        return fields.astype(np.float32)
+    orders: collections.Counter = collections.Counter()
+    cents: collections.Counter = collections.Counter()
+    merchants: dict[str, set] = collections.defaultdict(set)
+    aggregates = np.empty((len(rows), 3))
+    for i, r in enumerate(rows):
+        c = r["customer"]
+        orders[c] += 1
+        cents[c] += round(r["amount"] * 100)  # exact, as the rule's Sum is
+        merchants[c].add(r["merchant"])
+        aggregates[i] = (orders[c], cents[c] / 100, len(merchants[c]))
+    return np.column_stack([fields, aggregates]).astype(np.float32)
+
+
+def labels(X: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """What the made-up history calls fraud: large far orders, many orders with failed logins, a
+    spree of merchants, or a risky device; 2% of the labels flipped."""
+    amount, distance, failed, risk = X[:, 0], X[:, 4], X[:, 5], X[:, 6]
+    y = (amount > 900) & (distance > 120)
+    if X.shape[1] > 7:
+        y |= (X[:, 7] > 6) & (failed >= 2) | (X[:, 9] > 8) & (amount > 500)
+    y |= risk > 0.995
+    return (y ^ (rng.random(len(y)) < 0.02)).astype(int)
+
+
+def train(X: np.ndarray, path: pathlib.Path, name: str) -> str:
+    """A 100-tree gradient-boosted classifier on the first records' features, exported to ONNX."""
+    import onnx
+    from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import FloatTensorType
+    from sklearn.ensemble import GradientBoostingClassifier
+
+    rng = np.random.default_rng(1)
+    sample = X[: min(len(X), 50_000)]
+    model = GradientBoostingClassifier(n_estimators=TREES, max_depth=3, random_state=1).fit(sample, labels(sample, rng))
+    options, opsets = {id(model): {"zipmap": False}}, {"": 17, "ai.onnx.ml": 3}
+    exported = to_onnx(model, initial_types=[("input", FloatTensorType([None, X.shape[1]]))], options=options, target_opset=opsets)
+    for key, value in {"name": name, "version": "1"}.items():
+        entry = exported.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(exported, str(path))
+    return str(path)
+
+
+def scoring_alone(uri: str, X: np.ndarray) -> dict:
+    """ONNX Runtime's own cost: the session a worker makes, over the features in batches."""
+    model = models.Model.load(uri)
+    model.score(X[:SCORE_BATCH])  # the session made, as a worker's first batch makes it
+    cpu, wall = time.process_time(), time.perf_counter()
+    scores = np.concatenate([model.score(X[i : i + SCORE_BATCH]) for i in range(0, len(X), SCORE_BATCH)])
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return {"records_per_s": len(X) / wall, "cpu_seconds_per_million": cpu / len(X) * 1_000_000, "batch": SCORE_BATCH, "scores": scores}
+
+
+def model_service(target: str, name: str, uri: str, bootstrap: str, in_topic: str, prefix: str, slug: str) -> common.Contender:
+    out, group = f"{prefix}.{slug}.out", f"{prefix}-{slug}"
+    env = stateful.service_env(bootstrap, in_topic, out, group, f"{prefix}.metrics")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(common.HERE / "contenders"), os.environ.get("PYTHONPATH")) if p)
+    env |= {"DETECTOR_MODEL_URI": uri, "DETECTOR_THRESHOLD": str(THRESHOLD)}
+    return common.Contender(name, out, [sys.executable, "-m", "detectorkit", "run", "--detector", f"scoring:{target}"], env)
+
+
+def markdown(result: dict) -> str:
+    p, r, alone = result["params"], result["ratios"], result["scoring_alone"]
+    lines = [
+        f"# Model benchmark results ({result['machine']['date']})",
+        "",
+        f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['memory_bytes'] / 2**30:.0f} GiB, "
+        f"{result['machine']['platform']}, Python {result['machine']['python']}, PySpark {result['machine']['pyspark']}; "
+        f"broker: {result['broker']}. Every contender gets {p['cores']} cores. Command: `{result['command']}`.",
+        "",
+        f"## Throughput: {p['records']:,} records keyed by customer ({p['population']:,} customers), event time as the Kafka timestamp, "
+        f"{p['partitions']} partitions",
+        "",
+        f"Model detector: a {p['trees']}-tree gradient-boosted classifier (depth 3, ONNX) over 10 features, the record's 7 fields and its "
+        "customer's orders, spending and distinct merchants in the last hour as of the record (bench/contenders/scoring.py); "
+        f"a detection at a score of {p['threshold']:g} or more. The fields-only model: {p['trees']} trees over the 7 fields, no state. "
+        f"Threshold service: the template's default, amount above {common.THRESHOLD:g}. Expected detections: a single pass computed by "
+        "the benchmark, scored with the same ONNX file.",
+        "",
+        "| contender | records/s | CPU s per 1M records (steady) | CPU s per 1M records (total) | peak memory (PSS) "
+        "| first detection after launch | detections | complete |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for t in result["throughput"]:
+        lines.append(
+            f"| {t['name']} | {t['records_per_s']:,.0f} | {t['steady_cpu_seconds_per_million']:.1f} | {t['cpu_seconds_per_million']:.1f} | "
+            f"{t['peak_memory_bytes'] / 2**20:,.0f} MiB | {t['first_detection_s']:.1f} s | {t['detections']:,}/{t['expected']:,} | "
+            f"{'yes' if t['complete'] else 'NO'} |"
+        )
+    lines += [
+        "",
+        f"## The model's scoring alone (ONNX Runtime, one thread, batches of {alone['windowed']['batch']:,} rows, no Kafka or Spark)",
+        "",
+        "| model | records/s | CPU s per 1M records |",
+        "|---|---:|---:|",
+        f"| windowed (10 features) | {alone['windowed']['records_per_s']:,.0f} | {alone['windowed']['cpu_seconds_per_million']:.2f} |",
+        f"| fields only (7 features) | {alone['fields']['records_per_s']:,.0f} | {alone['fields']['cpu_seconds_per_million']:.2f} |",
+        "",
+        "## Targets (ratios within this run)",
+        "",
+        "| target | measured | met |",
+        "|---|---:|---|",
+        f"| throughput, model detector / stateless service ≥ 0.5 | {r['throughput_model_to_stateless']:.2f}× | "
+        f"{'yes' if r['throughput_model_to_stateless'] >= 0.5 else 'NO'} |",
+        f"| CPU per record (steady), model detector / stateless service ≤ 2 | {r['cpu_model_to_stateless']:.2f}× | "
+        f"{'yes' if r['cpu_model_to_stateless'] <= 2 else 'NO'} |",
+        f"| the model's scoring alone, share of the model detector's steady CPU per record | {r['scoring_share_of_cpu']:.0%} | reported |",
+        f"| throughput, fields-only model / stateless service | {r['throughput_fields_to_stateless']:.2f}× | reported |",
+        "",
+        "## How",
+        "",
+        "- CPU is the whole process tree's (Spark's JVM and Python workers). Steady: the CPU spent after the first detection, per record "
+        "processed after it; total: from launch. Records/s: from the first detection to the last.",
+        "- Each contender reads the topic from the start at-least-once, with the runtime's defaults otherwise (slices, state flushed "
+        "every 5 s for the windowed model).",
+        "- The scoring alone is one process's CPU over the whole feature matrix; a Python worker per core scores during the run.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--out", type=pathlib.Path, default=common.HERE / "results", help="where model.json and model.md go")
+    parser.add_argument("--engine", choices=ENGINES, default="kafka", help="the broker started for the run (KAFKA_BOOTSTRAP_SERVERS: a running one)")
+    args = parser.parse_args(argv)
+    if args.records * STEP_MS >= WINDOW_MS:
+        parser.error(f"--records: at most {WINDOW_MS // STEP_MS - 1:,} (the run must fit in the window the reference assumes)")
+
+    threshold_cmd = common.ensure_service()
+    sys.path.insert(0, str(common.HERE / "contenders"))
+    work = pathlib.Path(tempfile.mkdtemp(prefix="bench-model-"))
+    values, times, rows = order_records(args.records)
+    X_windowed, X_fields = features(rows, windowed=True), features(rows, windowed=False)
+    windowed_uri = train(X_windowed, work / "windowed.onnx", "bench-windowed")
+    fields_uri = train(X_fields, work / "fields.onnx", "bench-fields")
+    alone = {"windowed": scoring_alone(windowed_uri, X_windowed), "fields": scoring_alone(fields_uri, X_fields)}
+    expected_windowed = int((alone["windowed"].pop("scores") >= THRESHOLD).sum())
+    expected_fields = int((alone["fields"].pop("scores") >= THRESHOLD).sum())
+    above = sum(1 for *_, high in values if high)
+    print(
+        f"reference: {expected_windowed:,} windowed-model detections, {expected_fields:,} fields-only, {above:,} above the threshold; "
+        f"scoring alone {alone['windowed']['records_per_s']:,.0f} records/s",
+        flush=True,
+    )
+
+    broker = None
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        broker = start_broker(args.engine)
+        bootstrap = broker.bootstrap_servers
+    where = {"kafka": "Apache Kafka", "tansu": "embedded Tansu"}[args.engine] if broker else "KAFKA_BOOTSTRAP_SERVERS"
+    print(f"broker {bootstrap} ({where}); contender logs in {work}", flush=True)
+    base = clients.base(bootstrap)
+    run_id = uuid.uuid4().hex[:6]
+    try:
+        in_topic = f"bench.{run_id}.model.in"
+        clients.create_topics(base, {in_topic: common.PARTITIONS})
+        rate = stateful.produce(base, in_topic, values, times)
+        print(f"produced {args.records:,} records at {rate:,.0f}/s", flush=True)
+        prefix = f"bench.{run_id}.m"
+        windowed_name = "model detector, 10 features with 3 window aggregates (this project)"
+        fields_name = "model detector, 7 fields, no state (this project)"
+        runs = [
+            (model_service("WINDOWED", windowed_name, windowed_uri, bootstrap, in_topic, prefix, "windowed"), expected_windowed),
+            (model_service("FIELDS_ONLY", fields_name, fields_uri, bootstrap, in_topic, prefix, "fields"), expected_fields),
+            (stateful.threshold_service(threshold_cmd, bootstrap, in_topic, prefix), above),
+        ]
+        throughput = []
+        for c, expected in runs:
+            clients.create_topics(base, common.topics_of(c))
+            r = common.throughput_run(c, base, c.output_topic, args.records, expected, work)
+            print(
+                f"throughput {c.name}: {r['records_per_s']:,.0f} records/s, steady CPU {r['steady_cpu_seconds_per_million']:.1f} s per 1M, "
+                f"{r['detections']:,}/{r['expected']:,} detections",
+                flush=True,
+            )
+            throughput.append(r)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+    windowed, fields, threshold = throughput
+    ratios = {
+        "throughput_model_to_stateless": common.ratio(windowed["records_per_s"], threshold["records_per_s"]),
+        "cpu_model_to_stateless": common.ratio(windowed["steady_cpu_seconds_per_million"], threshold["steady_cpu_seconds_per_million"]),
+        "cpu_total_model_to_stateless": common.ratio(windowed["cpu_seconds_per_million"], threshold["cpu_seconds_per_million"]),
+        "throughput_fields_to_stateless": common.ratio(fields["records_per_s"], threshold["records_per_s"]),
+        "scoring_share_of_cpu": common.ratio(alone["windowed"]["cpu_seconds_per_million"], windowed["steady_cpu_seconds_per_million"]),
+    }
+    result = {
+        "machine": common.machine(),
+        "broker": where,
+        "command": " ".join(["python bench/model.py", *(sys.argv[1:] if argv is None else argv)]),
+        "params": {
+            "records": args.records,
+            "population": POPULATION,
+            "trees": TREES,
+            "threshold": THRESHOLD,
+            "partitions": common.PARTITIONS,
+            "cores": common.CORES,
+        },
+        "throughput": throughput,
+        "scoring_alone": alone,
+        "ratios": ratios,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "model.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = markdown(result)
+    (args.out / "model.md").write_text(table)
+    print()
+    print(table)
+    return 0 if all(t["complete"] for t in throughput) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
