@@ -156,13 +156,14 @@ WINDOWED = {"count_10s": w.Count(), "sum_10s": w.Sum("amount")}
 
 
 @functools.cache
-def windowed_model():
-    """A model of the record's amount and items and its key's count and sum over the last 10 s."""
+def windowed_model(orders: int = 3, spend: float = 150):
+    """A model of the record's amount and items and its key's count and sum over the last 10 s: a
+    key's `orders`-th record or more within them when they sum above `spend`."""
     path = pathlib.Path(tempfile.mkdtemp(prefix="windowed-model-")) / "model.onnx"
     rng = np.random.default_rng(5)
     columns = [rng.exponential(50, 3000), rng.integers(1, 5, 3000), rng.integers(1, 8, 3000), rng.exponential(200, 3000)]
     X = np.column_stack(columns).astype(np.float32)
-    y = ((X[:, 2] >= 3) & (X[:, 3] > 150)).astype(int)
+    y = ((X[:, 2] >= orders) & (X[:, 3] > spend)).astype(int)
     model = GradientBoostingClassifier(n_estimators=20, max_depth=3, random_state=5).fit(X, y)
     options, opsets = {id(model): {"zipmap": False}}, {"": 17, "ai.onnx.ml": 3}
     onnx.save(to_onnx(model, initial_types=[("input", FloatTensorType([None, 4]))], options=options, target_opset=opsets), str(path))
@@ -335,3 +336,40 @@ def test_a_candidate_for_a_detector_that_scores_with_no_model_is_refused(tmp_pat
     argv = ["backtest", "--files", str(tmp_path / "h.jsonl"), "--out", str(tmp_path / "f.jsonl"), "--model-uri", "m.onnx"]
     assert run_detector(THRESHOLD, argv) == 2
     assert "--model-uri is for a model detector" in capsys.readouterr().err
+
+
+def test_a_champion_and_a_candidate_backtested_with_window_features_are_diffed_record_by_record(tmp_path, capsys, monkeypatch):
+    """Two models' backtests over the same history, then `detectorkit diff`: a detection is its
+    record's (the same record flagged by both, once), never matched to another record of its key
+    whose window overlaps."""
+    import json
+
+    from detectorkit.cli.main import main
+    from detectorkit.cli.run import run_detector
+
+    _, champion = windowed_model()
+    _, candidate = windowed_model(orders=4, spend=100)
+    rng = np.random.default_rng(4)
+    rows = [
+        {"id": f"r-{i}", "customer": f"c{i % 3}", "ts": T0 + 997 * i, "amount": float(rng.exponential(60)), "items": int(rng.integers(1, 5))}
+        for i in range(300)
+    ]
+    history = tmp_path / "history.jsonl"
+    history.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    detector = models.detector(
+        name="fraud-score", features=("amount", "items"), window=w.Sliding(10), aggregates=WINDOWED, key_field="customer", event_time_field="ts"
+    )
+    monkeypatch.setenv("DETECTOR_THRESHOLD", "0.3")
+    found = {}
+    for name, uri in (("champion", champion), ("candidate", candidate)):
+        argv = ["backtest", "--files", str(history), "--out", str(tmp_path / f"{name}.jsonl"), "--model-uri", uri, "--no-progress"]
+        assert run_detector(detector, argv) == 0
+        lines = (tmp_path / f"{name}.jsonl").read_text().splitlines()
+        found[name] = {json.loads(line)["source"]["offset"] for line in lines}
+    a, b = found["champion"], found["candidate"]
+    champion_only, candidate_only, both = a - b, b - a, a & b
+    assert champion_only and candidate_only and both  # models that disagree on some records
+    capsys.readouterr()
+    assert main(["diff", str(tmp_path / "champion.jsonl"), str(tmp_path / "candidate.jsonl")]) == 0
+    total = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("total"))
+    assert total.split()[1:] == [f"{len(champion_only):,}", f"{len(candidate_only):,}", f"{len(both):,}"]

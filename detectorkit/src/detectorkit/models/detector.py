@@ -18,6 +18,7 @@ from detectorkit.detector import Detector, defaults_of
 from detectorkit.metrics.registry import SCORE_BUCKETS, bucket_counts, merged_counts
 from detectorkit.models.scoring import Model
 from detectorkit.records import UNSCORABLE, Refused
+from detectorkit.windows.emitting import END, START
 
 SCORE, MODEL, MODEL_VERSION = "score", "model", "model_version"
 
@@ -102,7 +103,9 @@ def detector(
         def detect_windowed(records: pd.DataFrame, state: pd.DataFrame, rule_config) -> tuple:
             features_of(records, features, len(features))  # a record it cannot score changes no window
             out = rule.detect(records, state, rule_config)
-            found = records.loc[out[0].index, list(features)].join(out[0])
+            # A detection is of its record, not of a window (the windows only give features): without
+            # their bounds, `detectorkit diff` matches two models' detections by the record.
+            found = records.loc[out[0].index, list(features)].join(out[0].drop(columns=[START, END]))
             return (scored(found, found), *out[1:])
 
         return dataclasses.replace(rule, detect=detect_windowed, **scoring)
