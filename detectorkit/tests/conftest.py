@@ -27,7 +27,7 @@ STARTS_ITS_OWN = {
     # Job and service processes (tests/jobs.py, `detectorkit diamond`, the scripts), a Spark
     # cluster, a service's Spark session in a process of its own.
     "backtest/test_backtest.py::test_a_backtest_over_a_kafka_range_equals_what_the_live_service_wrote_and_moves_no_offset": "e2e",
-    "backtest/test_backtest.py::test_a_shadow_runs_beside_the_live_service_and_diff_tells_them_apart": "e2e",
+    "backtest/test_backtest.py::test_a_candidate_model_shadows_the_live_one_and_diff_tells_them_apart": "e2e",
     "backtest/test_backtest.py::test_a_backtest_fires_the_event_time_timers_the_live_service_fired_and_names_the_rest": "e2e",
     "devtools/test_cluster.py": "e2e",
     "devtools/test_diamond.py::test_the_diamond_reconciles_through_every_stage_and_the_metrics_agree": "e2e",

@@ -17,6 +17,7 @@ from detectorkit.testing import DetectorHarness, Sample, create_test_topics, pro
 
 from ..detectors import BURST, FIELD_BURST, REFUSING, SESSIONS, THRESHOLD, Config
 from ..jobs import committed, job_env, run
+from ..models.spending import one_pass, spending, spending_model
 
 T0 = 1_795_000_000_000
 # Where `python -m detectorkit` finds tests.detectors.
@@ -287,23 +288,24 @@ def test_diff_of_two_known_detection_sets_counts_only_a_only_b_and_both_per_hour
     assert done.returncode == 2 and "cannot read detections from" in done.stderr
 
 
-def test_a_shadow_runs_beside_the_live_service_and_diff_tells_them_apart(kafka_bootstrap_servers, tmp_path):
-    """Version 2 (a lower threshold) as a shadow: its own group and topics, the live ones untouched."""
+def test_a_candidate_model_shadows_the_live_one_and_diff_tells_them_apart(kafka_bootstrap_servers, tmp_path):
+    """Version 2 of a model with window features as a shadow: its own group and topics, the live
+    ones untouched, each version's detections those of one pass, told apart record by record."""
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "shadow", partitions=2)
-    sent = produce(bs, topics.input, records(200))
-    command = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:THRESHOLD"]
-    env = job_env(bs, topics, starting_offsets="earliest", stop_after_idle_seconds=3)
+    sent = produce(bs, topics.input, spending(400))
+    live, candidate = spending_model(tmp_path / "live.onnx"), spending_model(tmp_path / "candidate.onnx", amount=500, version="2")
+    command = [sys.executable, "-m", "detectorkit", "run", "--detector", "tests.detectors:MODEL"]
+    env = job_env(bs, topics, starting_offsets="earliest", stop_after_idle_seconds=3, detector_model_uri=live)
     code, output = run(env, command=command)
     assert code == 0, output
     before = committed(bs, topics, [0, 1])
-    code, output = run({**env, "SHADOW": "true", "CREATE_TOPICS": "true", "DETECTOR_THRESHOLD": "500"}, command=command)
+    code, output = run({**env, "SHADOW": "true", "CREATE_TOPICS": "true", "DETECTOR_MODEL_URI": candidate}, command=command)
     assert code == 0, output
     assert committed(bs, topics, [0, 1]) == before  # the live group's offsets: the shadow reads in <group>.shadow
 
     shadow = [json.loads(m["value"]) for m in read_all(bs, f"{topics.output}.shadow")]
-    assert {d["service"] for d in shadow} == {"test-threshold-shadow"}
-    valid = [(s.partition, s.offset, json.loads(s.sample.value)["amount"]) for s in sent if s.sample.kind == "valid"]
+    assert {d["service"] for d in shadow} == {"test-model-shadow"} and {d["detection"]["model_version"] for d in shadow} == {"2"}
     png = tmp_path / "diff.png"
     done = subprocess.run(
         [
@@ -314,7 +316,7 @@ def test_a_shadow_runs_beside_the_live_service_and_diff_tells_them_apart(kafka_b
             f"topic:{topics.output}",
             f"topic:{topics.output}.shadow",
             "--service",
-            "test-threshold",
+            "test-model",
             "--png",
             str(png),
         ],
@@ -326,9 +328,8 @@ def test_a_shadow_runs_beside_the_live_service_and_diff_tells_them_apart(kafka_b
     )
     assert done.returncode == 0, done.stderr
     total = next(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("total"))
-    only_shadow = sum(1 for _, _, amount in valid if 500 < amount <= 1000)
-    both = sum(1 for _, _, amount in valid if amount > 1000)
-    assert total == ["0", str(only_shadow), str(both)] and only_shadow > 0 and both > 0
+    (a, _), (b, _) = one_pass(sent, live), one_pass(sent, candidate)
+    assert total == [str(len(a - b)), str(len(b - a)), str(len(a & b))] and len(b - a) > 0 and len(a & b) > 0
 
 
 def test_a_backtest_on_spark_answers_as_one_in_this_process(kafka_bootstrap_servers, spark):

@@ -19,18 +19,19 @@ T0 = 1_700_000_000_000
 UNSCORABLE_EVERY = 50
 
 
-def spending_model(path: pathlib.Path) -> str:
+def spending_model(path: pathlib.Path, amount: float = 800, version: str = "7") -> str:
     """A classifier of (amount, orders in the last hour, spent in the last hour), as
-    detectors.MODEL declares its features; returns the file's path."""
+    detectors.MODEL declares its features, flagging an order above `amount` from a customer who
+    spent over 5,000 in the hour; returns the file's path."""
     rng = np.random.default_rng(3)
     orders = rng.integers(1, 40, 4000)
     X = np.column_stack([rng.uniform(0, 1000, 4000), orders, orders * rng.uniform(100, 900, 4000)]).astype(np.float32)
-    y = ((X[:, 0] > 800) & (X[:, 2] > 5000)).astype(int)
+    y = ((X[:, 0] > amount) & (X[:, 2] > 5000)).astype(int)
     model = GradientBoostingClassifier(n_estimators=20, max_depth=3, random_state=3).fit(X, y)
     options, opsets = {id(model): {"zipmap": False}}, {"": 17, "ai.onnx.ml": 3}
     exported = to_onnx(model, initial_types=[("input", FloatTensorType([None, 3]))], options=options, target_opset=opsets)
     entry = exported.metadata_props.add()
-    entry.key, entry.value = "version", "7"
+    entry.key, entry.value = "version", version
     onnx.save(exported, str(path))
     return str(path)
 
