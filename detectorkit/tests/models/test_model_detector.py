@@ -327,6 +327,30 @@ def test_a_candidate_model_is_backtested_with_labels_roc_auc_and_the_precision_a
     assert f"{truth.sum()} labelled, {len(flagged)} flagged, {both} both" in printed
 
 
+@dataclasses.dataclass(frozen=True)
+class ProbabilityConfig:
+    """A service's config: its own check of the threshold, as the template's has."""
+
+    model_uri: str = "model/model.onnx"
+    threshold: float = 0.5
+
+    def __post_init__(self):
+        if not 0 <= self.threshold <= 1:
+            raise ValueError("DETECTOR_THRESHOLD must be a probability, from 0 to 1")
+
+
+def test_a_backtest_with_labels_scores_every_record_past_the_configs_own_checks(tmp_path, capsys, monkeypatch):
+    from detectorkit.cli.run import run_detector
+
+    monkeypatch.setenv("DETECTOR_MODEL_URI", exported(trained(seed=7), tmp_path / "live.onnx"))
+    (tmp_path / "h.jsonl").write_text("".join(f'{{"id": "r-{i}", "amount": {100 * i}, "items": 12, "hour": 3}}\n' for i in range(10)))
+    (tmp_path / "labels.txt").write_text("id\nr-9\n")
+    detector = models.detector(name="fraud-score", features=FEATURES, config=ProbabilityConfig)
+    argv = ["backtest", "--files", str(tmp_path / "h.jsonl"), "--out", str(tmp_path / "f.jsonl"), "--labels", str(tmp_path / "labels.txt")]
+    assert run_detector(detector, [*argv, "--no-progress"]) == 0
+    assert "10 scored, 1 of them labelled: ROC AUC" in capsys.readouterr().out
+
+
 def test_a_candidate_for_a_detector_that_scores_with_no_model_is_refused(tmp_path, capsys):
     from detectorkit.cli.run import run_detector
 

@@ -1,5 +1,7 @@
 """Tests of the detector alone: plain pandas and the shipped model, no Kafka, no Spark."""
 
+import json
+import re
 import runpy
 from pathlib import Path
 
@@ -7,6 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from detectorkit.testing import DetectorError, DetectorHarness, SettingsError, event_times
+
+from detectorkit.cli import run_detector
 
 from {{ cookiecutter.package_name }}.detector import DETECTOR, Config
 
@@ -82,3 +86,26 @@ def test_a_model_that_is_not_there_stops_the_service_in_one_line():
 def test_a_threshold_that_is_no_probability_is_refused():
     with pytest.raises(ValueError, match="DETECTOR_THRESHOLD must be a probability"):
         Config(threshold=1.5)
+
+
+def test_a_backtest_with_labels_prints_the_roc_auc_precision_and_recall(tmp_path, capsys):
+    """The shipped model over a history it was not trained on (train.py's, another seed): the ROC
+    AUC of every score, then the precision and recall of its detections at the threshold."""
+    history = runpy.run_path(str(Path(__file__).parents[1] / "train.py"))["history"](customers=100, seed=11)
+    rows = [
+        {"id": f"r-{i}", "customer": key, "amount": amount, "timestamp": t.isoformat()}
+        for i, (key, amount, t) in enumerate(zip(history["key"], history["amount"], history["event_time"], strict=True))
+    ]
+    (tmp_path / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    labelled = [f"r-{i}" for i in np.flatnonzero(history["label"].to_numpy())]
+    (tmp_path / "labels.txt").write_text("id\n" + "".join(f"{i}\n" for i in labelled))
+    argv = ["backtest", "--files", str(tmp_path / "history.jsonl"), "--key-field", "customer", "--time-field", "timestamp"]
+    argv += ["--out", str(tmp_path / "found.jsonl"), "--labels", str(tmp_path / "labels.txt"), "--no-progress"]
+    assert run_detector(DETECTOR, argv) == 0
+    printed = capsys.readouterr().out
+    scored = re.search(r"([\d,]+) scored, ([\d,]+) of them labelled: ROC AUC ([0-9.]+)", printed)
+    assert scored, printed
+    assert int(scored[1].replace(",", "")) == len(rows) and int(scored[2].replace(",", "")) == len(labelled)
+    assert float(scored[3]) > 0.9  # sprees stand out
+    measured = re.search(r"precision ([0-9.]+), recall ([0-9.]+)", printed)
+    assert measured and float(measured[1]) > 0.5 and float(measured[2]) > 0.5, printed

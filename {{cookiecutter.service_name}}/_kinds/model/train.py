@@ -55,15 +55,11 @@ def history(customers: int = 300, hours: int = 12, seed: int = 7) -> pd.DataFram
 
 
 def features(records: pd.DataFrame) -> pd.DataFrame:
-    """Each record's features as the service computes them: its fields, its customer's aggregates."""
-    every = windows.detector(
-        "features",
-        window=WINDOW,
-        aggregate={**AGGREGATES, **{f: windows.Last(f) for f in FIELDS}},
-        emit=windows.Every(),
-    )
+    """Each record's features as the service computes them: its fields, its customer's aggregates
+    as of the record (a late record has none, and is not scored)."""
+    every = windows.detector("features", window=WINDOW, aggregate=AGGREGATES, emit=windows.Every())
     found = DetectorHarness(every).batch(records)
-    return found[[*FIELDS, *AGGREGATES]]
+    return records.loc[found.index, list(FIELDS)].join(found[list(AGGREGATES)])
 
 
 def train(out: Path = OUT) -> float:

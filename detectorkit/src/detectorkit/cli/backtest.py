@@ -5,6 +5,7 @@ them; the history is a range of the input topic or files."""
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import pathlib
@@ -122,7 +123,10 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
     threshold = config.threshold if scoring and labels is not None else None
     if threshold is not None:
         # Every scored record's score, for the ROC AUC; the detections are those at the threshold.
-        config = dataclasses.replace(config, threshold=float("-inf"))
+        # Set past the config's own checks (a service's refuses a threshold that is no probability,
+        # and a model's scores need not be probabilities).
+        config = copy.copy(config)
+        object.__setattr__(config, "threshold", float("-inf"))
     try:
         detector.configured(config)  # a model that cannot be loaded: one line, before any record is read
     except SettingsError as exc:
