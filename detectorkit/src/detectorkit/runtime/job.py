@@ -93,7 +93,7 @@ class StreamJob:
         self.broker_kind = s.kafka_broker_kind
         self.stats = JobStats()
         self.metrics = JobMetrics(dead_letter_reasons=self.stage.reasons, build=build_info.versions(build_info.package_of(self.stage)))
-        model = getattr(getattr(self.stage, "detector", None), "model_info", None)
+        model = self.stage.model_info
         if model is not None:
             self.metrics.model_info.labels(model=model[0], version=model[1]).set(1)
         self.progress = Progress()  # for liveness: when a batch last completed

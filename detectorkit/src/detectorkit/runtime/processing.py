@@ -92,10 +92,10 @@ def process_records(
 
 def _take_scores(ctx: TaskContext, summary: PartitionSummary) -> None:
     """A model detector's scores of the call, onto a summary of its partitions (they are summed)."""
-    take = getattr(getattr(ctx.stage, "detector", None), "take_scores", None)
-    if take is None:
+    taken = ctx.stage.take_scores()
+    if taken is None:
         return
-    counts, total = take()
+    counts, total = taken
     summary.score_counts = merged_counts(summary.score_counts, counts)
     summary.score_sum += total
 

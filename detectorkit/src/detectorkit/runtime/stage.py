@@ -86,6 +86,7 @@ class Stage(Protocol):
     state: State | None
     ticks: bool  # it needs batches with nothing to read now and then (timers of quiet partitions)
     feeds_repartition: bool  # it re-keys another job's input (runtime.repartition): two readers share the session
+    model_info: tuple[str, str] | None  # the (name, version) of the model it scores with, for detector_model_info
 
     def load_config(self) -> Any: ...
 
@@ -125,6 +126,11 @@ class Stage(Protocol):
         """0. The field its input is re-keyed by first, through a topic of the job's own; None: none."""
         ...
 
+    def take_scores(self) -> tuple[list[int], float] | None:
+        """After each call, in the worker: the scores its model gave since last asked (counts in
+        SCORE_BUCKETS, their sum), for detector_model_scores; None: it scores with no model."""
+        ...
+
 
 class StageBase:
     """What a stage without a lifecycle does at each point: nothing."""
@@ -132,6 +138,7 @@ class StageBase:
     state: State | None = None
     ticks: bool = False
     feeds_repartition: bool = False
+    model_info: tuple[str, str] | None = None
 
     def configured(self, config: Any) -> Stage:
         return self
@@ -154,6 +161,9 @@ class StageBase:
     @property
     def repartition_field(self) -> str | None:
         """The field the job re-keys its input by before the stage (runtime.repartition); None: none."""
+        return None
+
+    def take_scores(self) -> tuple[list[int], float] | None:
         return None
 
 
@@ -192,6 +202,13 @@ class DetectorStage(StageBase):
     @property
     def ticks(self) -> bool:
         return self.detector.on_timer is not None
+
+    @property
+    def model_info(self) -> tuple[str, str] | None:
+        return self.detector.model_info
+
+    def take_scores(self) -> tuple[list[int], float] | None:
+        return None if self.detector.take_scores is None else self.detector.take_scores()
 
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[rec.Rejected]]:
         frame, rejected = rec.parse_arrow(values, self.detector.required_fields, self.decode)
