@@ -346,9 +346,13 @@ def test_a_backtest_with_labels_scores_every_record_past_the_configs_own_checks(
     (tmp_path / "h.jsonl").write_text("".join(f'{{"id": "r-{i}", "amount": {100 * i}, "items": 12, "hour": 3}}\n' for i in range(10)))
     (tmp_path / "labels.txt").write_text("id\nr-9\n")
     detector = models.detector(name="fraud-score", features=FEATURES, config=ProbabilityConfig)
+    loads = []
+    load = models.Model.load.__func__
+    monkeypatch.setattr(models.Model, "load", classmethod(lambda cls, uri: loads.append(uri) or load(cls, uri)))
     argv = ["backtest", "--files", str(tmp_path / "h.jsonl"), "--out", str(tmp_path / "f.jsonl"), "--labels", str(tmp_path / "labels.txt")]
     assert run_detector(detector, [*argv, "--no-progress"]) == 0
     assert "10 scored, 1 of them labelled: ROC AUC" in capsys.readouterr().out
+    assert len(loads) == 1  # checked before any record is read, then scored with
 
 
 def test_a_candidate_for_a_detector_that_scores_with_no_model_is_refused(tmp_path, capsys):

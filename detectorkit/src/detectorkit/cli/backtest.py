@@ -128,7 +128,7 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
         config = copy.copy(config)
         object.__setattr__(config, "threshold", float("-inf"))
     try:
-        detector.configured(config)  # a model that cannot be loaded: one line, before any record is read
+        detector = detector.configured(config)  # a model that cannot be loaded: one line, before any record is read
     except SettingsError as exc:
         return fail(str(exc))
     started = time.monotonic()

@@ -91,7 +91,8 @@ def detector(
             "config": config,
             "model_info": None if model is None else (model.name, model.version),
             "take_scores": tally.take,
-            "configure": lambda c: build(c, Model.load(c.model_uri)),
+            # Configured again with the same model (a backtest's run, a worker's): the model it has.
+            "configure": lambda c: build(c, model if model is not None and c.model_uri == settings.model_uri else Model.load(c.model_uri)),
         }
         if rule is None:
 
