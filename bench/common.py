@@ -310,5 +310,26 @@ def machine() -> dict:
     }
 
 
+def broker_for(engine: str):
+    """(the broker started for the run, or None; its bootstrap servers; how the results name it):
+    KAFKA_BOOTSTRAP_SERVERS if set, else a broker of `engine` started here."""
+    from detectorkit.devtools.brokers import start_broker
+
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if bootstrap:
+        return None, bootstrap, "KAFKA_BOOTSTRAP_SERVERS"
+    broker = start_broker(engine)
+    return broker, broker.bootstrap_servers, {"kafka": "Apache Kafka", "tansu": "embedded Tansu"}[engine]
+
+
+def machine_line(result: dict) -> str:
+    """The results' line on the machine, its software and the broker."""
+    m = result["machine"]
+    return (
+        f"Machine: {m['cpus']} CPUs, {m['memory_bytes'] / 2**30:.0f} GiB, {m['platform']}, Python {m['python']}, "
+        f"PySpark {m['pyspark']}; broker: {result['broker']}."
+    )
+
+
 def ratio(value: float, peer: float) -> float:
     return value / peer if peer and peer == peer else float("nan")

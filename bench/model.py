@@ -43,7 +43,7 @@ import numpy as np
 import stateful
 
 from detectorkit import models
-from detectorkit.devtools.brokers import ENGINES, start_broker
+from detectorkit.devtools.brokers import ENGINES
 from detectorkit.kafka import clients
 
 POPULATION = 100_000
@@ -59,17 +59,9 @@ SCORE_BATCH = 10_000
 def order_records(count: int, seed: int = 42, hot: int = 500, hot_share: float = 0.3) -> tuple[list, list[int], list[dict]]:
     """(key, value, amount above the threshold service's), event times and the records as dicts."""
     rng = random.Random(seed)
-    active = [rng.randrange(POPULATION) for _ in range(hot)]
     first_ms = int(time.time() * 1000) - count * STEP_MS
     values, times, rows = [], [], []
-    for i in range(count):
-        if rng.random() < hot_share:
-            j = rng.randrange(hot)
-            customer = active[j]
-            if rng.random() < 0.05:
-                active[j] = rng.randrange(POPULATION)
-        else:
-            customer = rng.randrange(POPULATION)
+    for i, customer in zip(range(count), stateful.busy_customers(rng, POPULATION, hot, hot_share), strict=False):
         high = rng.random() < 0.05
         t = first_ms + i * STEP_MS
         row = {
@@ -164,9 +156,7 @@ def markdown(result: dict) -> str:
     lines = [
         f"# Model benchmark results ({result['machine']['date']})",
         "",
-        f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['memory_bytes'] / 2**30:.0f} GiB, "
-        f"{result['machine']['platform']}, Python {result['machine']['python']}, PySpark {result['machine']['pyspark']}; "
-        f"broker: {result['broker']}. Every contender gets {p['cores']} cores. Command: `{result['command']}`.",
+        f"{common.machine_line(result)} Every contender gets {p['cores']} cores. Command: `{result['command']}`.",
         "",
         f"## Throughput: {p['records']:,} records keyed by customer ({p['population']:,} customers), event time as the Kafka timestamp, "
         f"{p['partitions']} partitions",
@@ -244,12 +234,7 @@ def main(argv=None) -> int:
         flush=True,
     )
 
-    broker = None
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if not bootstrap:
-        broker = start_broker(args.engine)
-        bootstrap = broker.bootstrap_servers
-    where = {"kafka": "Apache Kafka", "tansu": "embedded Tansu"}[args.engine] if broker else "KAFKA_BOOTSTRAP_SERVERS"
+    broker, bootstrap, where = common.broker_for(args.engine)
     print(f"broker {bootstrap} ({where}); contender logs in {work}", flush=True)
     base = clients.base(bootstrap)
     run_id = uuid.uuid4().hex[:6]

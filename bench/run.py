@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import random
 import re
@@ -39,10 +38,12 @@ from common import (
     Contender,
     OutputTail,
     TreeSampler,
+    broker_for,
     ensure_kafka_streams,
     ensure_service,
     launch,
     machine,
+    machine_line,
     ratio,
     stop,
     throughput_run,
@@ -52,7 +53,7 @@ from common import (
 from confluent_kafka import Consumer, Producer, TopicPartition
 from density import density_run
 
-from detectorkit.devtools.brokers import ENGINES, start_broker
+from detectorkit.devtools.brokers import ENGINES
 from detectorkit.kafka import clients
 
 COPIES = str(HERE / "contenders" / "copies.py")
@@ -319,9 +320,7 @@ def markdown(result: dict, charts: list[str] = ()) -> str:
     lines = [
         f"# Benchmark results ({result['machine']['date']})",
         "",
-        f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['memory_bytes'] / 2**30:.0f} GiB, "
-        f"{result['machine']['platform']}, Python {result['machine']['python']}, PySpark {result['machine']['pyspark']}; "
-        f"broker: {result['broker']}. The service and the peers that can use several cores get {p['cores']}.",
+        f"{machine_line(result)} The service and the peers that can use several cores get {p['cores']}.",
         "",
         f"## Throughput: {p['records']:,} records of ~{p['record_bytes']} bytes, {PARTITIONS} partitions, ~5% detections",
         "",
@@ -560,13 +559,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     service_cmd, quix_python = ensure_service(), ensure_quix()
-    broker = None
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if not bootstrap:
-        broker = start_broker(args.engine)
-        bootstrap = broker.bootstrap_servers
+    broker, bootstrap, where = broker_for(args.engine)
     logs = pathlib.Path(tempfile.mkdtemp(prefix="bench-logs-"))
-    where = {"kafka": "Apache Kafka", "tansu": "embedded Tansu"}[args.engine] if broker else "KAFKA_BOOTSTRAP_SERVERS"
     engine = args.engine if broker else None
     if engine == "tansu":
         print("Spark's Kafka connector is left out on the embedded broker (its ListOffsets(latest) is wrong)", flush=True)

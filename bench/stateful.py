@@ -43,7 +43,7 @@ import zlib
 import common
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from detectorkit.devtools.brokers import ENGINES, start_broker
+from detectorkit.devtools.brokers import ENGINES
 from detectorkit.kafka import clients
 
 BURST_SERVICE = "customer-bursts"
@@ -91,17 +91,9 @@ def burst_records(count: int, seed: int = 42, hot: int = 500, hot_share: float =
     bursts; the others are spread over the whole population. Event times end about now (old ones
     would fall to the topic's retention)."""
     rng = random.Random(seed)
-    active = [rng.randrange(POPULATION) for _ in range(hot)]
     first_ms = int(time.time() * 1000) - count * STEP_MS
     values, times = [], []
-    for i in range(count):
-        if rng.random() < hot_share:
-            j = rng.randrange(hot)
-            customer = active[j]
-            if rng.random() < 0.05:
-                active[j] = rng.randrange(POPULATION)
-        else:
-            customer = rng.randrange(POPULATION)
+    for i, customer in zip(range(count), busy_customers(rng, POPULATION, hot, hot_share), strict=False):
         high = rng.random() < 0.05
         amount = round(rng.uniform(1000.01, 5000), 2) if high else round(rng.uniform(0, 1000), 2)
         key = f"c{customer:05d}"
@@ -109,6 +101,21 @@ def burst_records(count: int, seed: int = 42, hot: int = 500, hot_share: float =
         values.append((key.encode(), value, high))
         times.append(first_ms + i * STEP_MS)
     return values, times
+
+
+def busy_customers(rng: random.Random, population: int, hot: int, hot_share: float):
+    """Customers one record at a time: `hot_share` of them from `hot` busy ones that slowly rotate
+    (each pick replaces its customer with a new one 5% of the time), the others from anywhere."""
+    active = [rng.randrange(population) for _ in range(hot)]
+    while True:
+        if rng.random() < hot_share:
+            j = rng.randrange(hot)
+            customer = active[j]
+            if rng.random() < 0.05:
+                active[j] = rng.randrange(population)
+            yield customer
+        else:
+            yield rng.randrange(population)
 
 
 def distinct_records(count: int) -> tuple[list[tuple[bytes, bytes, bool]], list[int]]:
@@ -375,9 +382,7 @@ def markdown(result: dict) -> str:
     lines = [
         f"# Stateful benchmark results ({result['machine']['date']})",
         "",
-        f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['memory_bytes'] / 2**30:.0f} GiB, "
-        f"{result['machine']['platform']}, Python {result['machine']['python']}, PySpark {result['machine']['pyspark']}; "
-        f"broker: {result['broker']}. Every contender gets {p['cores']} cores. Command: `{result['command']}`.",
+        f"{common.machine_line(result)} Every contender gets {p['cores']} cores. Command: `{result['command']}`.",
         "",
         f"## Throughput: {p['records']:,} records keyed by customer ({p['population']:,} customers), event time as the Kafka timestamp, "
         f"{common.PARTITIONS} partitions",
@@ -467,12 +472,7 @@ def main(argv=None) -> int:
     java = common.ensure_kafka_streams("bench.Burst")
     closing_java = common.ensure_kafka_streams("bench.Closing")
     sys.path.insert(0, str(common.HERE / "contenders"))
-    broker = None
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if not bootstrap:
-        broker = start_broker(args.engine)
-        bootstrap = broker.bootstrap_servers
-    where = {"kafka": "Apache Kafka", "tansu": "embedded Tansu"}[args.engine] if broker else "KAFKA_BOOTSTRAP_SERVERS"
+    broker, bootstrap, where = common.broker_for(args.engine)
     logs = pathlib.Path(tempfile.mkdtemp(prefix="bench-stateful-logs-"))
     state_dirs = pathlib.Path(tempfile.mkdtemp(prefix="bench-streams-state-"))
     print(f"broker {bootstrap} ({where}); contender logs in {logs}", flush=True)
