@@ -8,9 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from detectorkit.testing import DetectorError, DetectorHarness, SettingsError, event_times
-
 from detectorkit.cli import run_detector
+from detectorkit.testing import DetectorError, DetectorHarness, SettingsError, event_times
 
 from {{ cookiecutter.package_name }}.detector import DETECTOR, Config
 
@@ -99,8 +98,9 @@ def test_a_backtest_with_labels_prints_the_roc_auc_precision_and_recall(tmp_path
     (tmp_path / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     labelled = [f"r-{i}" for i in np.flatnonzero(history["label"].to_numpy())]
     (tmp_path / "labels.txt").write_text("id\n" + "".join(f"{i}\n" for i in labelled))
-    argv = ["backtest", "--files", str(tmp_path / "history.jsonl"), "--key-field", "customer", "--time-field", "timestamp"]
-    argv += ["--out", str(tmp_path / "found.jsonl"), "--labels", str(tmp_path / "labels.txt"), "--no-progress"]
+    files = ["--files", str(tmp_path / "history.jsonl"), "--key-field", "customer", "--time-field", "timestamp"]
+    argv = ["backtest", *files, "--out", str(tmp_path / "found.jsonl"), "--labels", str(tmp_path / "labels.txt")]
+    argv.append("--no-progress")
     assert run_detector(DETECTOR, argv) == 0
     printed = capsys.readouterr().out
     scored = re.search(r"([\d,]+) scored, ([\d,]+) of them labelled: ROC AUC ([0-9.]+)", printed)
