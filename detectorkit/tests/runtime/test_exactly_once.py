@@ -213,7 +213,7 @@ def test_the_same_kill_with_at_least_once_writes_some_detections_twice(transacti
     """The scenario above, at-least-once: the kill after the outputs are flushed, before the
     offsets are committed, replays those outputs. (What exactly-once is for, shown failing without it.)"""
     bs = transactional_kafka
-    topics, _, expected, command, env = start(bs, "alo-kill", stateful=False)
+    topics, expected, _, command, env = start(bs, "alo-kill", "stateless")
     crash(env, command, "before-commit", bs, topics)
     code, output = run({**env, "STOP_AFTER_IDLE_SECONDS": "3"}, timeout=240, command=command)
     assert code == 0, output
