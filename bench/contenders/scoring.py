@@ -1,7 +1,8 @@
 """The model detectors the model benchmark runs with `detectorkit run --detector scoring:NAME`: a
 100-tree gradient-boosted classifier over 10 features, 3 of them the customer's window aggregates
-(WINDOWED), and the same kind of model over the record's fields alone (FIELDS_ONLY, stateless), which
-tells the windows' cost from the model's. bench/model.py trains both."""
+(WINDOWED; WINDOWED_ONE_FIELD with aggregates of the amount alone), and the same kind of model over
+the record's fields alone (FIELDS_ONLY, stateless), which tells the windows' cost from the model's.
+bench/model.py trains them."""
 
 from detectorkit import models, windows
 
@@ -12,5 +13,12 @@ AGGREGATES = {
     "merchants_1h": windows.DistinctCount("merchant"),
 }
 
+# The same with three aggregates of the amount alone (count, sum, mean), which the window rule
+# computes as array operations over the batch; a distinct count it computes a record at a time.
+ONE_FIELD_AGGREGATES = {"orders_1h": windows.Count(), "spent_1h": windows.Sum("amount"), "mean_1h": windows.Mean("amount")}
+
 WINDOWED = models.detector(name="bench-windowed-model", features=FIELDS, window=windows.Sliding(3600), aggregates=AGGREGATES)
+WINDOWED_ONE_FIELD = models.detector(
+    name="bench-windowed-one-field-model", features=FIELDS, window=windows.Sliding(3600), aggregates=ONE_FIELD_AGGREGATES
+)
 FIELDS_ONLY = models.detector(name="bench-fields-model", features=FIELDS)

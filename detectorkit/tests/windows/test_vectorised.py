@@ -1,8 +1,9 @@
 """The commonest rules as array operations (`windows.vectorised`) give what the engine gives, batch
 by batch: the same detections, the same state written and read back, the same late records; with
 records back in time under a sliding window (those keys go to the engine) and sums of fractions
-(the whole batch goes to the engine)."""
+(exact through integers, as the engine's are)."""
 
+import math
 from unittest import mock
 
 from hypothesis import given, settings
@@ -15,21 +16,27 @@ from detectorkit.windows import vectorised
 
 from .test_single_pass import frame
 
-SHAPES = st.tuples(
-    st.one_of(
-        st.builds(w.Sliding, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
-        st.builds(w.Tumbling, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
+WINDOWS = st.one_of(
+    st.builds(w.Sliding, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
+    st.builds(w.Tumbling, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
+)
+# (window, aggregate, emit, a where filter): one count or sum on reaching a threshold, or counts,
+# sums and means of a field for every record (a model's features).
+SHAPES = st.one_of(
+    st.tuples(WINDOWS, st.sampled_from([w.Count(), w.Sum("amount")]), st.sampled_from([w.Every(), w.AtLeast(2), w.AtLeast(4)]), st.booleans()),
+    st.tuples(
+        WINDOWS,
+        st.sampled_from([w.Mean("amount"), {"n": w.Count(), "spent": w.Sum("amount"), "mean": w.Mean("amount")}]),
+        st.just(w.Every()),
+        st.booleans(),
     ),
-    st.sampled_from([w.Count(), w.Sum("amount")]),
-    st.sampled_from([w.Every(), w.AtLeast(2), w.AtLeast(4)]),
-    st.booleans(),
 )
 
 ROWS = st.lists(
     st.tuples(
         st.sampled_from(["a", "b", "c"]),
         st.integers(0, 30_000),
-        st.sampled_from([-2, 1, 3, 5, 0.5]),
+        st.sampled_from([-2, 1, 3, 5, 0.5, 0.1, 19.99, -0.3, 1e-3, 1e15]),
         st.sampled_from(["failed", "ok"]),
     ),
     min_size=20,
@@ -77,3 +84,21 @@ def test_the_arrays_run_the_burst_rule_and_leave_a_key_back_in_time_to_the_engin
     [(arrays_found, _, slow, _)] = returned
     assert arrays_found["index"].tolist() == [4] and list(slow) == ["b"]
     assert found.index.tolist() == [4, 5] and found["count"].tolist() == [3, 3]
+
+
+def test_the_arrays_add_fractions_exactly_as_the_engine_does_and_run_a_models_features():
+    """Sums of amounts with cents, a count, a sum and a mean for every record: the arrays' answers,
+    each sum the correctly rounded sum of the window's amounts, as math.fsum gives it (not a float
+    running sum, which drifts)."""
+    detector = w.detector("spend", w.Sliding(10), {"n": w.Count(), "spent": w.Sum("amount"), "mean": w.Mean("amount")}, w.Every())
+    rows = [("a", 0, 0.1, "ok"), ("a", 1_000, 0.2, "ok"), ("a", 2_000, 19.99, "ok"), ("a", 20_000, 1e-3, "ok")]
+    rows += [("b", 500, 1e15, "ok"), ("b", 600, 0.3, "ok"), ("b", 700, -1e15, "ok")]
+    real, returned = vectorised.detect, []
+    with mock.patch.object(vectorised, "detect", side_effect=lambda *a: returned.append(real(*a)) or returned[-1]):
+        found = DetectorHarness(detector).batch(frame(rows))
+    assert returned[0] is not None and returned[0][2] is None  # the arrays answered, every key
+    sums = [[0.1], [0.1, 0.2], [0.1, 0.2, 19.99], [1e-3], [1e15], [1e15, 0.3], [1e15, 0.3, -1e15]]
+    assert found["n"].tolist() == [len(s) for s in sums]
+    assert found["spent"].tolist() == [math.fsum(s) for s in sums]
+    assert found["mean"].tolist() == [math.fsum(s) / len(s) for s in sums]
+    assert found["spent"].iloc[-1] == 0.3 != (1e15 + 0.3) - 1e15  # the float running sum would have lost the cents

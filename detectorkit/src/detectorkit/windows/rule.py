@@ -30,7 +30,7 @@ import pandas as pd
 
 from detectorkit.state.declaration import EVENT_TIME, KEY, PARTITION_TIME
 from detectorkit.windows import vectorised
-from detectorkit.windows.accumulate import COUNT, DISTINCT, SUM, Accumulator, Run, needs_of, over
+from detectorkit.windows.accumulate import COUNT, DISTINCT, MEAN, SUM, Accumulator, Run, needs_of, over
 from detectorkit.windows.emitting import END, START, Emitting
 from detectorkit.windows.held import Calls, Held, Key
 from detectorkit.windows.kinds import Hopping, Session, Sliding, Tumbling, Window, ms, ms_or_zero
@@ -91,17 +91,20 @@ class Rule(Held, Emitting):
             # record at its end + the silence would not break it, so the last that could is a
             # millisecond before, and the grace after that.
             self.after = self.grace + ms(emit.seconds)
-        # A count or a sum over sliding or tumbling windows, for every record or on reaching a
-        # threshold: array operations over the batch (`vectorised`), the same answers and state.
-        one = next(iter(aggregates.values()))
+        # Counts, sums and means of one field over sliding or tumbling windows for every record, or
+        # a count or a sum on reaching a threshold: array operations over the batch (`vectorised`),
+        # the same answers and state.
+        kinds = {a.kind for a in aggregates.values()}
         self.shape = None
         if (
             isinstance(window, Sliding | Tumbling)
-            and len(aggregates) == 1
-            and one.kind in (COUNT, SUM)
-            and ((mode == "every" and having is None) or (mode == "when" and threshold is not None))
+            and len(fields) <= 1
+            and kinds <= {COUNT, SUM, MEAN}
+            and (
+                (mode == "every" and having is None) or (mode == "when" and threshold is not None and len(aggregates) == 1 and kinds <= {COUNT, SUM})
+            )
         ):
-            self.shape = (one.field, None if threshold is None else threshold[1])
+            self.shape = (fields[0][0] if fields else None, None if threshold is None else threshold[1])
 
     # ---- the state's columns ----------------------------------------------------------------
 
@@ -168,9 +171,10 @@ class Rule(Held, Emitting):
             return self._detect(records, counted, state)
         found, new_state, slow, late = done
         self.late += late
-        name = self.names[0]
+        read = {COUNT: lambda: found["count"], SUM: lambda: found["sum"], MEAN: lambda: found["sum"] / found["count"]}
+        columns = {name: read[kind]() for name, (kind, _) in zip(self.names, self.plan, strict=True)}
         out = pd.DataFrame(
-            {KEY: found["key"], START: found["start"], END: found["end"], name: found["value"]},
+            {KEY: found["key"], START: found["start"], END: found["end"], **columns},
             index=pd.Index(found["index"], dtype=records.index.dtype),
         )
         self._counts_as_ints(out)

@@ -23,9 +23,10 @@ def detect(
     size: int, grace: int, sliding: bool, field: str | None, threshold: float | None, counted: pd.DataFrame, state: pd.DataFrame
 ) -> tuple[dict[str, np.ndarray], pd.DataFrame, Any, int] | None:
     """(found, new state of the counted keys, slow keys, late records): found as columns (the
-    record's index, key, window start, end, aggregate); `field` None: a count, else a sum of it;
-    `threshold` None: every record. The slow keys (None if none) are left out of all four. None:
-    sums that arrays would not add exactly, for the engine."""
+    record's index, key, window start, end, the window's count of records and, with a `field`, its
+    sum of it); a `threshold` is on the sum (no field: the count), None: every record. The slow keys
+    (None if none) are left out of all four. None: values whose sums would not be exact, for the
+    engine."""
     held_keys = state.index.to_numpy()
     codes, keys = pd.factorize(np.concatenate([held_keys, counted[KEY].to_numpy()]))
     keys = np.asarray(keys, dtype=object)
@@ -42,11 +43,16 @@ def detect(
     code = np.concatenate([np.repeat(held_code, t_len), new_code])
     t = np.concatenate([old_t, counted[EVENT_TIME].astype("int64").to_numpy() // 1_000_000])
     v = np.concatenate([old_v, new_values])
-    if field is not None and not _exact(v):
-        return None
+    # Sums of fractions through integers (exact, as the engine's are); whole numbers add exactly as floats.
+    exact = None
+    if field is not None and not _whole(v):
+        exact = _Exact.of(v)
+        if exact is None:
+            return None
     at = np.concatenate([np.full(len(old_t), -1), np.arange(len(counted))])  # -1: held
     order = np.argsort(code, kind="stable")
     code, t, v, at = code[order], t[order], v[order], at[order]
+    ints = None if exact is None else exact.ints[order]
     # Late: older than the key's newest before it by more than the grace (a late record moves no newest).
     same = np.concatenate([[False], code[1:] == code[:-1]])
     dropped = _EMPTY  # the late records' keys
@@ -55,6 +61,7 @@ def detect(
         kept = ~((at >= 0) & (t < before - grace))
         dropped = code[~kept]
         code, t, v, at = code[kept], t[kept], v[kept], at[kept]
+        ints = None if ints is None else ints[kept]
         same = np.concatenate([[False], code[1:] == code[:-1]])
     slow = None
     if sliding:
@@ -64,20 +71,34 @@ def detect(
             fast = ~np.isin(code, slow_codes)
             dropped = dropped[~np.isin(dropped, slow_codes)]  # the engine counts the slow keys' own
             code, t, v, at = code[fast], t[fast], v[fast], at[fast]
+            ints = None if ints is None else ints[fast]
             held_e = ~np.isin(e_code, slow_codes)
             e_code, old_e = e_code[held_e], old_e[held_e]
             slow = keys[slow_codes]
         span = (t.max() - t.min() + size + 1) if len(t) else 1
         place = code * span + (t - (t.min() if len(t) else 0))
         lo = np.searchsorted(place, place - size, side="left")  # a key's first record inside [t - size, t]
-        sums = np.concatenate([[0.0], np.cumsum(v if field is not None else np.ones(len(v)))])
-        result = sums[1:] - sums[lo]
+        counts = (np.arange(1, len(t) + 1) - lo).astype(np.float64)
+        if field is None:
+            sums = None
+        elif ints is None:
+            prefix = np.concatenate([[0.0], np.cumsum(v)])
+            sums = prefix[1:] - prefix[lo]
+        else:
+            prefix = np.concatenate([np.array([0], dtype=object), np.cumsum(ints)])
+            sums = exact.floats(prefix[1:] - prefix[lo])
         starts, ends = t - size, t
     else:
         starts = t // size * size
         ends = starts + size
-        per_window = pd.Series(v if field is not None else np.ones(len(v))).groupby([code, starts])
-        result = per_window.cumsum().to_numpy()
+        counts = pd.Series(np.ones(len(t))).groupby([code, starts]).cumsum().to_numpy()
+        if field is None:
+            sums = None
+        elif ints is None:
+            sums = pd.Series(v).groupby([code, starts]).cumsum().to_numpy()
+        else:
+            sums = exact.floats(_cumsum_per_window(ints, code, starts))
+    result = counts if sums is None else sums  # what a threshold is on: the one aggregate
     fresh = at >= 0
     if threshold is None:
         emitting, new_e_code, new_e = fresh, e_code, old_e
@@ -123,15 +144,62 @@ def detect(
         "key": keys[code[rows]],
         "start": starts[rows],
         "end": ends[rows],
-        "value": result[rows].astype(np.float64),
+        "count": counts[rows],
+        "sum": None if sums is None else sums[rows].astype(np.float64),
     }
     return found, new_state, slow, len(dropped)
 
 
-def _exact(v: np.ndarray) -> bool:
-    """Whether running sums of these values are exact (whole numbers, summing below 2^53), as the
-    engine's sums are (`accumulate`): else the batch is the engine's."""
+def _whole(v: np.ndarray) -> bool:
+    """Whether float running sums of these values are exact (whole numbers, summing below 2^53), as
+    the engine's sums are (`accumulate`)."""
     return bool(np.all(np.floor(v) == v)) and float(np.abs(v).sum()) < 2.0**53
+
+
+class _Exact:
+    """Values as integers, each exactly the value times 2^-base: their sums are exact, and a sum
+    converted back is the correctly rounded sum of the values, which is what the engine's sums
+    (math.fsum, Shewchuk's partials) give."""
+
+    def __init__(self, ints: np.ndarray, base: int):
+        self.ints, self.base = ints, base
+
+    @classmethod
+    def of(cls, v: np.ndarray) -> _Exact | None:
+        """None where the integers would not stay small or a sum could round twice (values not
+        finite, or far apart in magnitude, or near the edges of a float's range): the engine's."""
+        if not np.isfinite(v).all():
+            return None
+        fractions, exponents = np.frexp(v)
+        mantissas = (fractions * 2.0**53).astype(np.int64)  # exact: a double has 53 bits
+        exponents = exponents.astype(np.int64) - 53
+        nonzero = mantissas != 0
+        if not nonzero.any():
+            return cls(np.zeros(len(v), dtype=object), 0)
+        base = int(exponents[nonzero].min())
+        shifts = np.where(nonzero, exponents - base, 0)
+        if base < -1000 or int(shifts.max()) > 900:
+            return None
+        ints = np.empty(len(v), dtype=object)
+        ints[:] = [m << s for m, s in zip(mantissas.tolist(), shifts.tolist(), strict=True)]
+        return cls(ints, base)
+
+    def floats(self, sums: np.ndarray) -> np.ndarray:
+        # int -> float rounds correctly (to nearest, ties to even); times a power of two is exact.
+        return np.ldexp(np.asarray(sums, dtype=object).astype(np.float64), self.base)
+
+
+def _cumsum_per_window(ints: np.ndarray, code: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Each record's running sum within its key's window, in arrival order (a tumbling window's
+    records need not be together: a late one lands in an earlier window)."""
+    order = np.lexsort((starts, code))  # stable: arrival order within a window
+    c, s = code[order], starts[order]
+    first = np.concatenate([[True], (c[1:] != c[:-1]) | (s[1:] != s[:-1])])
+    begins = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
+    prefix = np.concatenate([np.array([0], dtype=object), np.cumsum(ints[order])])
+    out = np.empty(len(order), dtype=object)
+    out[order] = prefix[1:] - prefix[begins]
+    return out
 
 
 def _first_per_window(candidate: np.ndarray, code: np.ndarray, starts: np.ndarray, e_code: np.ndarray, old_e: np.ndarray):
