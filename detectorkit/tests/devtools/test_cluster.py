@@ -103,7 +103,11 @@ def test_spark_submit_runs_the_generated_detector_with_its_own_master(kafka_boot
 def test_generated_detector_on_a_two_worker_cluster_loses_nothing_when_a_worker_dies(kafka_bootstrap_servers, service, cluster, workers_python):
     bs = kafka_bootstrap_servers
     topics = create_test_topics(bs, "cluster", partitions=PARTITIONS)
-    sent = produce(bs, topics.input, samples(RECORDS, seed=31, bad_every=100, high_share=0.2))
+    records = list(samples(RECORDS, seed=31, bad_every=100, high_share=0.2))
+    half = RECORDS // 2
+    sent = produce(bs, topics.input, records[:half])
+    # Runs until told to stop: a stop when idle could come while the dead worker's task waits to be
+    # retried, before it has read what arrived after the kill.
     env = job_env(
         bs,
         topics,
@@ -111,7 +115,7 @@ def test_generated_detector_on_a_two_worker_cluster_loses_nothing_when_a_worker_
         max_records_per_batch=400,
         spark_master=cluster.master_url,
         pyspark_python=workers_python,
-        stop_after_idle_seconds=4,
+        stop_after_idle_seconds=0,
         metrics_interval_seconds=1,
     )
     env.pop("PYTHONPATH")
@@ -119,22 +123,31 @@ def test_generated_detector_on_a_two_worker_cluster_loses_nothing_when_a_worker_
     job = Job(env, command=service)
     seen = set()
 
-    def batches_on_both_workers():
+    def done():
+        return sum(o or 0 for o in committed(bs, topics, range(PARTITIONS)).values())
+
+    def on_both_workers():
         seen.update(executor_pids(cluster))
-        done = sum(o or 0 for o in committed(bs, topics, range(PARTITIONS)).values())
-        return job.process.poll() is not None or (0 < done < RECORDS // 2 and len(set(cluster.executor_logs()) - before) == 2)
+        assert job.process.poll() is None, job.output()[-5000:]
+        return done() > 0 and len(set(cluster.executor_logs()) - before) == 2
 
-    wait_for(batches_on_both_workers, timeout=240, what="the job's first batches on both workers")
-    assert job.process.poll() is None, job.output()[-5000:]
-    cluster.kill_worker(0)  # a machine lost mid-stream: its executor and Python workers with it
-    at_kill = sum(committed(bs, topics, range(PARTITIONS)).values())
-    wait_for(lambda: seen.update(executor_pids(cluster)) or job.process.poll() is not None, timeout=300, what="the job's end")
-    assert job.wait(10) == 0, job.output()[-5000:]
+    wait_for(on_both_workers, timeout=240, what="the job's first commits, with executors on both workers")
+    cluster.kill_worker(0)  # a machine lost mid-stream: its executor, its Python workers and its running task
+    at_kill = done()
+    sent += produce(bs, topics.input, records[half:])
 
-    assert at_kill < RECORDS, "the worker must die mid-stream for this test to mean anything"
+    def all_committed():
+        seen.update(executor_pids(cluster))
+        assert job.process.poll() is None, job.output()[-5000:]
+        return done() == RECORDS
+
+    wait_for(all_committed, timeout=300, what="every record committed after the worker died")
+    job.process.send_signal(signal.SIGTERM)
+    assert job.wait(60) == 0, job.output()[-5000:]
+
+    assert at_kill <= half, "the worker must die before the second half arrives for this test to mean anything"
     found = detections(bs, topics)
     assert set(found) == expected(sent)  # nothing lost (a retried task may write some twice)
-    assert sum(committed(bs, topics, range(PARTITIONS)).values()) == RECORDS
 
     # The executors' logs follow detectorkit's log4j2.properties from the workers' conf: no INFO.
     logs = [p.read_text(errors="replace") for p in set(cluster.executor_logs()) - before]
