@@ -13,8 +13,7 @@ contenders read them from the start, one after the other:
   distance, failed logins and device risk, and the customer's orders, spending and distinct
   merchants in the last hour as of the record;
 - the same with the customer's orders, spending and mean order (WINDOWED_ONE_FIELD: aggregates of
-  one field, which the window rule computes as array operations; a distinct count it computes a
-  record at a time);
+  one field, so one value held per record, and no distinct count);
 - the same kind of model over the seven fields alone (FIELDS_ONLY, stateless): what the windows cost
   apart from the model;
 - the template's default service (a threshold on the amount, stateless): the peer of the targets.

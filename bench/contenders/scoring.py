@@ -13,8 +13,8 @@ AGGREGATES = {
     "merchants_1h": windows.DistinctCount("merchant"),
 }
 
-# The same with three aggregates of the amount alone (count, sum, mean), which the window rule
-# computes as array operations over the batch; a distinct count it computes a record at a time.
+# The same with three aggregates of the amount alone (count, sum, mean): one value column held per
+# record instead of two, and no distinct count.
 ONE_FIELD_AGGREGATES = {"orders_1h": windows.Count(), "spent_1h": windows.Sum("amount"), "mean_1h": windows.Mean("amount")}
 
 WINDOWED = models.detector(name="bench-windowed-model", features=FIELDS, window=windows.Sliding(3600), aggregates=AGGREGATES)

@@ -1,7 +1,8 @@
 """The commonest rules as array operations (`windows.vectorised`) give what the engine gives, batch
-by batch: the same detections, the same state written and read back, the same late records; with
-records back in time under a sliding window (those keys go to the engine) and sums of fractions
-(exact through integers, as the engine's are)."""
+by batch: the same detections, the same state written and read back, the same late records; for
+counts, sums, means and distinct counts of several fields, records back in time under a sliding
+window (those keys go to the engine) and sums of fractions (exact through integers, as the
+engine's are)."""
 
 import math
 from unittest import mock
@@ -21,12 +22,19 @@ WINDOWS = st.one_of(
     st.builds(w.Tumbling, st.sampled_from([5, 10]), st.sampled_from([0, 3])),
 )
 # (window, aggregate, emit, a where filter): one count or sum on reaching a threshold, or counts,
-# sums and means of a field for every record (a model's features).
+# sums, means and distinct counts of any fields for every record (a model's features).
+AGGREGATES = {
+    "n": w.Count(),
+    "spent": w.Sum("amount"),
+    "mean": w.Mean("amount"),
+    "amounts": w.DistinctCount("amount"),
+    "statuses": w.DistinctCount("status"),
+}
 SHAPES = st.one_of(
     st.tuples(WINDOWS, st.sampled_from([w.Count(), w.Sum("amount")]), st.sampled_from([w.Every(), w.AtLeast(2), w.AtLeast(4)]), st.booleans()),
     st.tuples(
         WINDOWS,
-        st.sampled_from([w.Mean("amount"), {"n": w.Count(), "spent": w.Sum("amount"), "mean": w.Mean("amount")}]),
+        st.sets(st.sampled_from(sorted(AGGREGATES)), min_size=1).map(lambda names: {n: AGGREGATES[n] for n in sorted(names)}),
         st.just(w.Every()),
         st.booleans(),
     ),
@@ -87,11 +95,12 @@ def test_the_arrays_run_the_burst_rule_and_leave_a_key_back_in_time_to_the_engin
 
 
 def test_the_arrays_add_fractions_exactly_as_the_engine_does_and_run_a_models_features():
-    """Sums of amounts with cents, a count, a sum and a mean for every record: the arrays' answers,
+    """Sums of amounts with cents, a count, a sum, a mean and a distinct count for every record: the arrays' answers,
     each sum the correctly rounded sum of the window's amounts, as math.fsum gives it (not a float
     running sum, which drifts)."""
-    detector = w.detector("spend", w.Sliding(10), {"n": w.Count(), "spent": w.Sum("amount"), "mean": w.Mean("amount")}, w.Every())
-    rows = [("a", 0, 0.1, "ok"), ("a", 1_000, 0.2, "ok"), ("a", 2_000, 19.99, "ok"), ("a", 20_000, 1e-3, "ok")]
+    aggregates = {"n": w.Count(), "spent": w.Sum("amount"), "mean": w.Mean("amount"), "statuses": w.DistinctCount("status")}
+    detector = w.detector("spend", w.Sliding(10), aggregates, w.Every())
+    rows = [("a", 0, 0.1, "ok"), ("a", 1_000, 0.2, "failed"), ("a", 2_000, 19.99, "ok"), ("a", 20_000, 1e-3, "ok")]
     rows += [("b", 500, 1e15, "ok"), ("b", 600, 0.3, "ok"), ("b", 700, -1e15, "ok")]
     real, returned = vectorised.detect, []
     with mock.patch.object(vectorised, "detect", side_effect=lambda *a: returned.append(real(*a)) or returned[-1]):
@@ -101,4 +110,5 @@ def test_the_arrays_add_fractions_exactly_as_the_engine_does_and_run_a_models_fe
     assert found["n"].tolist() == [len(s) for s in sums]
     assert found["spent"].tolist() == [math.fsum(s) for s in sums]
     assert found["mean"].tolist() == [math.fsum(s) / len(s) for s in sums]
+    assert found["statuses"].tolist() == [1, 2, 2, 1, 1, 1, 1]
     assert found["spent"].iloc[-1] == 0.3 != (1e15 + 0.3) - 1e15  # the float running sum would have lost the cents

@@ -83,15 +83,19 @@ class Held:
         return pd.DataFrame(data, index=pd.Index(names, dtype=object))
 
     def _values(self, counted: pd.DataFrame) -> list[list[float]]:
+        """Each value column's numbers for the records, as Python lists."""
+        return [column.tolist() for column in self._value_arrays(counted)]
+
+    def _value_arrays(self, counted: pd.DataFrame) -> list[np.ndarray]:
         """Each value column's numbers for the records (a distinct count's: a hash of any value)."""
         out = []
         for name, hashed in self.fields:
             column = counted[name]
             if hashed:
                 # 53 bits: a float64 holds it exactly, and two of a window's values collide with odds of 1 in 2^53.
-                out.append((pd.util.hash_array(column.astype(str).to_numpy()) >> np.uint64(11)).astype(np.float64).tolist())
+                out.append((pd.util.hash_array(column.astype(str).to_numpy()) >> np.uint64(11)).astype(np.float64))
             else:
-                out.append(pd.to_numeric(column, errors="raise").to_numpy(dtype=np.float64).tolist())
+                out.append(pd.to_numeric(column, errors="raise").to_numpy(dtype=np.float64))
         return out
 
 

@@ -91,20 +91,14 @@ class Rule(Held, Emitting):
             # record at its end + the silence would not break it, so the last that could is a
             # millisecond before, and the grace after that.
             self.after = self.grace + ms(emit.seconds)
-        # Counts, sums and means of one field over sliding or tumbling windows for every record, or
-        # a count or a sum on reaching a threshold: array operations over the batch (`vectorised`),
-        # the same answers and state.
+        # Counts, sums, means and distinct counts of any fields over sliding or tumbling windows for
+        # every record, or a count or a sum on reaching a threshold: array operations over the batch
+        # (`vectorised`), the same answers and state.
         kinds = {a.kind for a in aggregates.values()}
-        self.shape = None
-        if (
-            isinstance(window, Sliding | Tumbling)
-            and len(fields) <= 1
-            and kinds <= {COUNT, SUM, MEAN}
-            and (
-                (mode == "every" and having is None) or (mode == "when" and threshold is not None and len(aggregates) == 1 and kinds <= {COUNT, SUM})
-            )
-        ):
-            self.shape = (fields[0][0] if fields else None, None if threshold is None else threshold[1])
+        self.vectorised = isinstance(window, Sliding | Tumbling) and (
+            (mode == "every" and having is None and kinds <= {COUNT, SUM, MEAN, DISTINCT})
+            or (mode == "when" and threshold is not None and len(aggregates) == 1 and kinds <= {COUNT, SUM})
+        )
 
     # ---- the state's columns ----------------------------------------------------------------
 
@@ -123,7 +117,7 @@ class Rule(Held, Emitting):
 
     def detect(self, records: pd.DataFrame, state: pd.DataFrame, config: Any) -> tuple:
         counted = records if self.where is None else records[np.asarray(self.where(records), dtype=bool)]
-        if self.shape is not None and VECTORISED and len(counted):
+        if self.vectorised and VECTORISED and len(counted):
             return self._detect_vectorised(records, counted, state)
         return self._detect(records, counted, state)
 
@@ -165,14 +159,14 @@ class Rule(Held, Emitting):
     def _detect_vectorised(self, records: pd.DataFrame, counted: pd.DataFrame, state: pd.DataFrame) -> tuple:
         """`detect` as array operations; the keys they leave (a record back in time under a sliding
         window) through the engine."""
-        field_, threshold = self.shape
-        done = vectorised.detect(self.size, self.grace, self.sliding, field_, threshold, counted, state)
+        values = self._value_arrays(counted) if self.fields else [np.zeros(len(counted))]
+        threshold = None if self.threshold is None else self.threshold[1]
+        done = vectorised.detect(self.size, self.grace, self.sliding, self.plan, threshold, counted, values, state, self.value_columns)
         if done is None:
             return self._detect(records, counted, state)
         found, new_state, slow, late = done
         self.late += late
-        read = {COUNT: lambda: found["count"], SUM: lambda: found["sum"], MEAN: lambda: found["sum"] / found["count"]}
-        columns = {name: read[kind]() for name, (kind, _) in zip(self.names, self.plan, strict=True)}
+        columns = dict(zip(self.names, found["aggregates"], strict=True))
         out = pd.DataFrame(
             {KEY: found["key"], START: found["start"], END: found["end"], **columns},
             index=pd.Index(found["index"], dtype=records.index.dtype),
