@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
+import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pa_json
@@ -161,6 +162,16 @@ def detections_of(out: Any, index: pd.Index, single: bool = False) -> list[tuple
         raise ValueError("detect() returned rows whose index is not the index of an input record")
     positions = [int(index[0])] * len(out) if single else [int(i) for i in out.index]
     return list(zip(positions, out.to_dict(orient="records"), strict=True))
+
+
+# NumPy's numbers as numbers, keys of any type as strings; a datetime (pandas' Timestamp) and any
+# other type as its text, as `str` writes it.
+_DETECTION_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME
+
+
+def detection_json(value: dict) -> bytes:
+    """A detection as the output topic's JSON; NaN and infinity, which JSON has not, as null."""
+    return orjson.dumps(value, default=str, option=_DETECTION_OPTIONS)
 
 
 def event_times_ms(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:

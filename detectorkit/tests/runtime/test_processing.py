@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -137,6 +138,22 @@ def test_process_batch_writes_detections_and_dead_letters_and_counts():
     s = summaries[3]
     assert (s.records, s.detections, s.next_offset) == (5, 1, 105)
     assert s.dead_letters == {"malformed_json": 1, "missing_field": 1, "detector_error": 1}
+
+
+def test_a_detection_is_written_as_json_whatever_its_fields_types():
+    """NumPy's numbers as numbers, a timestamp as its text, a missing number as null: what a
+    detector's frame holds, written so that any JSON reader (not Python's alone) takes it."""
+    detection = {
+        "score": np.float32(0.25),
+        "orders": np.int64(3),
+        "flagged": np.bool_(True),
+        "at": pd.Timestamp("2026-11-29T10:00:00Z"),
+        "mean": float("nan"),
+        "by_hour": {7: 2},
+    }
+    written = rec.detection_json(detection)
+    assert b"NaN" not in written
+    assert json.loads(written) == {"score": 0.25, "orders": 3, "flagged": True, "at": "2026-11-29 10:00:00+00:00", "mean": None, "by_hour": {"7": 2}}
 
 
 def test_summaries_accumulate_over_batches():

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import pathlib
 import time
 from collections.abc import Mapping, Sequence
@@ -18,6 +17,7 @@ from detectorkit.cli.exits import EXIT_FAILED, fail
 from detectorkit.cli.progress import bar, shown
 from detectorkit.detector import Detector
 from detectorkit.kafka import clients
+from detectorkit.records import detection_json
 from detectorkit.settings import SettingsError
 
 EXAMPLES = """
@@ -191,9 +191,9 @@ def _bound(text: str | None, flag: str) -> dict[int, int] | int | None:
 def _write(result, out: pathlib.Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".jsonl":
-        with out.open("w") as f:
+        with out.open("wb") as f:
             for d in result.detections:
-                f.write(json.dumps(d, default=str) + "\n")
+                f.write(detection_json(d) + b"\n")
     else:
         result.frame().to_parquet(out, index=False)
 

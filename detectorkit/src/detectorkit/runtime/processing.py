@@ -10,7 +10,6 @@ the summary per Kafka partition that the driver collects to commit offsets and c
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
@@ -26,7 +25,7 @@ from detectorkit.kafka.planning import PartitionRange
 from detectorkit.kafka.source_options import SourceOptions
 from detectorkit.metrics import executors
 from detectorkit.metrics.registry import bucket_counts, merged_counts
-from detectorkit.records import dead_letter_headers
+from detectorkit.records import dead_letter_headers, detection_json
 from detectorkit.runtime import crash_points, gc_tuning, task_result
 from detectorkit.runtime.batches import by_partition, stamps_ms
 from detectorkit.runtime.stage import KeyedBatch, Source
@@ -108,13 +107,13 @@ def send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int,
                 sink.send(ctx.dlq_topic, out.key.encode(), value, dead_letter_headers(ctx.service, reason, message, topic, out.partition, -1))
                 summaries.setdefault(out.partition, PartitionSummary()).dead_letters[reason] += 1
                 continue
-            sink.send(ctx.output_topic, out.key.encode(), json.dumps(out.value, default=str).encode(), timestamp_ms=out.timestamp_ms)
+            sink.send(ctx.output_topic, out.key.encode(), detection_json(out.value), timestamp_ms=out.timestamp_ms)
             if ctx.stage.counts_as_detection:
                 summaries.setdefault(out.partition, PartitionSummary()).timer_detections += 1
             continue
         p = int(partitions[out.position])
         key = keys[out.position].as_py() if out.key is None else out.key.encode()
-        value = out.raw if out.raw is not None else json.dumps(out.value, default=str).encode()
+        value = out.raw if out.raw is not None else detection_json(out.value)
         sink.send(ctx.output_topic, key, value, timestamp_ms=out.timestamp_ms)
         summaries.setdefault(p, PartitionSummary()).detected_at.append(stamps[out.position].as_py())
 
