@@ -166,7 +166,7 @@ def markdown(result: dict) -> str:
         "",
         f"Model detector: a {p['trees']}-tree gradient-boosted classifier (depth 3, ONNX) over 10 features, the record's 7 fields and its "
         "customer's orders, spending and distinct merchants in the last hour as of the record (bench/contenders/scoring.py), or its "
-        "orders, spending and mean order (aggregates of one field, which the window rule computes as arrays); "
+        "orders, spending and mean order (aggregates of one field: one value held per record, no distinct count); "
         f"a detection at a score of {p['threshold']:g} or more. The fields-only model: {p['trees']} trees over the 7 fields, no state. "
         f"Threshold service: the template's default, amount above {common.THRESHOLD:g}. Expected detections: a single pass computed by "
         "the benchmark, scored with the same ONNX file.",
