@@ -119,20 +119,12 @@ def labels(X: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def train(X: np.ndarray, path: pathlib.Path, name: str) -> str:
     """A 100-tree gradient-boosted classifier on the first records' features, exported to ONNX."""
-    import onnx
-    from skl2onnx import to_onnx
-    from skl2onnx.common.data_types import FloatTensorType
     from sklearn.ensemble import GradientBoostingClassifier
 
     rng = np.random.default_rng(1)
     sample = X[: min(len(X), 50_000)]
     model = GradientBoostingClassifier(n_estimators=TREES, max_depth=3, random_state=1).fit(sample, labels(sample, rng))
-    options, opsets = {id(model): {"zipmap": False}}, {"": 17, "ai.onnx.ml": 3}
-    exported = to_onnx(model, initial_types=[("input", FloatTensorType([None, X.shape[1]]))], options=options, target_opset=opsets)
-    for key, value in {"name": name, "version": "1"}.items():
-        entry = exported.metadata_props.add()
-        entry.key, entry.value = key, value
-    onnx.save(exported, str(path))
+    models.export(model, path, name=name, version="1")
     return str(path)
 
 

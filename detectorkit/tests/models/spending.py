@@ -7,9 +7,6 @@ import pathlib
 import random
 
 import numpy as np
-import onnx
-from skl2onnx import to_onnx
-from skl2onnx.common.data_types import FloatTensorType
 from sklearn.ensemble import GradientBoostingClassifier
 
 from detectorkit import models
@@ -28,11 +25,7 @@ def spending_model(path: pathlib.Path, amount: float = 800, version: str = "7") 
     X = np.column_stack([rng.uniform(0, 1000, 4000), orders, orders * rng.uniform(100, 900, 4000)]).astype(np.float32)
     y = ((X[:, 0] > amount) & (X[:, 2] > 5000)).astype(int)
     model = GradientBoostingClassifier(n_estimators=20, max_depth=3, random_state=3).fit(X, y)
-    options, opsets = {id(model): {"zipmap": False}}, {"": 17, "ai.onnx.ml": 3}
-    exported = to_onnx(model, initial_types=[("input", FloatTensorType([None, 3]))], options=options, target_opset=opsets)
-    entry = exported.metadata_props.add()
-    entry.key, entry.value = "version", version
-    onnx.save(exported, str(path))
+    models.export(model, path, version=version)
     return str(path)
 
 

@@ -8,13 +8,10 @@ import pathlib
 import tempfile
 
 import numpy as np
-import onnx
 import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from skl2onnx import to_onnx
-from skl2onnx.common.data_types import FloatTensorType
 from sklearn.ensemble import GradientBoostingClassifier
 
 from detectorkit import models
@@ -36,14 +33,7 @@ def trained(rows: int = 2_000, seed: int = 7) -> GradientBoostingClassifier:
 
 
 def exported(model, path, name="fraud-gb", version="3"):
-    # Probabilities as a matrix, not ZipMap's dicts; both opsets pinned, so the file is the same tomorrow.
-    options, opsets = {id(model): {"zipmap": False}}, {"": 17, "ai.onnx.ml": 3}
-    onx = to_onnx(model, initial_types=[("input", FloatTensorType([None, len(FEATURES)]))], options=options, target_opset=opsets)
-    entry = onx.metadata_props.add()
-    entry.key, entry.value = "name", name
-    entry = onx.metadata_props.add()
-    entry.key, entry.value = "version", version
-    onnx.save(onx, str(path))
+    models.export(model, path, name=name, version=version)
     return str(path)
 
 
@@ -76,6 +66,24 @@ def test_a_model_detector_emits_what_the_model_scores_at_the_threshold_with_its_
     assert set(found["model"]) == {"fraud-gb"} and set(found["model_version"]) == {"3"}
     np.testing.assert_allclose(found["score"], expected[batch.index.get_indexer(found.index)], atol=1e-5)
     assert (found[list(FEATURES)] == batch.loc[found.index, list(FEATURES)]).all().all()
+
+
+def test_export_writes_a_pipeline_as_the_detector_scores_it_and_refuses_a_model_not_fitted(tmp_path):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    batch = records(500, seed=4)
+    X = batch[list(FEATURES)].to_numpy(np.float32)
+    pipeline = make_pipeline(StandardScaler(), LogisticRegression()).fit(X, (X[:, 0] > 300).astype(int))
+    exported = models.export(pipeline, tmp_path / "pipeline.onnx", version="2")
+    assert {p.key: p.value for p in exported.metadata_props} == {"version": "2"}
+    config = models.ModelConfig(model_uri=str(tmp_path / "pipeline.onnx"), threshold=0.0)
+    found = DetectorHarness(models.detector(name="big-orders", features=FEATURES), config).batch(batch)
+    assert len(found) == len(batch) and set(found["model_version"]) == {"2"}
+    np.testing.assert_allclose(found["score"], pipeline.predict_proba(X)[:, 1], atol=1e-5)
+    with pytest.raises(ValueError, match="not fitted"):
+        models.export(GradientBoostingClassifier(), tmp_path / "unfitted.onnx")
 
 
 def test_a_record_whose_features_are_not_numbers_is_a_dead_letter_and_the_rest_are_scored(tmp_path):
@@ -165,8 +173,7 @@ def windowed_model(orders: int = 3, spend: float = 150):
     X = np.column_stack(columns).astype(np.float32)
     y = ((X[:, 2] >= orders) & (X[:, 3] > spend)).astype(int)
     model = GradientBoostingClassifier(n_estimators=20, max_depth=3, random_state=5).fit(X, y)
-    options, opsets = {id(model): {"zipmap": False}}, {"": 17, "ai.onnx.ml": 3}
-    onnx.save(to_onnx(model, initial_types=[("input", FloatTensorType([None, 4]))], options=options, target_opset=opsets), str(path))
+    models.export(model, path)
     return model, str(path)
 
 

@@ -13,12 +13,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pandas as pd
-from detectorkit import windows
+from detectorkit import models, windows
 from detectorkit.testing import DetectorHarness, event_times
-from skl2onnx import to_onnx
-from skl2onnx.common.data_types import FloatTensorType
 from sklearn.ensemble import GradientBoostingClassifier
 from sklearn.metrics import roc_auc_score
 
@@ -72,14 +69,7 @@ def train(out: Path = OUT) -> float:
     model = GradientBoostingClassifier(n_estimators=50, max_depth=3, random_state=0)
     model.fit(X.iloc[:cut].to_numpy(np.float32), y[:cut])
     auc = roc_auc_score(y[cut:], model.predict_proba(X.iloc[cut:].to_numpy(np.float32))[:, 1])
-    # Probabilities as a matrix, not ZipMap's dicts; both opsets pinned, so the file is the same tomorrow.
-    options, opsets = {id(model): {"zipmap": False}}, {"": 17, "ai.onnx.ml": 3}
-    inputs = [("input", FloatTensorType([None, X.shape[1]]))]
-    exported = to_onnx(model, initial_types=inputs, options=options, target_opset=opsets)
-    for key, value in {"name": NAME, "version": VERSION}.items():
-        entry = exported.metadata_props.add()
-        entry.key, entry.value = key, value
-    onnx.save(exported, str(out))
+    models.export(model, out, name=NAME, version=VERSION)
     return auc
 
 

@@ -21,14 +21,15 @@ the records, whatever the batches, as window rules are):
 A record later than its key's newest by more than the window's grace changes no window and is not
 scored (counted as late, as a window rule's).
 
-The model is an ONNX file (`DETECTOR_MODEL_URI`, default `model/model.onnx`; scikit-learn exports
-one with skl2onnx) or one logged to MLflow (`models:/fraud/3`, `models:/fraud@champion`), loaded
+The model is an ONNX file (`DETECTOR_MODEL_URI`, default `model/model.onnx`; `models.export`
+writes a scikit-learn classifier as one) or one logged to MLflow (`models:/fraud/3`, `models:/fraud@champion`), loaded
 when the job starts (a model that cannot be loaded stops it in one line)
 and scored once per Python worker's session, on the batch as an array. A record whose features are
 missing or not finite numbers is a dead letter (`unscorable`).
 """
 
 from detectorkit.models.detector import ModelConfig, detector
+from detectorkit.models.export import export
 from detectorkit.models.scoring import Model
 
-__all__ = ["Model", "ModelConfig", "detector"]
+__all__ = ["Model", "ModelConfig", "detector", "export"]

@@ -106,7 +106,7 @@ def _check_output(uri: str, session) -> None:
             raise SettingsError(f"DETECTOR_MODEL_URI={uri!r}: a classifier of {shape[1]} classes; a detector scores with a binary one")
         return
     if "output_probability" in names:
-        raise SettingsError(f"DETECTOR_MODEL_URI={uri!r}: probabilities as a ZipMap; export with options={{id(model): {{'zipmap': False}}}}")
+        raise SettingsError(f"DETECTOR_MODEL_URI={uri!r}: probabilities as a ZipMap; export with detectorkit.models.export (skl2onnx's zipmap=False)")
     if len(names) != 1:
         raise SettingsError(f"DETECTOR_MODEL_URI={uri!r}: outputs {names}: a detector scores with 'probabilities' or with one output")
 
