@@ -49,10 +49,13 @@ _log = structlog.get_logger("detectorkit.job")
 
 # The longest a task waits for records in one poll: how late it sees the driver's word to end.
 _MAX_WAIT_SECONDS = 0.1
-# The most records a poll takes at once. A stateful rule pays per call for each distinct key of a
-# partition's records (its state read, decoded and written), and a backlog of many keys repeats few
-# of them within a small chunk; a chunk is still a few tens of MiB, and a checkpoint comes between two.
-POLL_RECORDS = 80_000
+# The most records a poll takes at once. A stateful detector pays per call for each distinct key of
+# a partition's records (its state read, decoded and written), and a backlog of many keys repeats
+# few of them within a small chunk; a chunk is still a few tens of MiB, and a checkpoint comes
+# between two. A stateless one pays per record, so a bigger poll gains it nothing, and its workers'
+# peak memory is a poll parsed with its detections.
+STATEFUL_POLL_RECORDS = 80_000
+STATELESS_POLL_RECORDS = 20_000
 
 
 @dataclass(frozen=True)
@@ -240,7 +243,8 @@ class _Loop:
         next_tick = now + spec.tick_seconds if ticking else math.inf
         quiet = set(reader.position)
         changed = False
-        chunk = min(POLL_RECORDS, spec.source.max_records_per_batch or POLL_RECORDS)
+        most = STATEFUL_POLL_RECORDS if self.stores is not None else STATELESS_POLL_RECORDS
+        chunk = min(most, spec.source.max_records_per_batch or most)
         polled_at = now
         while True:
             ending = self.link.ended() or time.monotonic() >= deadline
