@@ -20,8 +20,19 @@ from detectorkit.runtime.spark import session
 spark = session("local[1]", "jvm-probe")
 pid = spark.sparkContext._gateway.proc.pid
 args = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
-maps = open(f"/proc/{pid}/maps").read()
-print(json.dumps({"args": args, "mapped": sys.argv[1] in maps, "count": spark.range(3).count()}))
+count = spark.range(3).count()
+# Each of the archive's mappings: its permissions, and its pages the JVM wrote (copies of its own,
+# not the file's pages that other processes share).
+mappings, current = [], None
+for line in open(f"/proc/{pid}/smaps"):
+    head = line.split()
+    if "-" in head[0] and len(head) >= 5:
+        current = {"perms": head[1], "written_kb": 0} if head[-1] == sys.argv[1] else None
+        if current is not None:
+            mappings.append(current)
+    elif current is not None and head[0] == "Anonymous:":
+        current["written_kb"] = int(head[1])
+print(json.dumps({"args": args, "mapped": bool(mappings), "mappings": mappings, "count": count}))
 """
 
 
@@ -38,7 +49,7 @@ def test_the_options_name_the_archive_only_when_this_machine_has_one(tmp_path, m
     archive = jvm.archive_path()
     assert archive.parent == tmp_path
     archive.write_bytes(b"")
-    assert jvm.driver_options() == [*jvm.SMALL_JVM, f"-XX:SharedArchiveFile={archive}", *jvm.QUIET_CDS]
+    assert jvm.driver_options() == [*jvm.SMALL_JVM, f"-XX:SharedArchiveFile={archive}", *jvm.SHARED_CDS, *jvm.QUIET_CDS]
     monkeypatch.setenv("DETECTORKIT_JVM_OPTIONS", " -Xmn64m  -XX:TieredStopAtLevel=4 ")
     assert jvm.driver_options()[-2:] == ["-Xmn64m", "-XX:TieredStopAtLevel=4"]
 
@@ -71,7 +82,11 @@ def test_a_built_archive_is_mapped_by_a_services_jvm_and_a_broken_one_is_ignored
     started = probe(tmp_path, archive)
     assert started["count"] == 3
     assert started["mapped"], "the service's JVM did not map the archive"
-    for option in (*jvm.SMALL_JVM, f"-Xmx{jvm.DRIVER_MEMORY}", f"-XX:SharedArchiveFile={archive}"):
+    # Mapped where it was built, its read-only part is the file's clean pages, shared by every JVM
+    # that maps it; relocated, the JVM rewrites all of it into pages of its own.
+    read_only = [m for m in started["mappings"] if m["perms"].startswith("r-")]
+    assert read_only and all(m["written_kb"] == 0 for m in read_only), started["mappings"]
+    for option in (*jvm.SMALL_JVM, f"-Xmx{jvm.DRIVER_MEMORY}", f"-XX:SharedArchiveFile={archive}", *jvm.SHARED_CDS):
         assert option in started["args"], started["args"]
 
     archive.write_bytes(b"not a class archive" * 1000)
