@@ -112,3 +112,19 @@ def test_the_arrays_add_fractions_exactly_as_the_engine_does_and_run_a_models_fe
     assert found["mean"].tolist() == [math.fsum(s) / len(s) for s in sums]
     assert found["statuses"].tolist() == [1, 2, 2, 1, 1, 1, 1]
     assert found["spent"].iloc[-1] == 0.3 != (1e15 + 0.3) - 1e15  # the float running sum would have lost the cents
+
+
+def test_sums_the_arrays_cannot_make_exact_go_to_the_engine_with_the_values_already_read():
+    """Amounts too far apart in magnitude for exact integers: the arrays decline, and the engine
+    answers with the value columns (a distinct count's hashes among them) the arrays were given."""
+    aggregates = {"n": w.Count(), "spent": w.Sum("amount"), "statuses": w.DistinctCount("status")}
+    detector = w.detector("spend", w.Sliding(10), aggregates, w.Every())
+    rows = [("a", 0, 1e300, "ok"), ("a", 1_000, 1e-300, "failed"), ("a", 2_000, -1e300, "ok"), ("b", 500, 0.5, "ok")]
+    real, returned = vectorised.detect, []
+    with mock.patch.object(vectorised, "detect", side_effect=lambda *a: returned.append(real(*a)) or returned[-1]):
+        found = DetectorHarness(detector).batch(frame(rows))
+    assert returned == [None]
+    with mock.patch.object(engine, "VECTORISED", False):
+        assert found.equals(DetectorHarness(detector).batch(frame(rows)))
+    assert found["spent"].tolist() == [1e300, 1e300, 1e-300, 0.5]
+    assert found["statuses"].tolist() == [1, 2, 2, 1]

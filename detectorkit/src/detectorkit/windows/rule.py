@@ -121,12 +121,14 @@ class Rule(Held, Emitting):
             return self._detect_vectorised(records, counted, state)
         return self._detect(records, counted, state)
 
-    def _detect(self, records: pd.DataFrame, counted: pd.DataFrame, state: pd.DataFrame) -> tuple:
+    def _detect(self, records: pd.DataFrame, counted: pd.DataFrame, state: pd.DataFrame, values: list[list[float]] | None = None) -> tuple:
+        """The engine: a record at a time. `values`: the counted records' value columns, if already read."""
         held = self._held(state)
         calls = Calls()
         times = counted[EVENT_TIME].astype("int64").to_numpy() // 1_000_000
         marks = counted[PARTITION_TIME].astype("int64").to_numpy() // 1_000_000 if self.closing else times
-        values = self._values(counted)
+        if values is None:
+            values = self._values(counted)
         keys = counted[KEY].to_numpy()
         index = counted.index.to_numpy()
         by_key = pd.Series(np.arange(len(keys))).groupby(pd.factorize(keys)[0], sort=False).indices if len(keys) else {}
@@ -159,11 +161,13 @@ class Rule(Held, Emitting):
     def _detect_vectorised(self, records: pd.DataFrame, counted: pd.DataFrame, state: pd.DataFrame) -> tuple:
         """`detect` as array operations; the keys they leave (a record back in time under a sliding
         window) through the engine."""
-        values = self._value_arrays(counted) if self.fields else [np.zeros(len(counted))]
+        arrays = self._value_arrays(counted)
         threshold = None if self.threshold is None else self.threshold[1]
-        done = vectorised.detect(self.size, self.grace, self.sliding, self.plan, threshold, counted, values, state, self.value_columns)
+        done = vectorised.detect(
+            self.size, self.grace, self.sliding, self.plan, threshold, counted, arrays or [np.zeros(len(counted))], state, self.value_columns
+        )
         if done is None:
-            return self._detect(records, counted, state)
+            return self._detect(records, counted, state, [a.tolist() for a in arrays])
         found, new_state, slow, late = done
         self.late += late
         columns = dict(zip(self.names, found["aggregates"], strict=True))
@@ -174,7 +178,7 @@ class Rule(Held, Emitting):
         self._counts_as_ints(out)
         if slow is not None:
             mine = counted[KEY].isin(slow).to_numpy()
-            more, more_state = self._detect(counted[mine], counted[mine], state[state.index.isin(slow)])
+            more, more_state = self._detect(counted[mine], counted[mine], state[state.index.isin(slow)], [a[mine].tolist() for a in arrays])
             out = _joined_frames(out, more)
             new_state = pd.concat([new_state, more_state])
         return out, self._with_uncounted(records, counted, new_state, state.index)

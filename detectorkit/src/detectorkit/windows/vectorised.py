@@ -58,15 +58,17 @@ def detect(
     t = np.concatenate([old_t, counted[EVENT_TIME].astype("int64").to_numpy() // 1_000_000])
     held_v = [state[name].list.flatten().to_numpy().astype(np.float64) if has_state else np.zeros(0) for name in value_columns]
     v = np.stack([np.concatenate([old, new]) for old, new in zip(held_v, values, strict=True)])
+    summed = sorted({c for kind, c in plan if kind in (SUM, MEAN)})
     # Sums of fractions through integers (exact, as the engine's are); whole numbers add exactly as floats.
-    exact: dict[int, _Exact | None] = {}
-    for c in sorted({c for kind, c in plan if kind in (SUM, MEAN)}):
+    exact: dict[int, _Exact] = {}
+    for c in summed:
         if not _whole(v[c]):
-            exact[c] = _Exact.of(v[c])
-            if exact[c] is None:
+            as_ints = _Exact.of(v[c])
+            if as_ints is None:
                 return None
+            exact[c] = as_ints
     at = np.concatenate([np.full(len(old_t), -1), np.arange(len(counted))])  # -1: held
-    rows = _Rows(code, t, v, at, {c: e.ints for c, e in exact.items()})
+    rows = _Rows(code, t, v, at, exact)
     rows.take(np.argsort(code, kind="stable"))
     # Late: older than the key's newest before it by more than the grace (a late record moves no newest).
     dropped = _EMPTY  # the late records' keys
@@ -87,11 +89,11 @@ def detect(
             held_e = ~np.isin(e_code, slow_codes)
             e_code, old_e = e_code[held_e], old_e[held_e]
             slow = keys[slow_codes]
-        starts, ends, aggregates = _sliding(size, plan, rows, exact)
+        starts, ends, aggregates = _sliding(size, plan, summed, rows)
     else:
         starts = rows.t // size * size
         ends = starts + size
-        aggregates = _tumbling(plan, rows, starts, exact)
+        aggregates = _tumbling(plan, summed, rows, starts)
     fresh = rows.at >= 0
     if threshold is None:
         emitting, new_e_code, new_e = fresh, e_code, old_e
@@ -120,21 +122,22 @@ def detect(
 
 class _Rows:
     """The key's held records and the batch's, as columns taken together: each key's code, time,
-    value columns (a row each), index in the batch (-1: held) and, for sums of fractions, integers."""
+    value columns (a row each), index in the batch (-1: held) and, for sums of fractions, the value
+    column as integers (`exact`, by column)."""
 
-    def __init__(self, code: np.ndarray, t: np.ndarray, v: np.ndarray, at: np.ndarray, ints: dict[int, np.ndarray]):
-        self.code, self.t, self.v, self.at, self.ints = code, t, v, at, ints
+    def __init__(self, code: np.ndarray, t: np.ndarray, v: np.ndarray, at: np.ndarray, exact: dict[int, _Exact]):
+        self.code, self.t, self.v, self.at, self.exact = code, t, v, at, exact
 
     def take(self, which: np.ndarray) -> None:
         self.code, self.t, self.v, self.at = self.code[which], self.t[which], self.v[:, which], self.at[which]
-        self.ints = {c: i[which] for c, i in self.ints.items()}
+        self.exact = {c: _Exact(e.ints[which], e.base) for c, e in self.exact.items()}
 
     def same_key(self) -> np.ndarray:
         """Whether each record's key is the one before's."""
         return np.concatenate([[False], self.code[1:] == self.code[:-1]])
 
 
-def _sliding(size: int, plan, rows: _Rows, exact: dict) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+def _sliding(size: int, plan, summed: list[int], rows: _Rows) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Each record's window [t - size, t] of its key's records up to it, and its aggregates."""
     t, code = rows.t, rows.code
     span = (t.max() - t.min() + size + 1) if len(t) else 1
@@ -143,13 +146,13 @@ def _sliding(size: int, plan, rows: _Rows, exact: dict) -> tuple[np.ndarray, np.
     n = len(t)
     counts = (np.arange(1, n + 1) - lo).astype(np.float64)
     sums: dict[int, np.ndarray] = {}
-    for c in {c for kind, c in plan if kind in (SUM, MEAN)}:
-        if c not in exact:
+    for c in summed:
+        if c not in rows.exact:
             prefix = np.concatenate([[0.0], np.cumsum(rows.v[c])])
             sums[c] = prefix[1:] - prefix[lo]
         else:
-            prefix = np.concatenate([np.array([0], dtype=object), np.cumsum(rows.ints[c])])
-            sums[c] = exact[c].floats(prefix[1:] - prefix[lo])
+            prefix = np.concatenate([np.array([0], dtype=object), np.cumsum(rows.exact[c].ints)])
+            sums[c] = rows.exact[c].floats(prefix[1:] - prefix[lo])
     distinct = {c: _distinct_sliding(code, rows.v[c], lo) for c in {c for kind, c in plan if kind == DISTINCT}}
     return t - size, t, _read(plan, counts, sums, distinct)
 
@@ -168,16 +171,16 @@ def _distinct_sliding(code: np.ndarray, v: np.ndarray, lo: np.ndarray) -> np.nda
     return (np.arange(1, n + 1) - np.cumsum(np.bincount(ends, minlength=n + 1)[:n])).astype(np.float64)
 
 
-def _tumbling(plan, rows: _Rows, starts: np.ndarray, exact: dict) -> list[np.ndarray]:
+def _tumbling(plan, summed: list[int], rows: _Rows, starts: np.ndarray) -> list[np.ndarray]:
     """Each record's aggregates over its key's window's records come before it and itself."""
     code = rows.code
     counts = pd.Series(np.ones(len(code))).groupby([code, starts]).cumsum().to_numpy()
     sums: dict[int, np.ndarray] = {}
-    for c in {c for kind, c in plan if kind in (SUM, MEAN)}:
-        if c not in exact:
+    for c in summed:
+        if c not in rows.exact:
             sums[c] = pd.Series(rows.v[c]).groupby([code, starts]).cumsum().to_numpy()
         else:
-            sums[c] = exact[c].floats(_cumsum_per_window(rows.ints[c], code, starts))
+            sums[c] = rows.exact[c].floats(_cumsum_per_window(rows.exact[c].ints, code, starts))
     distinct = {}
     for c in {c for kind, c in plan if kind == DISTINCT}:
         first = ~pd.DataFrame({"k": code, "s": starts, "v": rows.v[c]}).duplicated().to_numpy()
