@@ -76,6 +76,9 @@ class Detector:
     # Builds the detector for the config the job reads at start (a window sized by a setting); None:
     # this detector serves every config.
     configure: Callable[[Any], Detector] | None = dataclasses.field(default=None, repr=False, compare=False)
+    # A model detector's: `configure`, but emitting every record it scores whatever the config's
+    # threshold (a backtest with labels ranks every score).
+    score_every: Callable[[Any], Detector] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("event_time_field", "key_field"):

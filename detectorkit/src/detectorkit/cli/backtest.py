@@ -5,7 +5,6 @@ them; the history is a range of the input topic or files."""
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import pathlib
 import time
@@ -86,7 +85,7 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
     try:
         settings = settings_mod.load(job.parse_args(rest), defaults=defaults).for_service(detector.name)
         config = detector.load_config()
-        scoring = detector.take_scores is not None and hasattr(config, "threshold")
+        scoring = detector.score_every is not None and hasattr(config, "threshold")
         if args.model_uri is not None:
             if not scoring:
                 raise SettingsError(f"--model-uri is for a model detector (detectorkit.models); {detector.name} scores with none")
@@ -120,15 +119,11 @@ def backtest_main(detector: Detector, argv: Sequence[str], defaults: Mapping[str
         decode = input_decoder(settings) if not args.files else None
     except (SettingsError, backtest.HistoryError) as exc:
         return fail(str(exc))
+    # With labels, every scored record's score, for the ROC AUC; the detections are those at the threshold.
     threshold = config.threshold if scoring and labels is not None else None
-    if threshold is not None:
-        # Every scored record's score, for the ROC AUC; the detections are those at the threshold.
-        # Set past the config's own checks (a service's refuses a threshold that is no probability,
-        # and a model's scores need not be probabilities).
-        config = copy.copy(config)
-        object.__setattr__(config, "threshold", float("-inf"))
     try:
-        detector = detector.configured(config)  # a model that cannot be loaded: one line, before any record is read
+        # A model that cannot be loaded: one line, before any record is read.
+        detector = detector.configured(config) if threshold is None else detector.score_every(config)
     except SettingsError as exc:
         return fail(str(exc))
     started = time.monotonic()

@@ -74,15 +74,18 @@ def detector(
         )
     columns = (*features, *(aggregates or {}))
 
-    def build(settings: Any, model: Model | None) -> Detector:
+    def build(settings: Any, model: Model | None, every: bool = False) -> Detector:
         # This process's scores since the job last took them (a worker's, for detector_model_scores).
         tally = _Tally()
+
+        def loaded(c: Any) -> Model:
+            return model if model is not None and c.model_uri == settings.model_uri else Model.load(c.model_uri)
 
         def scored(rows: pd.DataFrame, fields: pd.DataFrame) -> pd.DataFrame:
             scoring = model if model is not None else Model.cached(settings.model_uri)
             scores = scoring.score(features_of(rows, columns, scoring.features))
             tally.add(scores)
-            hit = scores >= settings.threshold
+            hit = np.ones(len(scores), dtype=bool) if every else scores >= settings.threshold
             out = fields.loc[hit].copy()
             out[MODEL], out[MODEL_VERSION], out[SCORE] = scoring.name, scoring.version, scores[hit]
             return out
@@ -92,7 +95,8 @@ def detector(
             "model_info": None if model is None else (model.name, model.version),
             "take_scores": tally.take,
             # Configured again with the same model (a backtest's run, a worker's): the model it has.
-            "configure": lambda c: build(c, model if model is not None and c.model_uri == settings.model_uri else Model.load(c.model_uri)),
+            "configure": lambda c: build(c, loaded(c), every),  # one that scores every record stays so
+            "score_every": lambda c: build(c, loaded(c), every=True),
         }
         if rule is None:
 
