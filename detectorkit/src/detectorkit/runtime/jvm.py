@@ -15,7 +15,7 @@ Spark's defaults size it for analytics. Measured on this project's service (2 co
   SparkSession 5.1 -> 2.2 s, the first job 1.4 -> 0.4 s.
 - Where the archive is mapped: Debian's Java 17 maps it at a random address by default
   (`ArchiveRelocationMode=1`, for address-space randomisation) and then rewrites every pointer in
-  it, so all 160 MiB of it become the process's own dirty pages. Mapped where it was built, its
+  it, so all of it becomes pages of the process's own. Mapped where it was built, its
   read-only part stays clean pages of the file, which every JVM mapping the same archive shares
   (idle services side by side, or pods of one image on a node), and the JVM starts sooner. The cost
   is that the archived class metadata sits at a known address; an operator who wants it random sets
