@@ -8,7 +8,10 @@ import zipfile
 import pyarrow as pa
 import pyspark
 
+from detectorkit.runtime.processing import warm_workers
 from detectorkit.runtime.worker_daemon import shipped_zips
+
+from .test_processing import ctx
 
 
 def where_pyspark_comes_from(batches):
@@ -36,6 +39,21 @@ def test_the_daemon_loads_what_tasks_import_before_it_forks_their_workers(spark)
     """Shared pages rather than each worker's own: the worker's parent has Arrow and pandas mapped."""
     row = spark.range(1).mapInArrow(what_the_daemon_has_loaded, "arrow boolean, pandas boolean").collect()[0]
     assert row.arrow and row.pandas
+
+
+def forked_by(batches):
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pylist([{"daemon": os.getppid()}])
+
+
+def test_the_workers_warmed_at_start_are_the_ones_the_slices_use(spark):
+    """The warm-up is an RDD job and a slice a SQL one: Spark shares workers between the two only
+    while it hands both the same environment. Otherwise a second daemon starts at the first slice
+    and imports everything again, on the way to the first detection."""
+    warmed = warm_workers(spark, ctx())
+    used = {row.daemon for row in spark.range(0, 2, 1, 2).mapInArrow(forked_by, "daemon long").collect()}
+    assert used <= set(warmed)
 
 
 def test_a_module_that_fails_to_load_is_left_to_the_worker():

@@ -27,7 +27,6 @@ import dataclasses
 import threading
 import time
 from concurrent.futures import Future
-from functools import partial
 from typing import Any
 
 import structlog
@@ -46,7 +45,7 @@ from detectorkit.runtime.driver_checkpoint import BatchResult, DriverCheckpoint,
 from detectorkit.runtime.health import Progress
 from detectorkit.runtime.job_plan import JobPlan
 from detectorkit.runtime.partition_owner import PartitionOwner
-from detectorkit.runtime.processing import warm_worker
+from detectorkit.runtime.processing import warm_workers
 from detectorkit.runtime.query_runner import QueryRunner
 from detectorkit.runtime.slice_driver import SliceDriver
 from detectorkit.runtime.stage import Relay, Stage, prepared
@@ -306,9 +305,8 @@ class StreamJob:
         threading.Thread(target=watch, name="repartition-feeder", daemon=True).start()
 
     def _warm_workers(self) -> None:
-        n = max(1, self.spark.sparkContext.defaultParallelism)
         try:
-            self.spark.range(0, n, 1, n).mapInArrow(partial(warm_worker, self._task), "id long").collect()
+            warm_workers(self.spark, self._task)
         except Exception as exc:  # noqa: BLE001 - only an optimisation: the first batch starts them anyway
             if not self._leaving.is_set():
                 log.warning("could not start the Python workers ahead of the first batch", error=str(exc).splitlines()[0])

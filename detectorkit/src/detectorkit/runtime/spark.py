@@ -46,6 +46,11 @@ def session(master: str | None = "local[2]", app_name: str = "detectorkit", ship
         # Starting a Python worker per task doubles the latency.
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # Spark hands the workers of its SQL jobs the simplified-traceback flag and those of its
+        # RDD jobs nothing; workers are shared only between jobs whose environments are equal, and
+        # the job's start warms them with an RDD job (processing.warm_workers). The tracebacks of
+        # a failed task are then whole, which costs nothing: a detector's errors are dead letters.
+        .config("spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled", "false")
         # Streaming queries cannot use adaptive execution; saying so spares a warning per query.
         .config("spark.sql.adaptive.enabled", "false")
         # An empty micro-batch per idle trigger would only cost time.
