@@ -133,7 +133,10 @@ def _parse_all_at_once(raw: Sequence[bytes | None], required_fields: Sequence[st
     if data.count(b"\n") != n - 1:  # a value spanning lines: framing by line would split it
         return None
     try:
-        table = pa_json.read_json(io.BytesIO(data), read_options=pa_json.ReadOptions(block_size=max(1 << 20, len(data) + 1)))
+        # One block, so that one type is inferred per column for the whole batch; on the calling
+        # thread, since one block gives Arrow's thread pool nothing to share out.
+        options = pa_json.ReadOptions(block_size=max(1 << 20, len(data) + 1), use_threads=False)
+        table = pa_json.read_json(io.BytesIO(data), read_options=options)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None  # a malformed or non-object value somewhere: the slow path says which
     if table.num_rows != n or not all(any(check(f.type) for check in _PLAIN_TYPES) for f in table.schema):
