@@ -3,7 +3,6 @@ the detections a detector returns for them: what the state, runtime and roles la
 
 from __future__ import annotations
 
-import io
 import json
 import traceback
 from collections.abc import Callable, Sequence
@@ -113,30 +112,44 @@ _PLAIN_TYPES = (pa.types.is_boolean, pa.types.is_int64, pa.types.is_float64, pa.
 
 
 def parse_arrow(values: pa.Array, required_fields: Sequence[str], decode: Decode | None = None) -> tuple[pd.DataFrame, list[Rejected]]:
-    """`parse` for an Arrow column of values: a whole batch of flat JSON objects is parsed at once
-    by Arrow's JSON reader (C++, no Python per record); anything else, and records of another
-    format (`decode`), goes record by record."""
-    raw = values.to_pylist()  # once: both paths read the same Python values
-    if decode is not None:
-        return parse(raw, required_fields, decode)
-    fast = _parse_all_at_once(raw, required_fields)
-    return fast if fast is not None else parse(raw, required_fields)
+    """`parse` for an Arrow column of values: a whole batch of JSON objects is parsed at once by
+    Arrow's JSON reader (C++, no Python per record); anything else, and records of another format
+    (`decode`), goes record by record."""
+    fast = _parse_all_at_once(values, required_fields) if decode is None else None
+    return fast if fast is not None else parse(values.to_pylist(), required_fields, decode or parse_object)
 
 
-def _parse_all_at_once(raw: Sequence[bytes | None], required_fields: Sequence[str]) -> tuple[pd.DataFrame, list[Rejected]] | None:
-    n = len(raw)
-    # Objects only: Arrow's reader crashes the process on a bare `null` line (pyarrow 26), and any
-    # other non-object (or a null value) would fail the whole batch anyway.
-    if n == 0 or not all(v is not None and v[:1] == b"{" and v[-1:] == b"}" for v in raw):
+def _objects_back_to_back(values: pa.Array) -> pa.Buffer | None:
+    """The bytes of `values` as they lie in the column, one JSON object after the other, which
+    Arrow's reader takes as it takes lines; None unless every value is there and looks like an
+    object (Arrow's reader crashes the process on a bare `null`, pyarrow 26, and any other
+    non-object would fail the whole batch anyway)."""
+    n = len(values)
+    if n == 0 or values.null_count or values.type not in (pa.binary(), pa.string()):
         return None
-    data = b"\n".join(raw)
-    if data.count(b"\n") != n - 1:  # a value spanning lines: framing by line would split it
+    _, offsets_buffer, data = values.buffers()
+    if data is None:
+        return None
+    offsets = np.frombuffer(offsets_buffer, dtype=np.int32, count=n + 1, offset=values.offset * 4)
+    starts, ends = offsets[:-1], offsets[1:]
+    if not (ends > starts).all():
+        return None
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if not ((raw[starts] == ord("{")).all() and (raw[ends - 1] == ord("}")).all()):
+        return None
+    return data.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+
+
+def _parse_all_at_once(values: pa.Array, required_fields: Sequence[str]) -> tuple[pd.DataFrame, list[Rejected]] | None:
+    n = len(values)
+    data = _objects_back_to_back(values)
+    if data is None:
         return None
     try:
         # One block, so that one type is inferred per column for the whole batch; on the calling
         # thread, since one block gives Arrow's thread pool nothing to share out.
-        options = pa_json.ReadOptions(block_size=max(1 << 20, len(data) + 1), use_threads=False)
-        table = pa_json.read_json(io.BytesIO(data), read_options=options)
+        options = pa_json.ReadOptions(block_size=max(1 << 20, data.size + 1), use_threads=False)
+        table = pa_json.read_json(pa.BufferReader(data), read_options=options)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None  # a malformed or non-object value somewhere: the slow path says which
     if table.num_rows != n or not all(any(check(f.type) for check in _PLAIN_TYPES) for f in table.schema):

@@ -185,6 +185,19 @@ def test_fast_and_record_by_record_parsing_agree():
     assert list(fast.index) == [0, 1]
 
 
+def test_the_fast_path_reads_a_slice_of_a_column_and_values_over_several_lines():
+    """The values' bytes are read where they lie in the column: a batch cut from a longer one
+    starts inside its buffer. A value over several lines is one object all the same."""
+    values = [b'{"amount": 1}', b'{"amount": 2,\n "n": 7}', b'{"amount": 3}', b'{"amount": 4}']
+    column = pa.array(values, pa.binary()).slice(1, 2)
+    fast = rec._parse_all_at_once(column, ("amount",))
+    assert fast is not None
+    frame, rejected = fast
+    assert rejected == []
+    assert frame["amount"].tolist() == [2, 3]
+    assert frame["n"].fillna(0).tolist() == [7, 0]
+
+
 @pytest.mark.parametrize(
     "odd",
     [
@@ -194,13 +207,14 @@ def test_fast_and_record_by_record_parsing_agree():
         b"",
         b'{"ts": "2020-01-01T00:00:00Z", "amount": 1}',
         b'{"amount": 1, "tags": [1, 2]}',
-        b'{"amount": 1,\n "x": 2}',
         b'{"amount": 1, "o": {"a": 1}}',
+        b'{"amount": 1}{"amount": 2}',
+        b'{"amount": 1} ',
     ],
 )
 def test_batches_arrow_cannot_take_as_is_fall_back_to_record_by_record(odd):
     values = [b'{"amount": 5}', odd, b'{"amount": 2000}']
-    assert rec._parse_all_at_once(values, ("amount",)) is None
+    assert rec._parse_all_at_once(pa.array(values, pa.binary()), ("amount",)) is None
     fast, fast_rejected = rec.parse_arrow(pa.array(values, pa.binary()), ("amount",))
     slow, slow_rejected = rec.parse(values, ("amount",))
     assert fast_rejected == slow_rejected
