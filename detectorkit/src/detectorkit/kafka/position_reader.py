@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from detectorkit.kafka import clients
 from detectorkit.kafka.planning import data_loss
-from detectorkit.kafka.range_reader import CHUNK_RECORDS, Chunk
+from detectorkit.kafka.range_reader import CHUNK_RECORDS, Chunk, to_arrow
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -56,6 +56,11 @@ class PositionReader:
             messages = self.consumer.consume(1, timeout=wait)
             if messages:
                 messages += self.consumer.consume(max_records - 1, timeout=0)
+        if not messages:
+            return None
+        batch = self._all_at_once(messages)
+        if batch is not None:
+            return batch
         chunk = Chunk()
         for message in messages:
             p = message.partition()
@@ -70,6 +75,29 @@ class PositionReader:
             self.position[p] = offset + 1
             self.at_end.discard(p)
         return chunk.batch(self.topic) if len(chunk) else None
+
+    def _all_at_once(self, messages: list) -> pa.RecordBatch | None:
+        """A poll of records only, each partition's from its position on, taken column by column
+        (the usual poll while there is a backlog); None for any other, which goes message by
+        message. A partition's records come in order, so its first says whether any was read."""
+        if any([m.error() is not None for m in messages]):
+            return None
+        partitions = [m.partition() for m in messages]
+        offsets = [m.offset() for m in messages]
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for p, offset in zip(partitions, offsets, strict=True):
+            first.setdefault(p, offset)
+            last[p] = offset
+        if any(p not in self.position or offset < self.position[p] for p, offset in first.items()):
+            return None
+        for p, offset in last.items():
+            self.position[p] = offset + 1
+            self.at_end.discard(p)
+        keys = [m.key() for m in messages]
+        values = [m.value() for m in messages]
+        stamps = [m.timestamp()[1] for m in messages]
+        return to_arrow(self.topic, keys, values, partitions, offsets, stamps)
 
     def _handle(self, p: int, error: KafkaError, message) -> None:
         code = error.code()
