@@ -13,8 +13,8 @@ from detectorkit.detector import Detector
 from detectorkit.kafka.access import KafkaAccess
 from detectorkit.kafka.range_reader import arrow_schema
 from detectorkit.runtime.batches import by_partition
-from detectorkit.runtime.processing import process_batch
-from detectorkit.runtime.stage import as_stage, detect_isolating
+from detectorkit.runtime.processing import process_batch, send_outputs
+from detectorkit.runtime.stage import Output, as_stage, detect_isolating
 from detectorkit.runtime.task_context import PartitionSummary, TaskContext
 
 from ..detectors import THRESHOLD, Config
@@ -138,6 +138,22 @@ def test_process_batch_writes_detections_and_dead_letters_and_counts():
     s = summaries[3]
     assert (s.records, s.detections, s.next_offset) == (5, 1, 105)
     assert s.dead_letters == {"malformed_json": 1, "missing_field": 1, "detector_error": 1}
+
+
+def test_each_output_goes_out_under_its_own_records_key_or_the_one_it_names():
+    """Timers' outputs cite no record, a re-keyed one names its key: the others take their
+    record's key, whatever comes between them."""
+    keys = pa.array([b"k0", b"k1", b"k2"], pa.binary())
+    found = [
+        Output(2, {"d": 2}),
+        Output(-1, {"t": 1}, key="timer", partition=3, timestamp_ms=5),
+        Output(0, {"d": 0}, key="rekeyed"),
+        Output(1, {"d": 1}),
+    ]
+    sink, summaries = FakeSink(), {}
+    send_outputs(ctx(), found, sink, summaries, keys, np.array([3, 3, 3]), np.array([10, 11, 12]), "in")
+    assert [k for _, k, _, _ in sink.sent] == [b"k2", b"timer", b"rekeyed", b"k1"]
+    assert summaries[3].detected_at == [12, 10, 11]
 
 
 def test_a_detection_is_written_as_json_whatever_its_fields_types():

@@ -60,18 +60,18 @@ def process_records(
     topic = batch.column("topic")[0].as_py()
     # Only the rows that are written out are turned into Python objects.
     keys, values = batch.column("key"), batch.column("value")
-    stamps = stamps_ms(batch)
+    stamps = stamps_ms(batch).to_numpy()
 
     def source(position: int) -> Source:
         key = keys[position].as_py()
         return Source(
-            topic, int(partitions[position]), int(offsets[position]), stamps[position].as_py(), None if key is None else key.decode(errors="replace")
+            topic, int(partitions[position]), int(offsets[position]), int(stamps[position]), None if key is None else key.decode(errors="replace")
         )
 
     if stores is None:
         found, rejected = ctx.stage.run(values, ctx.config, source, ctx.service)
     else:
-        keyed = KeyedBatch(values, keys, stamps.to_numpy(), source, stores.stores[partition], stores.tags[partition], topic)
+        keyed = KeyedBatch(values, keys, stamps, source, stores.stores[partition], stores.tags[partition], topic)
         found, rejected = ctx.stage.run_keyed(keyed, ctx.config, ctx.service)
     send_outputs(ctx, found, sink, summaries, keys, partitions, stamps, topic)
     _take_scores(ctx, summaries.setdefault(int(partitions[0]), PartitionSummary()))
@@ -102,6 +102,9 @@ def _take_scores(ctx: TaskContext, summary: PartitionSummary) -> None:
 
 
 def send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int, PartitionSummary], keys, partitions, stamps, topic: str) -> None:
+    # The input records' keys, taken from the column at once, in the order of the outputs that cite one.
+    cited = [out.position for out in found if out.position >= 0]
+    record_keys = iter(keys.take(pa.array(cited, pa.int64())).to_pylist() if cited else ())
     for out in found:
         if out.position < 0:  # a timer's: it names no input record
             if out.dead_letter is not None:
@@ -114,10 +117,11 @@ def send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int,
                 summaries.setdefault(out.partition, PartitionSummary()).timer_detections += 1
             continue
         p = int(partitions[out.position])
-        key = keys[out.position].as_py() if out.key is None else out.key.encode()
+        record_key = next(record_keys)
+        key = record_key if out.key is None else out.key.encode()
         value = out.raw if out.raw is not None else detection_json(out.value)
         sink.send(ctx.output_topic, key, value, timestamp_ms=out.timestamp_ms)
-        summaries.setdefault(p, PartitionSummary()).detected_at.append(stamps[out.position].as_py())
+        summaries.setdefault(p, PartitionSummary()).detected_at.append(int(stamps[out.position]))
 
 
 def take_claimed(ctx: TaskContext, source: SourceOptions, claim: Claim, ranges: list[PartitionRange]) -> list[PartitionRange]:

@@ -26,7 +26,9 @@ from detectorkit.state.runner import run_stateful
 from detectorkit.state.store import PartitionStore
 
 
-@dataclass(frozen=True)
+# Neither Source nor Output is frozen: one of each is made per detection, and a frozen dataclass's
+# constructor sets each field through object.__setattr__.
+@dataclass(slots=True)
 class Source:
     """Where an input record was read, for outputs that cite it."""
 
@@ -36,8 +38,11 @@ class Source:
     timestamp_ms: int
     key: str | None = None
 
+    def as_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition, "offset": self.offset, "timestamp_ms": self.timestamp_ms, "key": self.key}
 
-@dataclass(frozen=True)
+
+@dataclass(slots=True)
 class Output:
     position: int  # -1: no input record (a timer's detection); `key` and `partition` say whose
     value: dict[str, Any]
@@ -259,7 +264,7 @@ class DetectorStage(StageBase):
 
     @staticmethod
     def _outputs(found: list[tuple[int, dict]], source: Callable[[int], Source], service: str) -> list[Output]:
-        return [Output(position, {"service": service, "detection": fields, "source": source(position).__dict__}) for position, fields in found]
+        return [Output(position, {"service": service, "detection": fields, "source": source(position).as_dict()}) for position, fields in found]
 
 
 def _keyed_by_field(frame: pd.DataFrame, keys: pa.Array, field: str) -> tuple[pd.DataFrame, list[rec.Rejected]]:
