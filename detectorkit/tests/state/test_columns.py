@@ -180,3 +180,15 @@ def _assert_same_reads(typed: PartitionStore, untyped: PartitionStore, keys: lis
     assert a["recent_ms"].list.flatten().tolist() == [t for r in b["recent_ms"] for t in r]
     assert a["count"].tolist() == b["count"].tolist()
     assert [None if f != f else f for f in a["flagged_ms"].tolist()] == [None if f != f else f for f in b["flagged_ms"].tolist()]
+
+
+def test_typed_lists_go_to_the_changelog_byte_for_byte_as_untyped_ones_long_rows_included():
+    declared = {"amounts": "list<float64>", "recent_ms": "list<int64>"}
+    typed, untyped = PartitionStore(State(columns=declared), 0), PartitionStore(State(columns=tuple(declared)), 0)
+    rows = {f"k{i}": {"amounts": [i + 0.1, 5e-324, -1e300][: i % 4], "recent_ms": list(range(i))} for i in range(8)}
+    rows["busy"] = {"amounts": [x / 7 for x in range(columns.WIDE * 3)], "recent_ms": [2**62, -(2**62)]}
+    for store in (typed, untyped):
+        keys = list(rows)
+        data = pd.DataFrame({c: pd.Series([rows[k][c] for k in keys], index=keys, dtype=object) for c in declared}, index=keys)
+        store.write(store.prepare(data, keys, [0] * len(keys), tag=4), 4)
+    assert typed.take_changes() == untyped.take_changes()

@@ -185,10 +185,13 @@ class TypedColumns:
 
     # ---- JSON, for the changelog -------------------------------------------------------------------
 
-    def rows(self, slots: np.ndarray) -> list[dict[str, Any]]:
-        """The slots' values as JSON-ready dicts (NaN as None), for the changelog and tests."""
+    def rows(self, slots: np.ndarray, arrays: bool = False) -> list[dict[str, Any]]:
+        """The slots' values as JSON values (NaN as None), for tests and a key's timer; `arrays`:
+        each list as a NumPy array, for the changelog's encoder (orjson writes an array byte for
+        byte as the list it holds)."""
         # Python objects only for what the JSON holds (no padding), without a loop per value: this
-        # runs for every key changed in a flush interval.
+        # runs for every key changed in a flush interval. As arrays, not even a Python number per
+        # value: each list is a view of the values gathered.
         columns: dict[str, list[Any]] = {}
         for name in self.types:
             if name in self._scalars:
@@ -200,7 +203,7 @@ class TypedColumns:
                 columns[name] = array.tolist()
             else:
                 flat, lengths = self._gather(name, slots)
-                flat = flat.tolist()
+                flat = np.ascontiguousarray(flat) if arrays else flat.tolist()
                 ends = np.cumsum(lengths)
                 columns[name] = [flat[a:b] for a, b in zip((ends - lengths).tolist(), ends.tolist(), strict=True)]
         if len(columns) == 1:

@@ -290,7 +290,7 @@ class PartitionStore(Slots):
                     zip(
                         changed,
                         codec.encode_many(
-                            self._typed.rows(slots),
+                            self._typed.rows(slots, arrays=True),
                             self._seen[slots].tolist(),
                             [None if t == NO_TIMER else t for t in timers],
                             tags=self._tag[slots].tolist(),
