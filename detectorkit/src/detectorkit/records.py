@@ -176,8 +176,31 @@ def detections_of(out: Any, index: pd.Index, single: bool = False) -> list[tuple
         return []
     if not single and not out.index.isin(index).all():
         raise ValueError("detect() returned rows whose index is not the index of an input record")
-    positions = [int(index[0])] * len(out) if single else [int(i) for i in out.index]
-    return list(zip(positions, out.to_dict(orient="records"), strict=True))
+    positions = [int(index[0])] * len(out) if single else out.index.to_numpy(dtype=np.int64).tolist()
+    names = out.columns.tolist()
+    if not out.columns.is_unique or not all(isinstance(t, np.dtype) for t in out.dtypes):
+        return list(zip(positions, out.to_dict(orient="records"), strict=True))
+    # As `to_dict(orient="records")` gives them, a column at a time rather than a value at a time.
+    columns = [_python_values(out.iloc[:, i]) for i in range(len(names))]
+    return list(zip(positions, (dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)), strict=True))
+
+
+def _python_values(column: pd.Series) -> list:
+    """A NumPy-typed column's values as `DataFrame.to_dict` gives them: NumPy's numbers as Python's,
+    datetimes and durations as pandas' scalars."""
+    if column.dtype.kind in "biufc":
+        return column.to_numpy().tolist()
+    if column.dtype != object:
+        return list(column)
+    return [_native(v) for v in column.to_numpy()]
+
+
+def _native(value: Any) -> Any:
+    if not isinstance(value, np.generic):
+        return value
+    if isinstance(value, np.datetime64 | np.timedelta64):
+        return pd.Timestamp(value) if isinstance(value, np.datetime64) else pd.Timedelta(value)
+    return value.item()
 
 
 # NumPy's numbers as numbers, keys of any type as strings; a datetime (pandas' Timestamp) and any

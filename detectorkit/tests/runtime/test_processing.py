@@ -14,7 +14,7 @@ from detectorkit.kafka.access import KafkaAccess
 from detectorkit.kafka.range_reader import arrow_schema
 from detectorkit.runtime.batches import by_partition
 from detectorkit.runtime.processing import process_batch, send_outputs
-from detectorkit.runtime.stage import Output, as_stage, detect_isolating
+from detectorkit.runtime.stage import Output, Sources, as_stage, detect_isolating
 from detectorkit.runtime.task_context import PartitionSummary, TaskContext
 
 from ..detectors import THRESHOLD, Config
@@ -261,3 +261,12 @@ def test_many_interleaved_records_keep_their_order_within_each_partition():
     parts = dict(by_partition(iter([batch.slice(0, 200), batch.slice(200)])))
     for p in range(3):
         assert parts[p].column("offset").to_pylist() == [100 + i for i in range(p, n, 3)]
+
+
+def test_a_batchs_sources_at_once_are_each_records_source_null_and_broken_keys_included():
+    keys = pa.array([b"c1", None, b"\xff\xfebad", "clé".encode(), b""], pa.binary())
+    sources = Sources("in", np.array([3, 3, 4, 4, 5]), np.array([10, 11, 7, 8, 0]), np.array([1_000, 1_001, 999, 1_002, 5]), keys)
+    positions = [4, 2, 0, 1, 3, 2]
+    assert sources.dicts(positions) == [sources(p).as_dict() for p in positions]
+    assert [d["key"] for d in sources.dicts(positions)] == ["", "\ufffd\ufffdbad", "c1", None, "clé", "\ufffd\ufffdbad"]
+    assert sources.dicts([]) == []

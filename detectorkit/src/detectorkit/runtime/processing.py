@@ -30,7 +30,7 @@ from detectorkit.metrics.registry import bucket_counts, merged_counts
 from detectorkit.records import dead_letter_headers, detection_json
 from detectorkit.runtime import crash_points, gc_tuning, task_result
 from detectorkit.runtime.batches import by_partition, stamps_ms
-from detectorkit.runtime.stage import KeyedBatch, Source
+from detectorkit.runtime.stage import KeyedBatch, Sources
 from detectorkit.runtime.task_context import PartitionSummary, TaskContext
 from detectorkit.runtime.task_result import NO_PARTITION, TaskResult
 from detectorkit.runtime.task_stores import TaskStores
@@ -62,12 +62,7 @@ def process_records(
     keys, values = batch.column("key"), batch.column("value")
     stamps = stamps_ms(batch).to_numpy()
 
-    def source(position: int) -> Source:
-        key = keys[position].as_py()
-        return Source(
-            topic, int(partitions[position]), int(offsets[position]), int(stamps[position]), None if key is None else key.decode(errors="replace")
-        )
-
+    source = Sources(topic, partitions, offsets, stamps, keys)
     if stores is None:
         found, rejected = ctx.stage.run(values, ctx.config, source, ctx.service)
     else:

@@ -42,6 +42,41 @@ class Source:
         return {"topic": self.topic, "partition": self.partition, "offset": self.offset, "timestamp_ms": self.timestamp_ms, "key": self.key}
 
 
+class Sources:
+    """Where a batch's records were read: `sources(position)` is one record's `Source`,
+    `sources.dicts(positions)` many at once as the dicts outputs cite (their keys decoded in one
+    pass over the column: a detector may find a fifth of its records)."""
+
+    def __init__(self, topic: str, partitions: np.ndarray, offsets: np.ndarray, stamps_ms: np.ndarray, keys: pa.Array):
+        self.topic, self.partitions, self.offsets, self.stamps_ms, self.keys = topic, partitions, offsets, stamps_ms, keys
+
+    def __call__(self, position: int) -> Source:
+        key = self.keys[position].as_py()
+        return Source(
+            self.topic,
+            int(self.partitions[position]),
+            int(self.offsets[position]),
+            int(self.stamps_ms[position]),
+            None if key is None else key.decode(errors="replace"),
+        )
+
+    def dicts(self, positions: list[int]) -> list[dict[str, Any]]:
+        at = np.asarray(positions, dtype=np.int64)
+        keys = _texts(self.keys.take(pa.array(at))).tolist() if len(at) else []
+        topic = self.topic
+        return [
+            {"topic": topic, "partition": p, "offset": o, "timestamp_ms": t, "key": k}
+            for p, o, t, k in zip(self.partitions[at].tolist(), self.offsets[at].tolist(), self.stamps_ms[at].tolist(), keys, strict=True)
+        ]
+
+
+def source_dicts(source: Callable[[int], Source], positions: list[int]) -> list[dict[str, Any]]:
+    """`Source.as_dict` of each position, at once where `source` is a batch's `Sources`."""
+    if isinstance(source, Sources):
+        return source.dicts(positions)
+    return [source(p).as_dict() for p in positions]
+
+
 @dataclass(slots=True)
 class Output:
     position: int  # -1: no input record (a timer's detection); `key` and `partition` say whose
@@ -264,7 +299,11 @@ class DetectorStage(StageBase):
 
     @staticmethod
     def _outputs(found: list[tuple[int, dict]], source: Callable[[int], Source], service: str) -> list[Output]:
-        return [Output(position, {"service": service, "detection": fields, "source": source(position).as_dict()}) for position, fields in found]
+        cited = source_dicts(source, [position for position, _ in found])
+        return [
+            Output(position, {"service": service, "detection": fields, "source": where})
+            for (position, fields), where in zip(found, cited, strict=True)
+        ]
 
 
 def _keyed_by_field(frame: pd.DataFrame, keys: pa.Array, field: str) -> tuple[pd.DataFrame, list[rec.Rejected]]:
@@ -290,7 +329,7 @@ def _texts(keys: pa.Array) -> np.ndarray:
     try:
         return keys.cast(pa.string()).to_numpy(zero_copy_only=False)
     except pa.ArrowInvalid:
-        return np.array([k.decode(errors="replace") for k in keys.to_pylist()], dtype=object)
+        return np.array([None if k is None else k.decode(errors="replace") for k in keys.to_pylist()], dtype=object)
 
 
 def as_stage(job: Detector | Stage) -> Stage:
