@@ -88,10 +88,13 @@ class TypedColumns:
     def _gather(self, name: str, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(values end to end, each row's length) of a list column's `slots`."""
         lengths = self._lengths[name][slots]
-        rows = self._matrices[name][slots]
-        long = lengths > rows.shape[1]
+        matrix = self._matrices[name]
+        width = matrix.shape[1]
+        long = lengths > width
         if not long.any():
-            return rows[np.arange(rows.shape[1]) < lengths[:, None]], lengths
+            # The values alone, not every slot's padded row: most keys hold a few values of a wide row.
+            return matrix.reshape(-1)[np.repeat(slots * width, lengths) + _within(lengths)], lengths
+        rows = matrix[slots]
         values = np.empty(int(lengths.sum()), dtype=rows.dtype)
         starts = np.cumsum(lengths) - lengths
         short = ~long
@@ -185,25 +188,24 @@ class TypedColumns:
 
     # ---- JSON, for the changelog -------------------------------------------------------------------
 
-    def rows(self, slots: np.ndarray, arrays: bool = False) -> list[dict[str, Any]]:
-        """The slots' values as JSON values (NaN as None), for tests and a key's timer; `arrays`:
-        each list as a NumPy array, for the changelog's encoder (orjson writes an array byte for
-        byte as the list it holds)."""
-        # Python objects only for what the JSON holds (no padding), without a loop per value: this
-        # runs for every key changed in a flush interval. As arrays, not even a Python number per
-        # value: each list is a view of the values gathered.
+    def gathered(self, slots: np.ndarray) -> dict[str, np.ndarray | tuple[np.ndarray, np.ndarray]]:
+        """The slots' values by column, in the declared order: a scalar column's array, a list
+        column's (values end to end, each slot's length); what the changelog's encoder takes."""
+        return {name: self._scalars[name][slots] if name in self._scalars else self._gather(name, slots) for name in self.types}
+
+    def rows(self, slots: np.ndarray) -> list[dict[str, Any]]:
+        """The slots' values as JSON values (NaN as None), for tests and a key's timer."""
         columns: dict[str, list[Any]] = {}
-        for name in self.types:
-            if name in self._scalars:
-                array = self._scalars[name][slots]
-                missing = np.isnan(array) if array.dtype.kind == "f" else None
+        for name, data in self.gathered(slots).items():
+            if not isinstance(data, tuple):
+                missing = np.isnan(data) if data.dtype.kind == "f" else None
                 if missing is not None and missing.any():
-                    array = array.astype(object)
-                    array[missing] = None
-                columns[name] = array.tolist()
+                    data = data.astype(object)
+                    data[missing] = None
+                columns[name] = data.tolist()
             else:
-                flat, lengths = self._gather(name, slots)
-                flat = np.ascontiguousarray(flat) if arrays else flat.tolist()
+                flat, lengths = data
+                flat = flat.tolist()
                 ends = np.cumsum(lengths)
                 columns[name] = [flat[a:b] for a, b in zip((ends - lengths).tolist(), ends.tolist(), strict=True)]
         if len(columns) == 1:

@@ -285,19 +285,8 @@ class PartitionStore(Slots):
             changed = [k for k, v in changes.items() if v is _CHANGED]
             if changed:
                 slots = np.array([self._slot[k] for k in changed], dtype=np.intp)
-                timers = self._timer[slots].tolist()
-                changes.update(
-                    zip(
-                        changed,
-                        codec.encode_many(
-                            self._typed.rows(slots, arrays=True),
-                            self._seen[slots].tolist(),
-                            [None if t == NO_TIMER else t for t in timers],
-                            tags=self._tag[slots].tolist(),
-                        ),
-                        strict=True,
-                    )
-                )
+                values = codec.encode_columns(self._typed.gathered(slots), self._seen[slots], self._timer[slots], self._tag[slots], NO_TIMER)
+                changes.update(zip(changed, values, strict=True))
         if self.event_ms > self._event_written:
             changes[EVENT_TIME_KEY] = str(self.event_ms).encode()
             self._event_written = self.event_ms
