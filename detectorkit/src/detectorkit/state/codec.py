@@ -152,11 +152,16 @@ class _Pieces:
         source = np.frombuffer(b"".join(self.texts), dtype=np.uint8)
         starts = np.stack([s for s, _ in self.ranges], axis=1).ravel()  # key by key, piece by piece
         lengths = np.stack([n for _, n in self.ranges], axis=1).ravel()
-        total = int(lengths.sum())
-        # Each output byte's place in the source: its piece's start plus its place in the piece.
-        before = np.cumsum(lengths) - lengths
-        gathered = source[np.repeat(starts - before, lengths) + np.arange(total)].tobytes()
         ends = np.cumsum(lengths.reshape(count, -1).sum(axis=1))
+        some = lengths > 0
+        starts, lengths = starts[some], lengths[some]
+        # Each output byte's place in the source: one past the byte before's, except where a piece
+        # begins (a running sum of those steps, narrow where the source allows).
+        step = np.ones(int(ends[-1]), dtype=np.int32 if len(source) < 2**31 else np.int64)
+        begins = np.cumsum(lengths) - lengths
+        step[begins[1:]] = starts[1:] - (starts[:-1] + lengths[:-1]) + 1
+        step[0] = starts[0]
+        gathered = source[np.cumsum(step, dtype=step.dtype)].tobytes()
         return [gathered[a:b] for a, b in zip(np.concatenate([[0], ends[:-1]]).tolist(), ends.tolist(), strict=True)]
 
 

@@ -284,7 +284,7 @@ class PartitionStore(Slots):
         if self._typed is not None:
             changed = [k for k, v in changes.items() if v is _CHANGED]
             if changed:
-                slots = np.array([self._slot[k] for k in changed], dtype=np.intp)
+                slots = np.fromiter(map(self._slot.__getitem__, changed), dtype=np.intp, count=len(changed))
                 values = codec.encode_columns(self._typed.gathered(slots), self._seen[slots], self._timer[slots], self._tag[slots], NO_TIMER)
                 changes.update(zip(changed, values, strict=True))
         if self.event_ms > self._event_written:
