@@ -161,7 +161,7 @@ bench-stores: setup
 	$(PY) bench/stores.py
 
 # A model detector (100 trees, 10 features, 3 of them window aggregates) beside the stateless service,
-# and the model's scoring alone (~2 min; bench/results/model.md).
+# and the model's scoring alone (~5 min; bench/results/model.md).
 bench-model: setup
 	$(PY) bench/model.py
 
