@@ -128,7 +128,7 @@ class _Tally:
 
     def add(self, scores: np.ndarray) -> None:
         if len(scores):
-            self.counts = merged_counts(self.counts, bucket_counts(scores.tolist(), SCORE_BUCKETS))
+            self.counts = merged_counts(self.counts, bucket_counts(scores, SCORE_BUCKETS))
             self.sum += float(scores.sum())
 
     def take(self) -> tuple[list[int], float]:
