@@ -128,3 +128,18 @@ def test_sums_the_arrays_cannot_make_exact_go_to_the_engine_with_the_values_alre
         assert found.equals(DetectorHarness(detector).batch(frame(rows)))
     assert found["spent"].tolist() == [1e300, 1e300, 1e-300, 0.5]
     assert found["statuses"].tolist() == [1, 2, 2, 1]
+
+
+def test_the_arrays_new_state_comes_in_the_order_of_the_batchs_keys_new_ones_among_held_ones():
+    """The runner takes a new state in the order of the batch's keys as it is, and looks each key
+    up otherwise: the arrays keep that order, whichever keys were held before."""
+    detector = w.detector("spend", w.Sliding(10), {"n": w.Count(), "spent": w.Sum("amount")}, w.Every())
+    harness = DetectorHarness(detector)
+    harness.batch(frame([("a", 0, 1, "ok"), ("b", 100, 2, "ok")]))
+    real, returned = vectorised.detect, []
+    with mock.patch.object(vectorised, "detect", side_effect=lambda *a: returned.append(real(*a)) or returned[-1]):
+        second = [("c", 1_000, 1, "ok"), ("b", 1_100, 1, "ok"), ("d", 1_200, 1, "ok"), ("a", 1_300, 1, "ok"), ("c", 1_400, 1, "ok")]
+        found = harness.batch(frame(second))
+    [(_, new_state, slow, _)] = returned
+    assert slow is None and new_state.index.tolist() == ["c", "b", "d", "a"]
+    assert found["n"].tolist() == [1, 2, 1, 2, 2]

@@ -44,9 +44,11 @@ def detect(
     The slow keys (None if none) are left out of all four. None: values whose sums would not be
     exact, for the engine."""
     held_keys = state.index.to_numpy()
-    codes, keys = pd.factorize(np.concatenate([held_keys, counted[KEY].to_numpy()]))
+    # The counted keys first, in the order of their first record: the new state's rows come in the
+    # batch's order of keys, which the runner takes as it is (no look-up of each key).
+    codes, keys = pd.factorize(np.concatenate([counted[KEY].to_numpy(), held_keys]))
     keys = np.asarray(keys, dtype=object)
-    held_code, new_code = codes[: len(held_keys)], codes[len(held_keys) :]
+    new_code, held_code = codes[: len(counted)], codes[len(counted) :]
     has_state = len(state) > 0
     t_len = state["t"].list.len().to_numpy() if has_state else _EMPTY
     e_len = state["emitted"].list.len().to_numpy() if has_state else _EMPTY
