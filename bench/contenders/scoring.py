@@ -4,7 +4,12 @@
 the record's fields alone (FIELDS_ONLY, stateless), which tells the windows' cost from the model's.
 bench/model.py trains them."""
 
+import os
+
 from detectorkit import models, windows
+
+# bench/model.py --window-seconds sets it (an hour by default).
+WINDOW = windows.Sliding(float(os.environ.get("BENCH_WINDOW_SECONDS", "3600")))
 
 FIELDS = ("amount", "items", "hour", "account_age_days", "distance_km", "failed_logins", "device_risk")
 AGGREGATES = {
@@ -17,8 +22,6 @@ AGGREGATES = {
 # record instead of two, and no distinct count.
 ONE_FIELD_AGGREGATES = {"orders_1h": windows.Count(), "spent_1h": windows.Sum("amount"), "mean_1h": windows.Mean("amount")}
 
-WINDOWED = models.detector(name="bench-windowed-model", features=FIELDS, window=windows.Sliding(3600), aggregates=AGGREGATES)
-WINDOWED_ONE_FIELD = models.detector(
-    name="bench-windowed-one-field-model", features=FIELDS, window=windows.Sliding(3600), aggregates=ONE_FIELD_AGGREGATES
-)
+WINDOWED = models.detector(name="bench-windowed-model", features=FIELDS, window=WINDOW, aggregates=AGGREGATES)
+WINDOWED_ONE_FIELD = models.detector(name="bench-windowed-one-field-model", features=FIELDS, window=WINDOW, aggregates=ONE_FIELD_AGGREGATES)
 FIELDS_ONLY = models.detector(name="bench-fields-model", features=FIELDS)
