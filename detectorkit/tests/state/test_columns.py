@@ -144,6 +144,7 @@ def test_a_busy_keys_long_list_does_not_widen_every_keys_row_and_rolls_back_as_i
         tag=2,
     )
     assert store.read(["k7"])["recent_ms"].list.len().tolist() == [500]
+    assert set(store._typed._long["recent_ms"]) == {store._slot["k7"]}  # busy's long row went as its list became short
     store.rollback(saved)
     assert store.snapshot()["busy"]["recent_ms"] == list(range(10_000)) and store.snapshot()["k7"]["recent_ms"] == [7]
     write(store, {}, tag=3, keys=["busy"])

@@ -145,8 +145,10 @@ class TypedColumns:
         stored = self._long[name]
         short = lengths <= WIDE
         if stored:
-            for slot in slots[short].tolist():
-                stored.pop(slot, None)
+            # Rows that were long and are short now: a look among the few long ones, not at every slot.
+            held = np.fromiter(stored, dtype=np.int64, count=len(stored))
+            for slot in held[np.isin(held, slots[short])].tolist():
+                del stored[slot]
         if not short.all():
             starts = np.cumsum(lengths) - lengths
             for slot, at, n in zip(slots[~short].tolist(), starts[~short].tolist(), lengths[~short].tolist(), strict=True):
