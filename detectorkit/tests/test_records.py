@@ -37,3 +37,19 @@ def test_detections_hold_the_values_and_types_to_dict_gives_and_write_the_same_j
         assert list(fields) == list(want)
         assert {k: type(v) for k, v in fields.items()} == {k: type(v) for k, v in want.items()}
         assert detection_json(fields) == detection_json(want)
+
+
+def test_a_detections_keys_of_any_type_are_written_as_strings_and_text_keys_as_before():
+    """A DataFrame's column names may be numbers, and a field may hold a dict keyed by anything:
+    both are written with their keys as text (orjson's option for that, which the first try leaves
+    out, as it slows every dict)."""
+    import orjson
+
+    everything = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME
+    [(_, numbered)] = detections_of(pd.DataFrame({0: [1.5], "score": [0.25]}, index=[3]), pd.Index([3]))
+    nested = {"service": "s", "detection": {"by_hour": {13: 2, 14: np.int64(1)}, "at": pd.Timestamp("2026-01-01", tz="UTC")}}
+    texts = {"service": "s", "detection": {"amount": np.float64(1.5), "n": np.int64(3), "missing": float("nan")}, "source": {"key": "k"}}
+    assert detection_json(numbered) == b'{"0":1.5,"score":0.25}'
+    assert detection_json(nested) == b'{"service":"s","detection":{"by_hour":{"13":2,"14":1},"at":"2026-01-01 00:00:00+00:00"}}'
+    for value in (numbered, nested, texts):
+        assert detection_json(value) == orjson.dumps(value, default=str, option=everything)

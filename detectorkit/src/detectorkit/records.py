@@ -203,14 +203,19 @@ def _native(value: Any) -> Any:
     return value.item()
 
 
-# NumPy's numbers as numbers, keys of any type as strings; a datetime (pandas' Timestamp) and any
-# other type as its text, as `str` writes it.
-_DETECTION_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME
+# NumPy's numbers as numbers; a datetime (pandas' Timestamp) and any other type as its text, as
+# `str` writes it; keys of any type as strings, in a second try: orjson's option for them slows
+# every dict, and a detection's keys are nearly always its columns' names.
+_DETECTION_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_PASSTHROUGH_DATETIME
+_ANY_KEYS = _DETECTION_OPTIONS | orjson.OPT_NON_STR_KEYS
 
 
 def detection_json(value: dict) -> bytes:
     """A detection as the output topic's JSON; NaN and infinity, which JSON has not, as null."""
-    return orjson.dumps(value, default=str, option=_DETECTION_OPTIONS)
+    try:
+        return orjson.dumps(value, default=str, option=_DETECTION_OPTIONS)
+    except orjson.JSONEncodeError:
+        return orjson.dumps(value, default=str, option=_ANY_KEYS)
 
 
 def event_times_ms(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
