@@ -39,7 +39,7 @@ def arrow(values, partition=3, first_offset=100):
             pa.array([f"k{i}".encode() for i in range(n)], pa.binary()),
             pa.array(values, pa.binary()),
             pa.array(["in"] * n),
-            pa.array([partition] * n, pa.int32()),
+            pa.array(partition if isinstance(partition, list) else [partition] * n, pa.int32()),
             pa.array(range(first_offset, first_offset + n), pa.int64()),
             pc.multiply(pa.array([1_700_000_000_000 + i for i in range(n)], pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC")),
         ],
@@ -154,6 +154,18 @@ def test_each_output_goes_out_under_its_own_records_key_or_the_one_it_names():
     send_outputs(ctx(), found, sink, summaries, keys, np.array([3, 3, 3]), np.array([10, 11, 12]), "in")
     assert [k for _, k, _, _ in sink.sent] == [b"k2", b"timer", b"rekeyed", b"k1"]
     assert summaries[3].detected_at == [12, 10, 11]
+
+
+def test_a_batch_of_several_partitions_counts_each_ones_detections_and_their_times():
+    """A stateless task's batch holds records of its partitions interleaved: each partition's
+    summary gets its own detections and their records' timestamps, in the order they went out."""
+    sink, summaries = FakeSink(), {}
+    values = [b'{"amount": 2000}', b'{"amount": 5}', b'{"amount": 3000}', b'{"amount": 4000}', b'{"amount": 5000}']
+    process_batch(ctx(), arrow(values, partition=[1, 3, 3, 1, 1]), sink, summaries)
+    assert (summaries[1].records, summaries[1].detections, summaries[3].records, summaries[3].detections) == (3, 3, 2, 1)
+    start = 1_700_000_000_000
+    assert summaries[1].detected_at == [start, start + 3, start + 4] and summaries[3].detected_at == [start + 2]
+    assert [json.loads(v)["detection"]["amount"] for t, _, v, _ in sink.sent if t == "out"] == [2000, 3000, 4000, 5000]
 
 
 def test_a_detection_is_written_as_json_whatever_its_fields_types():

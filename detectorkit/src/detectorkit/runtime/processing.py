@@ -77,7 +77,10 @@ def process_records(
         sink.send(ctx.dlq_topic, keys[i].as_py(), values[i].as_py() or b"", headers)
         summaries.setdefault(p, PartitionSummary()).dead_letters[r.reason] += 1
 
-    detections_in = Counter(int(partitions[out.position]) for out in found if out.position >= 0) if ctx.stage.counts_as_detection else Counter()
+    detections_in = Counter()
+    if ctx.stage.counts_as_detection:
+        cited = np.fromiter((out.position for out in found if out.position >= 0), dtype=np.int64)
+        detections_in = Counter(dict(zip(*(u.tolist() for u in np.unique(partitions[cited], return_counts=True)), strict=True)))
     for p in np.unique(partitions).tolist():
         mask = partitions == p
         s = summaries.setdefault(p, PartitionSummary())
@@ -100,6 +103,7 @@ def send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int,
     # The input records' keys, taken from the column at once, in the order of the outputs that cite one.
     cited = [out.position for out in found if out.position >= 0]
     record_keys = iter(keys.take(pa.array(cited, pa.int64())).to_pylist() if cited else ())
+    send, output_topic = sink.send, ctx.output_topic
     for out in found:
         if out.position < 0:  # a timer's: it names no input record
             if out.dead_letter is not None:
@@ -111,12 +115,17 @@ def send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int,
             if ctx.stage.counts_as_detection:
                 summaries.setdefault(out.partition, PartitionSummary()).timer_detections += 1
             continue
-        p = int(partitions[out.position])
         record_key = next(record_keys)
         key = record_key if out.key is None else out.key.encode()
         value = out.raw if out.raw is not None else detection_json(out.value)
-        sink.send(ctx.output_topic, key, value, timestamp_ms=out.timestamp_ms)
-        summaries.setdefault(p, PartitionSummary()).detected_at.append(int(stamps[out.position]))
+        send(output_topic, key, value, timestamp_ms=out.timestamp_ms)
+    if cited:
+        # The written records' timestamps, for the latency histogram: each partition's at once.
+        at = np.asarray(cited, dtype=np.int64)
+        of = partitions[at]
+        for p in np.unique(of).tolist():
+            mine = at[of == p]
+            summaries.setdefault(p, PartitionSummary()).detected_at.extend(stamps[mine].tolist())
 
 
 def take_claimed(ctx: TaskContext, source: SourceOptions, claim: Claim, ranges: list[PartitionRange]) -> list[PartitionRange]:
