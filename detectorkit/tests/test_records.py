@@ -14,7 +14,7 @@ NUMPY_TYPED = {
     "single": np.arange(N, dtype=np.float32) / 7,
     "missing": [np.nan] * N,
     "anything": pd.Series([np.int64(3), np.float32(1.5), "x", None, np.bool_(True), np.datetime64("2026-01-01T00:00")], dtype=object),
-    "text": list("abcdef"),
+    "text": list("abcde") + [np.str_("f")],  # NumPy's own text too, which to_dict leaves as it is
     "naive": pd.to_datetime(np.arange(N) * 1000, unit="ms"),
     "took": pd.to_timedelta(np.arange(N), unit="s"),
 }

@@ -192,7 +192,10 @@ def _python_values(column: pd.Series) -> list:
         return column.to_numpy().tolist()
     if column.dtype != object:
         return list(column)
-    return [_native(v) for v in column.to_numpy()]
+    values = column.to_numpy()
+    if pd.api.types.infer_dtype(values, skipna=False) == "string":
+        return values.tolist()  # texts (a key, a model's name): nothing of NumPy's to turn into Python's, found in one pass in C
+    return [_native(v) for v in values]
 
 
 def _native(value: Any) -> Any:
