@@ -164,7 +164,10 @@ def _distinct_sliding(code: np.ndarray, v: np.ndarray, lo: np.ndarray) -> np.nda
     records from j on until its value comes again (`again`) or the window's start passes it
     (`gone`: lo never goes back, as times within a key do not)."""
     n = len(v)
-    order = np.lexsort((np.arange(n), v, code))
+    # Each key's records of one value together, in their order: a stable sort of one integer per
+    # (key, value), not a sort by three keys. NaN is never "again" (the comparison below), as before.
+    values = pd.factorize(v, use_na_sentinel=False)[0]
+    order = np.argsort(code * (int(values.max(initial=0)) + 1) + values, kind="stable")
     again = np.full(n, n)
     repeat = (code[order][1:] == code[order][:-1]) & (v[order][1:] == v[order][:-1])
     again[order[:-1][repeat]] = order[1:][repeat]
