@@ -27,6 +27,7 @@ RESULTS = {
     "latest.md": "bench/results/latest.md",
     "stateful.md": "bench/results/stateful.md",
     "model.md": "bench/results/model.md",
+    "model-window-60s.md": "bench/results/model-window-60s/model.md",
     "exactly-once-5m.md": "bench/results/exactly-once-5m/latest.md",
     "stores.md": "bench/results/stores.md",
     "backtest-rules.md": "bench/results/backtest-rules.md",
