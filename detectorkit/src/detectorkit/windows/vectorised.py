@@ -22,6 +22,7 @@ import pandas as pd
 from detectorkit.state.columns import lists
 from detectorkit.state.declaration import EVENT_TIME, KEY
 from detectorkit.windows.accumulate import COUNT, DISTINCT, MEAN, SUM
+from detectorkit.windows.exact import Exact
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -62,10 +63,10 @@ def detect(
     v = np.stack([np.concatenate([old, new]) for old, new in zip(held_v, values, strict=True)])
     summed = sorted({c for kind, c in plan if kind in (SUM, MEAN)})
     # Sums of fractions through integers (exact, as the engine's are); whole numbers add exactly as floats.
-    exact: dict[int, _Exact] = {}
+    exact: dict[int, Exact] = {}
     for c in summed:
         if not _whole(v[c]):
-            as_ints = _Exact.of(v[c])
+            as_ints = Exact.of(v[c])
             if as_ints is None:
                 return None
             exact[c] = as_ints
@@ -127,12 +128,12 @@ class _Rows:
     value columns (a row each), index in the batch (-1: held) and, for sums of fractions, the value
     column as integers (`exact`, by column)."""
 
-    def __init__(self, code: np.ndarray, t: np.ndarray, v: np.ndarray, at: np.ndarray, exact: dict[int, _Exact]):
+    def __init__(self, code: np.ndarray, t: np.ndarray, v: np.ndarray, at: np.ndarray, exact: dict[int, Exact]):
         self.code, self.t, self.v, self.at, self.exact = code, t, v, at, exact
 
     def take(self, which: np.ndarray) -> None:
         self.code, self.t, self.v, self.at = self.code[which], self.t[which], self.v[:, which], self.at[which]
-        self.exact = {c: _Exact(e.ints[which], e.base) for c, e in self.exact.items()}
+        self.exact = {c: e.take(which) for c, e in self.exact.items()}
 
     def same_key(self) -> np.ndarray:
         """Whether each record's key is the one before's."""
@@ -153,8 +154,7 @@ def _sliding(size: int, plan, summed: list[int], rows: _Rows) -> tuple[np.ndarra
             prefix = np.concatenate([[0.0], np.cumsum(rows.v[c])])
             sums[c] = prefix[1:] - prefix[lo]
         else:
-            prefix = np.concatenate([np.array([0], dtype=object), np.cumsum(rows.exact[c].ints)])
-            sums[c] = rows.exact[c].floats(prefix[1:] - prefix[lo])
+            sums[c] = rows.exact[c].window_sums(lo, np.flatnonzero(rows.at >= 0))  # the batch's records' alone
     distinct = {c: _distinct_sliding(code, rows.v[c], lo) for c in {c for kind, c in plan if kind == DISTINCT}}
     return t - size, t, _read(plan, counts, sums, distinct)
 
@@ -185,7 +185,7 @@ def _tumbling(plan, summed: list[int], rows: _Rows, starts: np.ndarray) -> list[
         if c not in rows.exact:
             sums[c] = pd.Series(rows.v[c]).groupby([code, starts]).cumsum().to_numpy()
         else:
-            sums[c] = rows.exact[c].floats(_cumsum_per_window(rows.exact[c].ints, code, starts))
+            sums[c] = rows.exact[c].running_sums(code, starts, np.flatnonzero(rows.at >= 0))
     distinct = {}
     for c in {c for kind, c in plan if kind == DISTINCT}:
         first = ~pd.DataFrame({"k": code, "s": starts, "v": rows.v[c]}).duplicated().to_numpy()
@@ -227,52 +227,6 @@ def _whole(v: np.ndarray) -> bool:
     """Whether float running sums of these values are exact (whole numbers, summing below 2^53), as
     the engine's sums are (`accumulate`)."""
     return bool(np.all(np.floor(v) == v)) and float(np.abs(v).sum()) < 2.0**53
-
-
-class _Exact:
-    """Values as integers, each exactly the value times 2^-base: their sums are exact, and a sum
-    converted back is the correctly rounded sum of the values, which is what the engine's sums
-    (math.fsum, Shewchuk's partials) give."""
-
-    def __init__(self, ints: np.ndarray, base: int):
-        self.ints, self.base = ints, base
-
-    @classmethod
-    def of(cls, v: np.ndarray) -> _Exact | None:
-        """None where the integers would not stay small or a sum could round twice (values not
-        finite, or far apart in magnitude, or near the edges of a float's range): the engine's."""
-        if not np.isfinite(v).all():
-            return None
-        fractions, exponents = np.frexp(v)
-        mantissas = (fractions * 2.0**53).astype(np.int64)  # exact: a double has 53 bits
-        exponents = exponents.astype(np.int64) - 53
-        nonzero = mantissas != 0
-        if not nonzero.any():
-            return cls(np.zeros(len(v), dtype=object), 0)
-        base = int(exponents[nonzero].min())
-        shifts = np.where(nonzero, exponents - base, 0)
-        if base < -1000 or int(shifts.max()) > 900:
-            return None
-        ints = np.empty(len(v), dtype=object)
-        ints[:] = [m << s for m, s in zip(mantissas.tolist(), shifts.tolist(), strict=True)]
-        return cls(ints, base)
-
-    def floats(self, sums: np.ndarray) -> np.ndarray:
-        # int -> float rounds correctly (to nearest, ties to even); times a power of two is exact.
-        return np.ldexp(np.asarray(sums, dtype=object).astype(np.float64), self.base)
-
-
-def _cumsum_per_window(ints: np.ndarray, code: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Each record's running sum within its key's window, in arrival order (a tumbling window's
-    records need not be together: a late one lands in an earlier window)."""
-    order = np.lexsort((starts, code))  # stable: arrival order within a window
-    c, s = code[order], starts[order]
-    first = np.concatenate([[True], (c[1:] != c[:-1]) | (s[1:] != s[:-1])])
-    begins = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
-    prefix = np.concatenate([np.array([0], dtype=object), np.cumsum(ints[order])])
-    out = np.empty(len(order), dtype=object)
-    out[order] = prefix[1:] - prefix[begins]
-    return out
 
 
 def _first_per_window(candidate: np.ndarray, code: np.ndarray, starts: np.ndarray, e_code: np.ndarray, old_e: np.ndarray):
