@@ -77,15 +77,10 @@ def process_records(
         sink.send(ctx.dlq_topic, keys[i].as_py(), values[i].as_py() or b"", headers)
         summaries.setdefault(p, PartitionSummary()).dead_letters[r.reason] += 1
 
-    detections_in = Counter()
-    if ctx.stage.counts_as_detection:
-        cited = np.fromiter((out.position for out in found if out.position >= 0), dtype=np.int64)
-        detections_in = Counter(dict(zip(*(u.tolist() for u in np.unique(partitions[cited], return_counts=True)), strict=True)))
     for p in np.unique(partitions).tolist():
         mask = partitions == p
         s = summaries.setdefault(p, PartitionSummary())
         s.records += int(mask.sum())
-        s.detections += detections_in.get(p, 0)
         s.next_offset = max(s.next_offset, int(offsets[mask].max()) + 1)
 
 
@@ -120,12 +115,16 @@ def send_outputs(ctx: TaskContext, found, sink: sinks.Sink, summaries: dict[int,
         value = out.raw if out.raw is not None else detection_json(out.value)
         send(output_topic, key, value, timestamp_ms=out.timestamp_ms)
     if cited:
-        # The written records' timestamps, for the latency histogram: each partition's at once.
+        # Each partition's detections of records, counted, and their records' timestamps (for the
+        # latency histogram), at once.
         at = np.asarray(cited, dtype=np.int64)
         of = partitions[at]
         for p in np.unique(of).tolist():
             mine = at[of == p]
-            summaries.setdefault(p, PartitionSummary()).detected_at.extend(stamps[mine].tolist())
+            s = summaries.setdefault(p, PartitionSummary())
+            s.detected_at.extend(stamps[mine].tolist())
+            if ctx.stage.counts_as_detection:
+                s.detections += len(mine)
 
 
 def take_claimed(ctx: TaskContext, source: SourceOptions, claim: Claim, ranges: list[PartitionRange]) -> list[PartitionRange]:
