@@ -94,13 +94,12 @@ class TypedColumns:
         if not long.any():
             # The values alone, not every slot's padded row: most keys hold a few values of a wide row.
             return matrix.reshape(-1)[np.repeat(slots * width, lengths) + _within(lengths)], lengths
-        rows = matrix[slots]
-        values = np.empty(int(lengths.sum()), dtype=rows.dtype)
+        values = np.empty(int(lengths.sum()), dtype=matrix.dtype)
         starts = np.cumsum(lengths) - lengths
         short = ~long
-        kept = rows[short][np.arange(rows.shape[1]) < lengths[short][:, None]]
-        # Where each short row's values go: its start, then one after another.
-        values[np.repeat(starts[short], lengths[short]) + _within(lengths[short])] = kept
+        few, at = lengths[short], slots[short]
+        # Each short row's values, not its padded row, to where they go: its start, then one after another.
+        values[np.repeat(starts[short], few) + _within(few)] = matrix.reshape(-1)[np.repeat(at * width, few) + _within(few)]
         stored = self._long[name]
         for at, slot, n in zip(starts[long].tolist(), slots[long].tolist(), lengths[long].tolist(), strict=True):
             values[at : at + n] = stored[slot]
