@@ -196,6 +196,9 @@ def test_a_models_window_features_are_the_keys_aggregates_as_of_each_record():
     rows = [("a", 0, 100, 1), ("a", 2_000, 120, 2), ("b", 3_000, 10, 1), ("a", 4_000, 300, 1), ("a", 15_000, 5, 1)]
     found = DetectorHarness(detector, models.ModelConfig(model_uri=uri, threshold=0.0)).batch(keyed(rows))
     assert list(found.index) == [0, 1, 2, 3, 4]  # threshold 0: every record, each with its features
+    # The record's fields, its key (what `detectorkit diff` and a notification name), the aggregates, the model's.
+    assert list(found.columns) == ["amount", "items", "key", "count_10s", "sum_10s", "model", "model_version", "score"]
+    assert found["key"].tolist() == ["a", "a", "b", "a", "a"]
     assert found["count_10s"].tolist() == [1, 2, 1, 3, 1] and found["sum_10s"].tolist() == [100, 220, 10, 520, 5]
     X = found[["amount", "items", "count_10s", "sum_10s"]].to_numpy(np.float32)
     np.testing.assert_allclose(found["score"], model.predict_proba(X)[:, 1], atol=1e-5)

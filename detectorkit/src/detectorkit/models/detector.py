@@ -72,7 +72,8 @@ def detector(
             retention_seconds=retention_seconds,
             repartition=repartition,
         )
-    columns = (*features, *(aggregates or {}))
+    named = tuple(aggregates or {})
+    columns = (*features, *named)
 
     def build(settings: Any, model: Model | None, every: bool = False) -> Detector:
         # This process's scores since the job last took them (a worker's, for detector_model_scores).
@@ -81,12 +82,16 @@ def detector(
         def loaded(c: Any) -> Model:
             return model if model is not None and c.model_uri == settings.model_uri else Model.load(c.model_uri)
 
-        def scored(rows: pd.DataFrame, fields: pd.DataFrame) -> pd.DataFrame:
+        def scored(matrix: np.ndarray, found: Any) -> pd.DataFrame:
+            """The detections among the rows of `matrix` (the features, in the model's order):
+            `found(hit)`, the fields of the rows that reach the threshold, with the model's name,
+            version and score."""
             scoring = model if model is not None else Model.cached(settings.model_uri)
-            scores = scoring.score(features_of(rows, columns, scoring.features))
+            _check_width(columns, scoring.features)
+            scores = scoring.score(matrix)
             tally.add(scores)
             hit = np.ones(len(scores), dtype=bool) if every else scores >= settings.threshold
-            out = fields.loc[hit].copy()
+            out = found(hit)
             out[MODEL], out[MODEL_VERSION], out[SCORE] = scoring.name, scoring.version, scores[hit]
             return out
 
@@ -101,17 +106,26 @@ def detector(
         if rule is None:
 
             def detect(records: pd.DataFrame, _config) -> pd.DataFrame:
-                return scored(records, records.loc[:, list(features)])
+                return scored(features_of(records, columns, len(columns)), lambda hit: records.loc[hit, list(features)])
 
             return Detector(name=name, detect=detect, required_fields=features, **scoring)
 
         def detect_windowed(records: pd.DataFrame, state: pd.DataFrame, rule_config) -> tuple:
-            features_of(records, features, len(features))  # a record it cannot score changes no window
+            fields = features_of(records, features, len(features))  # a record it cannot score changes no window
             out = rule.detect(records, state, rule_config)
-            # A detection is of its record, not of a window (the windows only give features): without
-            # their bounds, `detectorkit diff` matches two models' detections by the record.
-            found = records.loc[out[0].index, list(features)].join(out[0].drop(columns=[START, END]))
-            return (scored(found, found), *out[1:])
+            windowed = out[0].drop(columns=[START, END])
+            at = records.index.get_indexer(windowed.index)
+            matrix = np.column_stack([fields[at], features_of(windowed, named, len(named))])
+
+            def found(hit: np.ndarray) -> pd.DataFrame:
+                # A detection is of its record, not of a window (the windows only give features):
+                # without their bounds, `detectorkit diff` matches two models' detections by the record.
+                detections = records.iloc[at[hit]].loc[:, list(features)]
+                for name in windowed.columns:  # the key and the aggregates
+                    detections[name] = windowed[name].to_numpy()[hit]
+                return detections
+
+            return (scored(matrix, found), *out[1:])
 
         return dataclasses.replace(rule, detect=detect_windowed, **scoring)
 
@@ -140,8 +154,7 @@ class _Tally:
 def features_of(records: pd.DataFrame, features: tuple[str, ...], width: int) -> np.ndarray:
     """The records' features as float32 rows; Refused (a dead letter) when one is not a finite
     number. A batch with such a record fails whole and is split until it stands alone."""
-    if len(features) != width:
-        raise ValueError(f"the model takes {width} features; the detector names {len(features)}: {list(features)}")
+    _check_width(features, width)
     matrix = np.empty((len(records), width), dtype=np.float32)
     for i, field in enumerate(features):
         values = pd.to_numeric(records[field], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
@@ -154,3 +167,8 @@ def features_of(records: pd.DataFrame, features: tuple[str, ...], width: int) ->
         which = [f for f, ok in zip(features, finite[first], strict=True) if not ok]
         raise Refused(UNSCORABLE, f"features {which} are not finite numbers: {[row[f] for f in which]}")
     return matrix
+
+
+def _check_width(features: tuple[str, ...], width: int) -> None:
+    if len(features) != width:
+        raise ValueError(f"the model takes {width} features; the detector names {len(features)}: {list(features)}")
