@@ -168,7 +168,7 @@ class _Run:
                 active = np.flatnonzero(ahead < stop)
                 if not len(active):
                     break
-                timers = self._fire_due([names[c] for c in active], marks[order[ahead[active]]])
+                timers = self._fire_due(names, active, marks[order[ahead[active]]])
                 # Where each key's records must stop: its timer due, or its state expiring.
                 due = np.full(len(names), NO_TIMER, dtype=np.int64)
                 due[active] = timers
@@ -187,14 +187,15 @@ class _Run:
         store.advance(int(marks[-1]))
         return True
 
-    def _fire_due(self, keys: list[str], next_marks: np.ndarray) -> np.ndarray:
-        """Fires each key's timer that is due by the event time at its next record (again while
-        `on_timer` sets one due there too), before the key's expiry is judged there; returns each
-        key's timer then (NO_TIMER: none, or one `detect` fires itself when it falls due)."""
+    def _fire_due(self, names: list[str], active: np.ndarray, next_marks: np.ndarray) -> np.ndarray:
+        """Fires each active key's timer that is due by the event time at its next record (again
+        while `on_timer` sets one due there too), before the key's expiry is judged there; returns
+        each key's timer then (NO_TIMER: none, or one `detect` fires itself when it falls due)."""
         store = self.store
-        none = np.full(len(keys), NO_TIMER, dtype=np.int64)
+        none = np.full(len(active), NO_TIMER, dtype=np.int64)
         if self.detector.on_timer is None:
-            return none
+            return none  # without a name looked up per key
+        keys = [names[c] for c in active.tolist()]
         for _ in range(MAX_FIRINGS):
             timers = store.timers_of(keys)
             due = np.flatnonzero(timers <= next_marks)
