@@ -4,6 +4,7 @@ the template's stateless threshold service, on the same records in the same run,
 
     python bench/model.py                      # 1,000,000 records (make bench-model)
     python bench/model.py --records 200000     # a quick run
+    python bench/model.py --parts              # where a task's CPU goes, without Kafka or Spark (bench/parts.py)
 
 Records are keyed by customer (100,000 customers, a rotating few hundred of them busy), carry seven
 numeric fields and a merchant, and their event time as the Kafka timestamp, 2 ms apart. Four
@@ -228,11 +229,13 @@ def main(argv=None) -> int:
         help="the window of the model's aggregates (3600; a short one holds few records per customer: what the windows cost apart from them)",
     )
     parser.add_argument("--engine", choices=ENGINES, default="kafka", help="the broker started for the run (KAFKA_BOOTSTRAP_SERVERS: a running one)")
+    parser.add_argument("--parts", action="store_true", help="instead: each contender's CPU per record by part, in this process (model-parts.md)")
     args = parser.parse_args(argv)
     if args.window_seconds <= 0:
         parser.error("--window-seconds: a positive number of seconds")
+    os.environ["BENCH_WINDOW_SECONDS"] = str(args.window_seconds)  # the contenders' window, read when scoring.py is imported
 
-    threshold_cmd = common.ensure_service()
+    threshold_cmd = None if args.parts else common.ensure_service()
     sys.path.insert(0, str(common.HERE / "contenders"))
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench-model-"))
     values, times, rows = order_records(args.records)
@@ -250,6 +253,8 @@ def main(argv=None) -> int:
         flush=True,
     )
 
+    if args.parts:
+        return _parts(args, values, times, uris)
     broker, bootstrap, where = common.broker_for(args.engine)
     print(f"broker {bootstrap} ({where}); contender logs in {work}", flush=True)
     base = clients.base(bootstrap)
@@ -320,6 +325,24 @@ def main(argv=None) -> int:
     print()
     print(table)
     return 0 if all(t["complete"] for t in throughput) else 1
+
+
+def _parts(args, values: list, times: list[int], uris: dict[str, str]) -> int:
+    import parts
+
+    table = parts.main(values, times, uris)
+    text = (
+        f"# Where a task's CPU goes ({common.machine()['date']})\n\n"
+        f"Command: `python bench/model.py --parts{'' if args.window_seconds == WINDOW_MS / 1000 else f' --window-seconds {args.window_seconds:g}'}"
+        f"{'' if args.records == 1_000_000 else f' --records {args.records}'}`. {args.records:,} records, one task's "
+        f"{parts.TASK_PARTITIONS} partitions of 8, window {args.window_seconds:g} s; a task's work in one process without Kafka, Spark "
+        "or the JVM (bench/parts.py). Each part with what it calls, from a profile of the same run.\n\n" + table + "\n"
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "model-parts.md").write_text(text)
+    print()
+    print(text)
+    return 0
 
 
 if __name__ == "__main__":

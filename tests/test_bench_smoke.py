@@ -85,3 +85,23 @@ def test_store_comparison_smoke_run_writes_the_same_changes_with_every_store(tmp
         assert s["cpu_seconds_per_million"] > 0 and s["restore_wall_seconds"] > 0
     assert stores[0]["cpu_ratio"] == 1.0
     assert "| RocksDB (rocksdict) |" in (tmp_path / "stores.md").read_text()
+
+
+def test_the_model_benchmarks_parts_add_up_for_every_contender(tmp_path):
+    """`bench/model.py --parts`: each contender's task work by part, without Kafka or Spark."""
+    command = [sys.executable, str(REPO / "bench" / "model.py"), "--parts", "--records", "20000", "--out", str(tmp_path)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = {}
+    for line in (tmp_path / "model-parts.md").read_text().splitlines():
+        cells = [c.strip(" *") for c in line.strip("|").split("|")]
+        if line.startswith("| ") and cells[1][:1].isdigit():
+            rows[cells[0]] = [float(c) for c in cells[1:]]
+    windowed, one_field, fields, threshold = zip(*rows.values(), strict=True)
+    # Every part is the windowed model's (a function renamed would leave one at 0); only the
+    # windowed ones hold state, only the models score.
+    assert all(v > 0 for v in windowed)
+    assert rows["the window's arrays"][2:] == [0.0, 0.0] and rows["scoring with the model"][3] == 0.0 and rows["scoring with the model"][2] > 0
+    for column in (windowed, one_field, fields, threshold):
+        assert all(v >= 0 for v in column)
+        assert abs(sum(column[:-2]) - column[-2]) <= 0.05  # the parts add up to the profiled run (each rounded to 0.01)
