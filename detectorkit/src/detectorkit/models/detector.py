@@ -7,7 +7,7 @@ batches, restarts and partitions."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -82,12 +82,13 @@ def detector(
         def loaded(c: Any) -> Model:
             return model if model is not None and c.model_uri == settings.model_uri else Model.load(c.model_uri)
 
-        def scored(matrix: np.ndarray, found: Any) -> pd.DataFrame:
+        def scored(matrix: np.ndarray, found: Callable[[np.ndarray], pd.DataFrame]) -> pd.DataFrame:
             """The detections among the rows of `matrix` (the features, in the model's order):
             `found(hit)`, the fields of the rows that reach the threshold, with the model's name,
             version and score."""
             scoring = model if model is not None else Model.cached(settings.model_uri)
-            _check_width(columns, scoring.features)
+            if len(columns) != scoring.features:
+                raise ValueError(f"the model takes {scoring.features} features; the detector names {len(columns)}: {list(columns)}")
             scores = scoring.score(matrix)
             tally.add(scores)
             hit = np.ones(len(scores), dtype=bool) if every else scores >= settings.threshold
@@ -106,16 +107,16 @@ def detector(
         if rule is None:
 
             def detect(records: pd.DataFrame, _config) -> pd.DataFrame:
-                return scored(features_of(records, columns, len(columns)), lambda hit: records.loc[hit, list(features)])
+                return scored(features_of(records, columns), lambda hit: records.loc[hit, list(features)])
 
             return Detector(name=name, detect=detect, required_fields=features, **scoring)
 
         def detect_windowed(records: pd.DataFrame, state: pd.DataFrame, rule_config) -> tuple:
-            fields = features_of(records, features, len(features))  # a record it cannot score changes no window
+            fields = features_of(records, features)  # a record it cannot score changes no window
             out = rule.detect(records, state, rule_config)
             windowed = out[0].drop(columns=[START, END])
             at = records.index.get_indexer(windowed.index)
-            matrix = np.column_stack([fields[at], features_of(windowed, named, len(named))])
+            matrix = np.column_stack([fields[at], features_of(windowed, named)])
 
             def found(hit: np.ndarray) -> pd.DataFrame:
                 # A detection is of its record, not of a window (the windows only give features):
@@ -151,11 +152,10 @@ class _Tally:
         return taken
 
 
-def features_of(records: pd.DataFrame, features: tuple[str, ...], width: int) -> np.ndarray:
+def features_of(records: pd.DataFrame, features: tuple[str, ...]) -> np.ndarray:
     """The records' features as float32 rows; Refused (a dead letter) when one is not a finite
     number. A batch with such a record fails whole and is split until it stands alone."""
-    _check_width(features, width)
-    matrix = np.empty((len(records), width), dtype=np.float32)
+    matrix = np.empty((len(records), len(features)), dtype=np.float32)
     for i, field in enumerate(features):
         values = pd.to_numeric(records[field], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
         matrix[:, i] = values
@@ -167,8 +167,3 @@ def features_of(records: pd.DataFrame, features: tuple[str, ...], width: int) ->
         which = [f for f, ok in zip(features, finite[first], strict=True) if not ok]
         raise Refused(UNSCORABLE, f"features {which} are not finite numbers: {[row[f] for f in which]}")
     return matrix
-
-
-def _check_width(features: tuple[str, ...], width: int) -> None:
-    if len(features) != width:
-        raise ValueError(f"the model takes {width} features; the detector names {len(features)}: {list(features)}")
