@@ -335,8 +335,8 @@ def _parts(args, values: list, times: list[int], uris: dict[str, str]) -> int:
         f"# Where a task's CPU goes ({common.machine()['date']})\n\n"
         f"Command: `python bench/model.py --parts{'' if args.window_seconds == WINDOW_MS / 1000 else f' --window-seconds {args.window_seconds:g}'}"
         f"{'' if args.records == 1_000_000 else f' --records {args.records}'}`. {args.records:,} records, one task's "
-        f"{parts.TASK_PARTITIONS} partitions of 8, window {args.window_seconds:g} s; a task's work in one process without Kafka, Spark "
-        "or the JVM (bench/parts.py). Each part with what it calls, from a profile of the same run.\n\n" + table + "\n"
+        f"{parts.TASK_PARTITIONS} partitions of {common.PARTITIONS}, window {args.window_seconds:g} s; a task's work in one process "
+        "without Kafka, Spark or the JVM (bench/parts.py). Each part with what it calls, from a profile of the same run.\n\n" + table + "\n"
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "model-parts.md").write_text(text)

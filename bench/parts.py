@@ -18,6 +18,7 @@ import time
 import zlib
 from types import SimpleNamespace
 
+import common
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -34,9 +35,9 @@ from detectorkit.runtime.task_context import PartitionSummary, TaskContext
 from detectorkit.runtime.task_stores import TaskStores
 from detectorkit.state.store import PartitionStore
 
-# A task's share of the benchmark's 8 partitions on 2 cores, and the records a flush interval (5 s)
+# A task's share of the benchmark's partitions on its cores, and the records a flush interval (5 s)
 # takes at the windowed model's pace in the job.
-TASK_PARTITIONS = 4
+TASK_PARTITIONS = common.PARTITIONS // common.CORES
 FLUSH_RECORDS = 320_000
 _PARSE = ("records.py", "parse_arrow")
 _SCORE = ("models/scoring.py", "score")
@@ -84,7 +85,7 @@ class _Sink:
 
 def polls(values: list, times: list[int]) -> list[pa.RecordBatch]:
     """One task's records (its share of the partitions) as the polls a slice's task reads."""
-    partition = np.array([zlib.crc32(key) % 8 for key, _, _ in values])
+    partition = np.array([zlib.crc32(key) % common.PARTITIONS for key, _, _ in values])
     mine = np.flatnonzero(partition < TASK_PARTITIONS)
     next_offset = [0] * TASK_PARTITIONS
     batches = []
@@ -125,18 +126,16 @@ def run(detector: Detector, batches: list[pa.RecordBatch], profile: cProfile.Pro
     if profile is not None:
         profile.enable()
     since_flush = 0
-    for batch in batches:
+    for n, batch in enumerate(batches, 1):
         partition, offset = batch.column("partition").to_numpy(), batch.column("offset").to_numpy()
         tags = {p: int(offset[partition == p].max()) + 1 for p in np.unique(partition).tolist()}
         process_chunk(ctx, [batch], sink, stores, summaries, tags)
         since_flush += batch.num_rows
-        if stateful and since_flush >= FLUSH_RECORDS:
+        # Once a flush interval's worth of records, and at the last checkpoint.
+        if stateful and (since_flush >= FLUSH_RECORDS or n == len(batches)):
             since_flush = 0
             for p in parts:
                 stores.send_changes(ctx, sink, p, summaries)
-    if stateful:  # the last checkpoint's
-        for p in parts:
-            stores.send_changes(ctx, sink, p, summaries)
     if profile is not None:
         profile.disable()
     return time.process_time() - cpu, sink.sent
