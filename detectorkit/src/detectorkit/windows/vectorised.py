@@ -149,12 +149,13 @@ def _sliding(size: int, plan, summed: list[int], rows: _Rows) -> tuple[np.ndarra
     n = len(t)
     counts = (np.arange(1, n + 1) - lo).astype(np.float64)
     sums: dict[int, np.ndarray] = {}
+    fresh = np.flatnonzero(rows.at >= 0)  # the batch's records: their exact sums alone are read
     for c in summed:
         if c not in rows.exact:
             prefix = np.concatenate([[0.0], np.cumsum(rows.v[c])])
             sums[c] = prefix[1:] - prefix[lo]
         else:
-            sums[c] = rows.exact[c].window_sums(lo, np.flatnonzero(rows.at >= 0))  # the batch's records' alone
+            sums[c] = rows.exact[c].window_sums(lo, fresh)
     distinct = {c: _distinct_sliding(code, rows.v[c], lo) for c in {c for kind, c in plan if kind == DISTINCT}}
     return t - size, t, _read(plan, counts, sums, distinct)
 
@@ -181,11 +182,12 @@ def _tumbling(plan, summed: list[int], rows: _Rows, starts: np.ndarray) -> list[
     code = rows.code
     counts = pd.Series(np.ones(len(code))).groupby([code, starts]).cumsum().to_numpy()
     sums: dict[int, np.ndarray] = {}
+    fresh = np.flatnonzero(rows.at >= 0)  # the batch's records: their exact sums alone are read
     for c in summed:
         if c not in rows.exact:
             sums[c] = pd.Series(rows.v[c]).groupby([code, starts]).cumsum().to_numpy()
         else:
-            sums[c] = rows.exact[c].running_sums(code, starts, np.flatnonzero(rows.at >= 0))
+            sums[c] = rows.exact[c].running_sums(code, starts, fresh)
     distinct = {}
     for c in {c for kind, c in plan if kind == DISTINCT}:
         first = ~pd.DataFrame({"k": code, "s": starts, "v": rows.v[c]}).duplicated().to_numpy()
