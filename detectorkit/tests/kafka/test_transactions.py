@@ -60,6 +60,7 @@ def test_a_producer_started_on_the_same_id_elsewhere_fences_this_one(transaction
     old = transactions.TransactionalSink(clients.producer(base), tid, 10_000, 30.0)
     old.begin()
     old.send(t.output, None, b"zombie")
+    old.flush(10.0)  # in the log before it is fenced, so that the abort has something to hide
     new = transactions.TransactionalSink(clients.producer(base), tid, 10_000, 30.0)  # the partition's next task
     assert new.current() and not old.current()
     with pytest.raises(transactions.TransactionError, match="fenced"):
