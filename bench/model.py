@@ -120,7 +120,7 @@ def labels(X: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     amount, distance, failed, risk = X[:, 0], X[:, 4], X[:, 5], X[:, 6]
     y = (amount > 900) & (distance > 120)
     if X.shape[1] > 7:  # the customer's orders and its third aggregate: distinct merchants, or its mean order
-        y |= (X[:, 7] > 6) & (failed >= 2) | (X[:, 9] > (8 if X[:, 9].max() < 100 else 700)) & (amount > 500)
+        y |= (X[:, 7] > 6) & (failed >= 2) | (X[:, 9] > (8 if X[:, 9].max() < 100 else 700)) & (amount > 1000)
     y |= risk > 0.995
     return (y ^ (rng.random(len(y)) < 0.02)).astype(int)
 
