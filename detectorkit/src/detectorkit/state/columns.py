@@ -27,6 +27,9 @@ import pyarrow as pa
 TYPES = {"int64": np.int64, "float64": np.float64, "list<int64>": np.int64, "list<float64>": np.float64}
 # The widest a list column's matrix grows; a longer list is kept as an array of its own.
 WIDE = 64
+# A new matrix's width, and how many times wider it grows when a list outgrows it: each widening
+# copies every slot's row, so a few big steps (8, 32, 64) rather than doubling from one.
+FIRST_WIDTH, WIDER = 8, 4
 
 
 def lists(values: Any, lengths: Any) -> pd.api.extensions.ExtensionArray:
@@ -58,7 +61,7 @@ class TypedColumns:
         for name, kind in self.types.items():
             dtype = TYPES[kind]
             if kind.startswith("list<"):
-                self._matrices[name] = np.zeros((0, 1), dtype=dtype)
+                self._matrices[name] = np.zeros((0, min(FIRST_WIDTH, WIDE)), dtype=dtype)
                 self._lengths[name] = np.zeros(0, dtype=np.int64)
                 self._long[name] = {}
             else:
@@ -157,10 +160,11 @@ class TypedColumns:
         matrix = self._matrices[name]
         width = int(lengths.max()) if len(lengths) else 0
         if width > matrix.shape[1]:
-            wider = np.zeros((matrix.shape[0], min(WIDE, max(width, 2 * matrix.shape[1]))), dtype=matrix.dtype)
+            wider = np.zeros((matrix.shape[0], min(WIDE, max(width, WIDER * matrix.shape[1]))), dtype=matrix.dtype)
             wider[:, : matrix.shape[1]] = matrix
             self._matrices[name] = matrix = wider
-        matrix[np.repeat(slots, lengths), _within(lengths)] = values
+        # Through the flat view (the matrix is contiguous): one index per value, not a pair.
+        matrix.reshape(-1)[np.repeat(slots * matrix.shape[1], lengths) + _within(lengths)] = values
 
     def free(self, slot: int) -> None:
         """A slot let go: a long row kept beside its matrix goes with it."""

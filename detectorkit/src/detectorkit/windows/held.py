@@ -92,8 +92,11 @@ class Held:
         for name, hashed in self.fields:
             column = counted[name]
             if hashed:
+                texts = column.to_numpy()
+                if texts.dtype != object or pd.api.types.infer_dtype(texts, skipna=False) != "string":
+                    texts = column.astype(str).to_numpy()  # texts already (the usual field) are hashed as they are
                 # 53 bits: a float64 holds it exactly, and two of a window's values collide with odds of 1 in 2^53.
-                out.append((pd.util.hash_array(column.astype(str).to_numpy()) >> np.uint64(11)).astype(np.float64))
+                out.append((pd.util.hash_array(texts) >> np.uint64(11)).astype(np.float64))
             else:
                 out.append(pd.to_numeric(column, errors="raise").to_numpy(dtype=np.float64))
         return out
