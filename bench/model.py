@@ -4,6 +4,7 @@ the template's stateless threshold service, on the same records in the same run,
 
     python bench/model.py                      # 1,000,000 records (make bench-model)
     python bench/model.py --records 200000     # a quick run
+    python bench/model.py --repeat 1           # one round instead of three
     python bench/model.py --parts              # where a task's CPU goes, without Kafka or Spark (bench/parts.py)
 
 Records are keyed by customer (100,000 customers, a rotating few hundred of them busy), carry seven
@@ -19,9 +20,13 @@ contenders read them from the start, one after the other:
   apart from the model;
 - the template's default service (a threshold on the amount, stateless): the peer of the targets.
 
-Each must give exactly the detections of a single pass computed here (each customer's aggregates
-so far, scored by the same ONNX file). Then the model's own scoring cost alone: ONNX Runtime on one
-thread over the same feature matrix in batches, as a Python worker scores a task's records.
+They run in rounds (`--repeat`, 3 by default), each round every contender once on fresh topics,
+and the ratios are taken within each round: the machine's speed drifts over minutes, so a ratio of
+two runs minutes apart measures the drift as much as the contenders. The tables give each figure's
+median over the rounds, with the lowest and highest. Each run must give exactly the detections of
+a single pass computed here (each customer's aggregates so far, scored by the same ONNX file).
+Then the model's own scoring cost alone: ONNX Runtime on one thread over the same feature matrix in
+batches, as a Python worker scores a task's records.
 
 Printed, and written to bench/results/model.{json,md}: throughput and CPU per record of each, the
 targets (the model detector's records/s at least 0.5x the stateless service's, its CPU per record
@@ -37,6 +42,7 @@ import math
 import os
 import pathlib
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -178,9 +184,9 @@ def markdown(result: dict) -> str:
     ]
     for t in result["throughput"]:
         lines.append(
-            f"| {t['name']} | {t['records_per_s']:,.0f} | {t['steady_cpu_seconds_per_million']:.1f} | {t['cpu_seconds_per_million']:.1f} | "
-            f"{t['peak_memory_bytes'] / 2**20:,.0f} MiB | {t['first_detection_s']:.1f} s | {t['detections']:,}/{t['expected']:,} | "
-            f"{'yes' if t['complete'] else 'NO'} |"
+            f"| {t['name']} | {_spread(t, 'records_per_s', ',.0f')} | {_spread(t, 'steady_cpu_seconds_per_million', '.1f')} | "
+            f"{_spread(t, 'cpu_seconds_per_million', '.1f')} | {t['peak_memory_bytes'] / 2**20:,.0f} MiB | {t['first_detection_s']:.1f} s | "
+            f"{t['detections']:,}/{t['expected']:,} | {'yes' if t['complete'] else 'NO'} |"
         )
     lines += [
         "",
@@ -192,23 +198,25 @@ def markdown(result: dict) -> str:
         f"| windowed, one field (10 features) | {alone['one_field']['records_per_s']:,.0f} | {alone['one_field']['cpu_seconds_per_million']:.2f} |",
         f"| fields only (7 features) | {alone['fields']['records_per_s']:,.0f} | {alone['fields']['cpu_seconds_per_million']:.2f} |",
         "",
-        "## Targets (ratios within this run)",
+        f"## Targets (ratios within each of {len(result['rounds'])} rounds: the median, and the lowest and highest)",
         "",
-        "| target | measured | met |",
+        "| target | measured | met (median) |",
         "|---|---:|---|",
-        f"| throughput, model detector / stateless service ≥ 0.5 | {r['throughput_model_to_stateless']:.2f}× | "
+        f"| throughput, model detector / stateless service ≥ 0.5 | {_ratio(result, 'throughput_model_to_stateless')} | "
         f"{'yes' if r['throughput_model_to_stateless'] >= 0.5 else 'NO'} |",
-        f"| CPU per record (steady), model detector / stateless service ≤ 2 | {r['cpu_model_to_stateless']:.2f}× | "
+        f"| CPU per record (steady), model detector / stateless service ≤ 2 | {_ratio(result, 'cpu_model_to_stateless')} | "
         f"{'yes' if r['cpu_model_to_stateless'] <= 2 else 'NO'} |",
-        f"| the same, its aggregates of one field (count, sum, mean): throughput ≥ 0.5 | {r['throughput_one_field_to_stateless']:.2f}× | "
+        f"| the same, its aggregates of one field (count, sum, mean): throughput ≥ 0.5 | {_ratio(result, 'throughput_one_field_to_stateless')} | "
         f"{'yes' if r['throughput_one_field_to_stateless'] >= 0.5 else 'NO'} |",
-        f"| the same, its aggregates of one field: CPU per record ≤ 2 | {r['cpu_one_field_to_stateless']:.2f}× | "
+        f"| the same, its aggregates of one field: CPU per record ≤ 2 | {_ratio(result, 'cpu_one_field_to_stateless')} | "
         f"{'yes' if r['cpu_one_field_to_stateless'] <= 2 else 'NO'} |",
         f"| the model's scoring alone, share of the model detector's steady CPU per record | {r['scoring_share_of_cpu']:.0%} | reported |",
-        f"| throughput, fields-only model / stateless service | {r['throughput_fields_to_stateless']:.2f}× | reported |",
+        f"| throughput, fields-only model / stateless service | {_ratio(result, 'throughput_fields_to_stateless')} | reported |",
         "",
         "## How",
         "",
+        "- Each round runs every contender once, in this order, on fresh output topics; each figure is the median of a contender's "
+        "runs, with the lowest and highest in brackets, and each ratio the median of the rounds' ratios.",
         "- CPU is the whole process tree's (Spark's JVM and Python workers). Steady: the CPU spent after the first detection, per record "
         "processed after it; total: from launch. Records/s: from the first detection to the last.",
         "- Each contender reads the topic from the start at-least-once, with the runtime's defaults otherwise (slices, state flushed "
@@ -216,6 +224,18 @@ def markdown(result: dict) -> str:
         "- The scoring alone is one process's CPU over the whole feature matrix; a Python worker per core scores during the run.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _spread(t: dict, name: str, spec: str) -> str:
+    """A contender's figure: the median, with the lowest and highest of its runs when there were several."""
+    low, high = t.get("spread", {}).get(name, [t[name], t[name]])
+    return f"{t[name]:{spec}}" if low == high else f"{t[name]:{spec}} ({low:{spec}}–{high:{spec}})"
+
+
+def _ratio(result: dict, name: str) -> str:
+    low, high = result.get("ratio_spread", {}).get(name, [result["ratios"][name]] * 2)
+    median = result["ratios"][name]
+    return f"{median:.2f}×" if low == high else f"{median:.2f}× ({low:.2f}–{high:.2f})"
 
 
 def main(argv=None) -> int:
@@ -230,7 +250,10 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--engine", choices=ENGINES, default="kafka", help="the broker started for the run (KAFKA_BOOTSTRAP_SERVERS: a running one)")
     parser.add_argument("--parts", action="store_true", help="instead: each contender's CPU per record by part, in this process (model-parts.md)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of the four contenders; the figures are medians over them (3)")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat: at least 1 round")
     if args.window_seconds <= 0:
         parser.error("--window-seconds: a positive number of seconds")
     os.environ["BENCH_WINDOW_SECONDS"] = str(args.window_seconds)  # the contenders' window, read when scoring.py is imported
@@ -264,43 +287,42 @@ def main(argv=None) -> int:
         clients.create_topics(base, {in_topic: common.PARTITIONS})
         rate = stateful.produce(base, in_topic, values, times)
         print(f"produced {args.records:,} records at {rate:,.0f}/s", flush=True)
-        prefix = f"bench.{run_id}.m"
         windowed_name = "model detector, 10 features with 3 window aggregates (this project)"
         one_field_name = "model detector, 10 features with count, sum and mean of the amount (this project)"
         fields_name = "model detector, 7 fields, no state (this project)"
-        runs = [
-            (model_service("WINDOWED", windowed_name, windowed_uri, bootstrap, in_topic, prefix, "windowed", args.window_seconds), expected_windowed),
-            (
-                model_service("WINDOWED_ONE_FIELD", one_field_name, uris["one_field"], bootstrap, in_topic, prefix, "one-field", args.window_seconds),
-                expected["one_field"],
-            ),
-            (model_service("FIELDS_ONLY", fields_name, fields_uri, bootstrap, in_topic, prefix, "fields", args.window_seconds), expected_fields),
-            (stateful.threshold_service(threshold_cmd, bootstrap, in_topic, prefix), above),
-        ]
-        throughput = []
-        for c, expected in runs:
-            clients.create_topics(base, common.topics_of(c))
-            r = common.throughput_run(c, base, c.output_topic, args.records, expected, work)
-            print(
-                f"throughput {c.name}: {r['records_per_s']:,.0f} records/s, steady CPU {r['steady_cpu_seconds_per_million']:.1f} s per 1M, "
-                f"{r['detections']:,}/{r['expected']:,} detections",
-                flush=True,
-            )
-            throughput.append(r)
+        rounds = []
+        for n in range(args.repeat):
+            # Fresh output topics and consumer groups each round: every run reads the topic from the start.
+            prefix = f"bench.{run_id}.m{n}"
+            window_s = args.window_seconds
+            runs = [
+                (model_service("WINDOWED", windowed_name, windowed_uri, bootstrap, in_topic, prefix, "windowed", window_s), expected_windowed),
+                (
+                    model_service("WINDOWED_ONE_FIELD", one_field_name, uris["one_field"], bootstrap, in_topic, prefix, "one-field", window_s),
+                    expected["one_field"],
+                ),
+                (model_service("FIELDS_ONLY", fields_name, fields_uri, bootstrap, in_topic, prefix, "fields", window_s), expected_fields),
+                (stateful.threshold_service(threshold_cmd, bootstrap, in_topic, prefix), above),
+            ]
+            throughput = []
+            for c, expected_count in runs:
+                clients.create_topics(base, common.topics_of(c))
+                r = common.throughput_run(c, base, c.output_topic, args.records, expected_count, work)
+                print(
+                    f"round {n + 1}/{args.repeat} throughput {c.name}: {r['records_per_s']:,.0f} records/s, "
+                    f"steady CPU {r['steady_cpu_seconds_per_million']:.1f} s per 1M, {r['detections']:,}/{r['expected']:,} detections",
+                    flush=True,
+                )
+                throughput.append(r)
+            rounds.append(throughput)
     finally:
         if broker is not None:
             broker.stop()
 
-    windowed, one_field, fields, threshold = throughput
-    ratios = {
-        "throughput_model_to_stateless": common.ratio(windowed["records_per_s"], threshold["records_per_s"]),
-        "cpu_model_to_stateless": common.ratio(windowed["steady_cpu_seconds_per_million"], threshold["steady_cpu_seconds_per_million"]),
-        "cpu_total_model_to_stateless": common.ratio(windowed["cpu_seconds_per_million"], threshold["cpu_seconds_per_million"]),
-        "throughput_one_field_to_stateless": common.ratio(one_field["records_per_s"], threshold["records_per_s"]),
-        "cpu_one_field_to_stateless": common.ratio(one_field["steady_cpu_seconds_per_million"], threshold["steady_cpu_seconds_per_million"]),
-        "throughput_fields_to_stateless": common.ratio(fields["records_per_s"], threshold["records_per_s"]),
-        "scoring_share_of_cpu": common.ratio(alone["windowed"]["cpu_seconds_per_million"], windowed["steady_cpu_seconds_per_million"]),
-    }
+    per_round = [round_ratios(*throughput, alone["windowed"]) for throughput in rounds]
+    ratios = {name: statistics.median(r[name] for r in per_round) for name in per_round[0]}
+    spread = {name: [min(r[name] for r in per_round), max(r[name] for r in per_round)] for name in per_round[0]}
+    throughput = [medians([rounds[n][i] for n in range(len(rounds))]) for i in range(len(rounds[0]))]
     result = {
         "machine": common.machine(),
         "broker": where,
@@ -317,6 +339,8 @@ def main(argv=None) -> int:
         "throughput": throughput,
         "scoring_alone": alone,
         "ratios": ratios,
+        "ratio_spread": spread,
+        "rounds": rounds,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "model.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -325,6 +349,36 @@ def main(argv=None) -> int:
     print()
     print(table)
     return 0 if all(t["complete"] for t in throughput) else 1
+
+
+def round_ratios(windowed: dict, one_field: dict, fields: dict, threshold: dict, alone: dict) -> dict:
+    """The targets' ratios of one round's runs."""
+    return {
+        "throughput_model_to_stateless": common.ratio(windowed["records_per_s"], threshold["records_per_s"]),
+        "cpu_model_to_stateless": common.ratio(windowed["steady_cpu_seconds_per_million"], threshold["steady_cpu_seconds_per_million"]),
+        "cpu_total_model_to_stateless": common.ratio(windowed["cpu_seconds_per_million"], threshold["cpu_seconds_per_million"]),
+        "throughput_one_field_to_stateless": common.ratio(one_field["records_per_s"], threshold["records_per_s"]),
+        "cpu_one_field_to_stateless": common.ratio(one_field["steady_cpu_seconds_per_million"], threshold["steady_cpu_seconds_per_million"]),
+        "throughput_fields_to_stateless": common.ratio(fields["records_per_s"], threshold["records_per_s"]),
+        "scoring_share_of_cpu": common.ratio(alone["cpu_seconds_per_million"], windowed["steady_cpu_seconds_per_million"]),
+    }
+
+
+# A contender's figures that are measured, as medians over its runs (the others are the last run's).
+MEASURED = ("records_per_s", "first_detection_s", "peak_memory_bytes", "cpu_seconds_per_million", "steady_cpu_seconds_per_million")
+
+
+def medians(runs: list[dict]) -> dict:
+    """One contender's runs as one: each measured figure's median, with its lowest and highest
+    under "spread"; complete only if every run was."""
+    out = dict(runs[-1])
+    out["complete"] = all(r["complete"] for r in runs)
+    out["spread"] = {}
+    for name in MEASURED:
+        values = [r[name] for r in runs]
+        out[name] = statistics.median(values)
+        out["spread"][name] = [min(values), max(values)]
+    return out
 
 
 def _parts(args, values: list, times: list[int], uris: dict[str, str]) -> int:
