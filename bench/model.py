@@ -228,14 +228,16 @@ def markdown(result: dict) -> str:
 
 def _spread(t: dict, name: str, spec: str) -> str:
     """A contender's figure: the median, with the lowest and highest of its runs when there were several."""
-    low, high = t.get("spread", {}).get(name, [t[name], t[name]])
-    return f"{t[name]:{spec}}" if low == high else f"{t[name]:{spec}} ({low:{spec}}–{high:{spec}})"
+    return _with_range(t[name], *t.get("spread", {}).get(name, [t[name]] * 2), spec)
 
 
 def _ratio(result: dict, name: str) -> str:
-    low, high = result.get("ratio_spread", {}).get(name, [result["ratios"][name]] * 2)
     median = result["ratios"][name]
-    return f"{median:.2f}×" if low == high else f"{median:.2f}× ({low:.2f}–{high:.2f})"
+    return _with_range(median, *result.get("ratio_spread", {}).get(name, [median] * 2), ".2f", "×")
+
+
+def _with_range(median: float, low: float, high: float, spec: str, unit: str = "") -> str:
+    return f"{median:{spec}}{unit}" if low == high else f"{median:{spec}}{unit} ({low:{spec}}–{high:{spec}})"
 
 
 def main(argv=None) -> int:

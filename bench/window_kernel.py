@@ -34,6 +34,7 @@ import model
 import numpy as np
 import pandas as pd
 from numba import njit
+from parts import TASK_PARTITIONS
 
 from detectorkit import windows
 from detectorkit.runtime.slices import STATEFUL_POLL_RECORDS
@@ -41,7 +42,6 @@ from detectorkit.state.declaration import EVENT_TIME, KEY
 from detectorkit.state.store import PartitionStore
 
 AGGREGATES = {"orders": windows.Count(), "spent": windows.Sum("amount"), "merchants": windows.DistinctCount("merchant")}
-TASK_PARTITIONS = common.PARTITIONS // common.CORES
 # fsum's partials of doubles never number more than about 40 (their exponents do not overlap).
 PARTIALS = 128
 

@@ -170,15 +170,12 @@ class Rule(Held, Emitting):
             return self._detect(records, counted, state, [a.tolist() for a in arrays])
         found, new_state, slow, late = done
         self.late += late
-        # Counts as integers from the start, as `_counts_as_ints` makes the engine's.
-        columns = {
-            name: values.astype(np.int64) if kind in (COUNT, DISTINCT) else values
-            for name, (kind, _), values in zip(self.names, self.plan, found["aggregates"], strict=True)
-        }
+        columns = dict(zip(self.names, found["aggregates"], strict=True))
         out = pd.DataFrame(
             {KEY: found["key"], START: found["start"], END: found["end"], **columns},
             index=pd.Index(found["index"], dtype=records.index.dtype),
         )
+        self._counts_as_ints(out)
         if slow is not None:
             mine = counted[KEY].isin(slow).to_numpy()
             more, more_state = self._detect(counted[mine], counted[mine], state[state.index.isin(slow)], [a[mine].tolist() for a in arrays])
