@@ -6,7 +6,7 @@ is taken from a profile of the same run (cProfile: it adds to every Python call,
 up to more than a run without it, which is given too).
 
 What it tells apart is what the job's figures cannot: how much of a windowed model's CPU is the
-model, the JSON, the window's arrays, the store, the changelog and the detections.
+model, the JSON, the window's aggregates, the store, the changelog and the detections.
 """
 
 from __future__ import annotations
@@ -41,16 +41,17 @@ TASK_PARTITIONS = common.PARTITIONS // common.CORES
 FLUSH_RECORDS = 320_000
 _PARSE = ("records.py", "parse_arrow")
 _SCORE = ("models/scoring.py", "score")
-_WINDOW = ("windows/vectorised.py", "detect")
-_STORE = (("state/store.py", "read"), ("state/store.py", "write"))
+# The window's aggregates: the arrays over a batch, or the compiled loop on the store's columns.
+_WINDOW = (("windows/vectorised.py", "detect"), ("windows/compiled.py", "sliding_every_of"))
+_STORE = (("state/store.py", "read"), ("state/store.py", "write"), ("state/slots.py", "lists_of"), ("state/store.py", "write_lists"))
 _DETECTIONS = ("records.py", "detections_of")
 # (part, the functions whose time it is, each with what it calls, less those of the second tuple).
 PARTS = (
     ("parsing the JSON", (_PARSE,), ()),
     ("scoring with the model", (_SCORE,), ()),
-    ("the window's arrays", (_WINDOW,), ()),
+    ("the window's aggregates", _WINDOW, ()),
     ("the store's reads and writes", _STORE, ()),
-    ("the stateful run's own work (keys, frames, checks)", (("state/runner.py", "run_stateful"),), (_SCORE, _WINDOW, *_STORE, _DETECTIONS)),
+    ("the stateful run's own work (keys, frames, checks)", (("state/runner.py", "run_stateful"),), (_SCORE, *_WINDOW, *_STORE, _DETECTIONS)),
     ("the changelog's records", (("runtime/task_stores.py", "send_changes"),), ()),
     ("the detections as JSON", (_DETECTIONS, ("runtime/stage.py", "_outputs"), ("runtime/processing.py", "send_outputs")), ()),
 )

@@ -73,6 +73,11 @@ class Detector:
     # with their sum, which the job adds to detector_model_scores.
     model_info: tuple[str, str] | None = None
     take_scores: Callable[[], tuple[list[int], float]] | None = dataclasses.field(default=None, repr=False, compare=False)
+    # A window rule's that runs on its store's columns itself (a sliding window emitted at every
+    # record, compiled: windows.compiled), and a model's over such windows: (records, KeyColumns)
+    # -> (detections, the keys' new columns, their newest times, records late), or None where
+    # `detect` must run them. It answers as `detect` does.
+    in_store: Callable[[Any, Any], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
     # Builds the detector for the config the job reads at start (a window sized by a setting); None:
     # this detector serves every config.
     configure: Callable[[Any], Detector] | None = dataclasses.field(default=None, repr=False, compare=False)

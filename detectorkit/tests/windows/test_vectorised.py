@@ -7,6 +7,7 @@ engine's are)."""
 import math
 from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,14 @@ from detectorkit.windows import rule as engine
 from detectorkit.windows import vectorised
 
 from .test_single_pass import frame
+
+
+@pytest.fixture(autouse=True)
+def _arrays_not_compiled():
+    """The arrays, not the compiled window that runs their sliding shapes first (`test_compiled`)."""
+    with mock.patch.object(engine, "COMPILED", False):
+        yield
+
 
 WINDOWS = st.one_of(
     st.builds(w.Sliding, st.sampled_from([5, 10]), st.sampled_from([0, 3])),

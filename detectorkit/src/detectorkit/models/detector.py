@@ -111,10 +111,10 @@ def detector(
 
             return Detector(name=name, detect=detect, required_fields=features, **scoring)
 
-        def detect_windowed(records: pd.DataFrame, state: pd.DataFrame, rule_config) -> tuple:
-            fields = features_of(records, features)  # a record it cannot score changes no window
-            out = rule.detect(records, state, rule_config)
-            windowed = out[0].drop(columns=[START, END])
+        def with_scores(records: pd.DataFrame, fields: np.ndarray, windows_found: pd.DataFrame) -> pd.DataFrame:
+            """The detections among the records the window rule answered (`windows_found`: each
+            record's key and aggregates), scored with their fields."""
+            windowed = windows_found.drop(columns=[START, END])
             at = records.index.get_indexer(windowed.index)
             matrix = np.column_stack([fields[at], features_of(windowed, named)])
 
@@ -126,9 +126,19 @@ def detector(
                     detections[name] = windowed[name].to_numpy()[hit]
                 return detections
 
-            return (scored(matrix, found), *out[1:])
+            return scored(matrix, found)
 
-        return dataclasses.replace(rule, detect=detect_windowed, **scoring)
+        def detect_windowed(records: pd.DataFrame, state: pd.DataFrame, rule_config) -> tuple:
+            fields = features_of(records, features)  # a record it cannot score changes no window
+            out = rule.detect(records, state, rule_config)
+            return (with_scores(records, fields, out[0]), *out[1:])
+
+        def in_store(records: pd.DataFrame, held: Any) -> tuple | None:
+            fields = features_of(records, features)
+            out = rule.in_store(records, held)
+            return None if out is None else (with_scores(records, fields, out[0]), *out[1:])
+
+        return dataclasses.replace(rule, detect=detect_windowed, in_store=in_store if rule.in_store is not None else None, **scoring)
 
     # At import the model is not read (a test may configure another); the job loads it at start.
     return build(defaults_of(config, True, "models.detector"), None)

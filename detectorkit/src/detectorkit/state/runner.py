@@ -46,6 +46,7 @@ from detectorkit.state.answers import (
     unpack,
 )
 from detectorkit.state.declaration import DEADLINE, KEY, PARTITION_TIME
+from detectorkit.state.in_store import KeyColumns
 from detectorkit.state.slots import NO_TIMER
 from detectorkit.state.store import PartitionStore
 
@@ -140,6 +141,10 @@ class _Run:
         answers are those of `records`, in as many calls as the most interrupted key needs, not
         one per timer of any key. False, with nothing changed, when a call raised: `records` then
         runs them, splitting down to the records that make it fail."""
+        if self.detector.in_store is not None:
+            done = self._in_store()
+            if done is not None:
+                return done
         store, n = self.store, len(self.frame)
         keys = self.frame[KEY].to_numpy()
         codes, uniques = self._whole = pd.factorize(keys)
@@ -184,6 +189,30 @@ class _Run:
             return False
         self.result.found += sorted(found, key=lambda f: f[0])
         self.result.fired[fired:] = sorted(self.result.fired[fired:], key=lambda d: d.deadline_ms)
+        store.advance(int(marks[-1]))
+        return True
+
+    def _in_store(self) -> bool | None:
+        """Every record through the detector's own run on its keys' columns (`in_store`), in one
+        call: True once written; False if it raised (`records` then runs them through `detect`,
+        splitting down to the records that make it fail); None where it cannot run them (`detect`
+        runs the rounds)."""
+        store = self.store
+        codes, uniques = pd.factorize(self.frame[KEY].to_numpy())
+        keys = uniques.tolist()
+        marks = np.maximum(np.maximum.accumulate(self.times), store.event_ms)
+        slots, seen, columns = store.lists_of(keys)
+        try:
+            out = self.detector.in_store(self.frame, KeyColumns(codes, keys, seen, columns, marks, store.state.ttl_ms))
+            if out is None:
+                return None
+            detections, new_columns, new_seen, late = out
+            found = rec.detections_of(detections, self.frame.index, len(self.frame) == 1)
+        except Exception:  # noqa: BLE001 - user code (a model's): run again record by record, which isolates it
+            return False
+        store.write_lists(keys, slots, new_seen, new_columns, self.tag)
+        self.result.found += found
+        self.result.late += late
         store.advance(int(marks[-1]))
         return True
 

@@ -29,6 +29,8 @@ from detectorkit.state.declaration import KEY, State
 
 # The timer of a key without one (and of a free slot): above every time, so the earliest timer is a minimum.
 NO_TIMER = np.iinfo(np.int64).max
+# The newest record time of a key not held.
+NEVER = np.iinfo(np.int64).min
 
 
 class Slots:
@@ -64,6 +66,20 @@ class Slots:
         slots = np.fromiter(map(self._slot.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
         self._looked_up = (keys, self._generation, slots)
         return slots
+
+    def lists_of(self, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
+        """(slots, each key's newest record time (NEVER: not held), each list column's values end
+        to end with each key's length) of `keys` (distinct), for a detector that runs on them
+        itself (`in_store`); typed state of list columns only."""
+        slots = self._slots_of(keys)
+        held = slots >= 0
+        seen = np.where(held, self._seen[slots], NEVER)
+        columns = {}
+        for name, (values, lengths) in self._typed.gathered(slots[held]).items():
+            every = np.zeros(len(keys), dtype=np.int64)
+            every[held] = lengths
+            columns[name] = (values, every)
+        return slots, seen, columns
 
     def _frame(self, keys: list[str], slots: np.ndarray) -> pd.DataFrame:
         if self._typed is not None:

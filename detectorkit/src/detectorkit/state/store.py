@@ -214,6 +214,16 @@ class PartitionStore(Slots):
         self._put(keys, values, prepared.seen[kept], tag, prepared.timers[kept], slots if slots is None else slots[kept], prepared.columns)
         self._changes.update(zip(keys, values.tolist(), strict=True))
 
+    def write_lists(self, keys: list[str], slots: np.ndarray, seen: np.ndarray, columns: dict[str, tuple[np.ndarray, np.ndarray]], tag: int) -> None:
+        """`Slots.lists_of`'s keys with new values (every list column, each key's length) and newest
+        times, written as `write` writes a prepared batch: `slots` as `lists_of` gave them, while
+        no key got or lost a slot since."""
+        self.position = max(self.position, tag)
+        timers = np.where(slots >= 0, self._timer[slots], NO_TIMER)
+        values = np.full(len(keys), _CHANGED, dtype=object)
+        self._put(keys, values, seen, tag, timers, slots, columns)
+        self._changes.update(dict.fromkeys(keys, _CHANGED))
+
     def advance(self, event_ms: int) -> None:
         """The partition's event time moves on (never back)."""
         self.event_ms = max(self.event_ms, int(event_ms))

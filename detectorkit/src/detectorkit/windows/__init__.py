@@ -158,6 +158,7 @@ def _detector(
         sees_partition_time=closing,
         take_late=rule.take_late,
         configure=configure,
+        in_store=rule.detect_in_store if rule.compiled else None,
     )
 
 
