@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # uv, wherever a target runs it (a bake's lock and install), takes scripts/xdg/uv/uv.toml too.
 export XDG_CONFIG_DIRS := $(CURDIR)/scripts/xdg:$(or $(XDG_CONFIG_DIRS),/etc/xdg)
 
-.PHONY: setup tools chart kafka-manifests demo diamond scale-demo docs docs-build test test-fast test-runtime test-examples test-lanes test-template test-tansu release release-check lint bench bench-stateful bench-model bench-window-kernel bench-backtest bench-exactly-once bench-stores clean
+.PHONY: setup tools chart kafka-manifests demo diamond scale-demo docs docs-build test test-fast test-runtime test-examples test-lanes test-template test-tansu release release-check lint bench bench-stateful bench-model bench-backtest bench-exactly-once bench-stores clean
 
 # The broker the tests run on: Apache Kafka, started by the tests (jars from Maven Central).
 # `make test-runtime TEST_BROKER=tansu` runs them on the embedded broker instead.
@@ -164,13 +164,6 @@ bench-stores: setup
 # and the model's scoring alone (~5 min; bench/results/model.md).
 bench-model: setup
 	$(PY) bench/model.py
-
-# The window state engine's prototype (numba) beside the runtime's window rule and store, over the
-# last hour and the last 60 s (~2 min; bench/results/window-kernel.md).
-bench-window-kernel: setup
-	printf '# The window state prototype beside the runtime (bench/window_kernel.py)\n\n' > bench/results/window-kernel.md
-	$(PY) bench/window_kernel.py --out bench/results/window-kernel.md
-	$(PY) bench/window_kernel.py --window-seconds 60 --out bench/results/window-kernel.md
 
 clean:
 	rm -rf $(VENV) .demo .diamond .scale-demo bench/.work bench/.venv-quix

@@ -30,7 +30,6 @@ RESULTS = {
     "model-window-60s.md": "bench/results/model-window-60s/model.md",
     "model-parts.md": "bench/results/model-parts.md",
     "model-window-60s-parts.md": "bench/results/model-window-60s/model-parts.md",
-    "window-kernel.md": "bench/results/window-kernel.md",
     "exactly-once-5m.md": "bench/results/exactly-once-5m/latest.md",
     "stores.md": "bench/results/stores.md",
     "backtest-rules.md": "bench/results/backtest-rules.md",

@@ -193,3 +193,40 @@ def test_typed_lists_go_to_the_changelog_byte_for_byte_as_untyped_ones_long_rows
         data = pd.DataFrame({c: pd.Series([rows[k][c] for k in keys], index=keys, dtype=object) for c in declared}, index=keys)
         store.write(store.prepare(data, keys, [0] * len(keys), tag=4), 4)
     assert typed.take_changes() == untyped.take_changes()
+
+
+LISTS = State(columns={"t": "list<int64>", "v": "list<float64>"})
+_LIST_ROWS = st.dictionaries(
+    st.sampled_from("abcdefgh"),
+    st.tuples(st.lists(st.integers(-(2**62), 2**62), max_size=8), st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=8)),
+    min_size=1,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_LIST_ROWS, min_size=1, max_size=6))
+def test_a_detector_on_its_stores_lists_reads_writes_and_encodes_them_as_a_detect_call_does(batches):
+    """`lists_of` and `write_lists` (compiled row copies, and the changelog's bytes gathered by a
+    compiled loop once they were used) against `prepare` and `write`: the same lists read, held,
+    and written to the changelog byte for byte, rows longer than the matrix among them."""
+    with mock.patch.object(columns, "WIDE", 5):
+        plain, fast = PartitionStore(LISTS, 0), PartitionStore(LISTS, 0)
+        held: dict[str, tuple[list, list]] = {}
+        for tag, rows in enumerate(batches, 1):
+            keys = list(rows)
+            _, seen, read = fast.lists_of(keys)
+            for c, name in enumerate(("t", "v")):
+                values, lengths = read[name]
+                assert values.tolist() == [x for k in keys for x in held.get(k, ([], []))[c]]
+                assert lengths.tolist() == [len(held.get(k, ([], []))[c]) for k in keys]
+            assert (seen >= 0).tolist() == [k in held for k in keys]
+            data = pd.DataFrame({name: pd.Series([rows[k][c] for k in keys], index=keys, dtype=object) for c, name in enumerate("tv")}, index=keys)
+            plain.write(plain.prepare(data, keys, [tag] * len(keys), tag=tag), tag)
+            new = {
+                name: (np.array([x for k in keys for x in rows[k][c]], dtype=dtype), np.array([len(rows[k][c]) for k in keys], dtype=np.int64))
+                for c, (name, dtype) in enumerate((("t", np.int64), ("v", np.float64)))
+            }
+            fast.write_lists(keys, fast.lists_of(keys)[0], np.full(len(keys), tag, dtype=np.int64), new, tag)
+            held.update(rows)
+            assert fast.snapshot() == plain.snapshot()
+            assert fast.take_changes() == plain.take_changes()

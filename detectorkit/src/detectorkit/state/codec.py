@@ -72,13 +72,19 @@ def encode_many(
 
 
 def encode_columns(
-    columns: dict[str, np.ndarray | tuple[np.ndarray, np.ndarray]], seen_ms: np.ndarray, timer_ms: np.ndarray, tags: np.ndarray, no_timer: int
+    columns: dict[str, np.ndarray | tuple[np.ndarray, np.ndarray]],
+    seen_ms: np.ndarray,
+    timer_ms: np.ndarray,
+    tags: np.ndarray,
+    no_timer: int,
+    rows: Any = None,
 ) -> list[bytes]:
     """`encode_many` of typed state, byte for byte, from its columns: a scalar column as an array
     (one value per key), a list column as (values end to end, each key's length). Each column is
     written by orjson once; every key's value is then gathered from those texts as byte ranges, all
     keys at once. A flush writes every key a flush interval changed, and a dict and an orjson call
-    per key were most of its cost."""
+    per key were most of its cost. `rows`: the compiled copies (`compiled_rows`), where numba is
+    loaded."""
     count = len(seen_ms)
     if not count:
         return []
@@ -94,7 +100,7 @@ def encode_columns(
     pieces.number(seen_ms, b'},"seen_ms":' if columns else b',"state":{},"seen_ms":')
     pieces.number(timer_ms, b',"timer_ms":', present=timed)
     pieces.constant(b"}", count)
-    return pieces.joined(count)
+    return pieces.joined(count, rows)
 
 
 class _Pieces:
@@ -148,20 +154,25 @@ class _Pieces:
             self.ranges.append((start, end - start))
         self.constant(b"]", count)
 
-    def joined(self, count: int) -> list[bytes]:
+    def joined(self, count: int, rows: Any = None) -> list[bytes]:
         source = np.frombuffer(b"".join(self.texts), dtype=np.uint8)
         starts = np.stack([s for s, _ in self.ranges], axis=1).ravel()  # key by key, piece by piece
         lengths = np.stack([n for _, n in self.ranges], axis=1).ravel()
         ends = np.cumsum(lengths.reshape(count, -1).sum(axis=1))
-        some = lengths > 0
-        starts, lengths = starts[some], lengths[some]
-        # Each output byte's place in the source: one past the byte before's, except where a piece
-        # begins (a running sum of those steps, narrow where the source allows).
-        step = np.ones(int(ends[-1]), dtype=np.int32 if len(source) < 2**31 else np.int64)
-        begins = np.cumsum(lengths) - lengths
-        step[begins[1:]] = starts[1:] - (starts[:-1] + lengths[:-1]) + 1
-        step[0] = starts[0]
-        gathered = source[np.cumsum(step, dtype=step.dtype)].tobytes()
+        if rows is not None:
+            out = np.empty(int(ends[-1]), dtype=np.uint8)
+            rows.pieces(source, starts, lengths, out)
+            gathered = out.tobytes()
+        else:
+            some = lengths > 0
+            starts, lengths = starts[some], lengths[some]
+            # Each output byte's place in the source: one past the byte before's, except where a
+            # piece begins (a running sum of those steps, narrow where the source allows).
+            step = np.ones(int(ends[-1]), dtype=np.int32 if len(source) < 2**31 else np.int64)
+            begins = np.cumsum(lengths) - lengths
+            step[begins[1:]] = starts[1:] - (starts[:-1] + lengths[:-1]) + 1
+            step[0] = starts[0]
+            gathered = source[np.cumsum(step, dtype=step.dtype)].tobytes()
         return [gathered[a:b] for a, b in zip(np.concatenate([[0], ends[:-1]]).tolist(), ends.tolist(), strict=True)]
 
 

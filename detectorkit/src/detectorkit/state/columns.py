@@ -88,13 +88,18 @@ class TypedColumns:
                 data[name] = pd.Series(lists(*self._gather(name, slots)), index=index, copy=False)
         return pd.DataFrame(data, index=index, copy=False)
 
-    def _gather(self, name: str, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(values end to end, each row's length) of a list column's `slots`."""
+    def _gather(self, name: str, slots: np.ndarray, rows: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """(values end to end, each row's length) of a list column's `slots`; `rows`: the compiled
+        copies (`compiled_rows`), where numba is loaded."""
         lengths = self._lengths[name][slots]
         matrix = self._matrices[name]
         width = matrix.shape[1]
         long = lengths > width
         if not long.any():
+            if rows is not None:
+                values = np.empty(int(lengths.sum()), dtype=matrix.dtype)
+                rows.gather(matrix.reshape(-1), width, slots, lengths, values)
+                return values, lengths
             # The values alone, not every slot's padded row: most keys hold a few values of a wide row.
             return matrix.reshape(-1)[np.repeat(slots * width, lengths) + _within(lengths)], lengths
         values = np.empty(int(lengths.sum()), dtype=matrix.dtype)
@@ -129,19 +134,19 @@ class TypedColumns:
                 taken[name] = (values[flat], chosen)
         return taken
 
-    def put(self, slots: np.ndarray, taken: dict[str, Any]) -> np.ndarray:
-        """`take`'s values into `slots`; returns each slot's size in bytes."""
+    def put(self, slots: np.ndarray, taken: dict[str, Any], rows: Any = None) -> np.ndarray:
+        """`take`'s values into `slots`; returns each slot's size in bytes. `rows`: as `_gather`'s."""
         sizes = np.full(len(slots), 8 * len(self._scalars), dtype=np.int64)
         for name, values in taken.items():
             if name in self._scalars:
                 self._scalars[name][slots] = values
                 continue
             values, lengths = values
-            self._put_list(name, slots, values, lengths)
+            self._put_list(name, slots, values, lengths, rows)
             sizes += 8 * lengths
         return sizes
 
-    def _put_list(self, name: str, slots: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> None:
+    def _put_list(self, name: str, slots: np.ndarray, values: np.ndarray, lengths: np.ndarray, rows: Any = None) -> None:
         """Rows of a list column into `slots`: into the matrix, or (longer than WIDE) beside it."""
         self._lengths[name][slots] = lengths
         stored = self._long[name]
@@ -163,6 +168,9 @@ class TypedColumns:
             wider = np.zeros((matrix.shape[0], min(WIDE, max(width, WIDER * matrix.shape[1]))), dtype=matrix.dtype)
             wider[:, : matrix.shape[1]] = matrix
             self._matrices[name] = matrix = wider
+        if rows is not None:
+            rows.scatter(matrix.reshape(-1), matrix.shape[1], slots, values.astype(matrix.dtype, copy=False), lengths)
+            return
         # Through the flat view (the matrix is contiguous): one index per value, not a pair.
         matrix.reshape(-1)[np.repeat(slots * matrix.shape[1], lengths) + _within(lengths)] = values
 
@@ -193,10 +201,11 @@ class TypedColumns:
 
     # ---- JSON, for the changelog -------------------------------------------------------------------
 
-    def gathered(self, slots: np.ndarray) -> dict[str, np.ndarray | tuple[np.ndarray, np.ndarray]]:
+    def gathered(self, slots: np.ndarray, rows: Any = None) -> dict[str, np.ndarray | tuple[np.ndarray, np.ndarray]]:
         """The slots' values by column, in the declared order: a scalar column's array, a list
-        column's (values end to end, each slot's length); what the changelog's encoder takes."""
-        return {name: self._scalars[name][slots] if name in self._scalars else self._gather(name, slots) for name in self.types}
+        column's (values end to end, each slot's length); what the changelog's encoder takes.
+        `rows`: as `_gather`'s."""
+        return {name: self._scalars[name][slots] if name in self._scalars else self._gather(name, slots, rows) for name in self.types}
 
     def rows(self, slots: np.ndarray) -> list[dict[str, Any]]:
         """The slots' values as JSON values (NaN as None), for tests and a key's timer."""

@@ -71,11 +71,13 @@ class Slots:
         """(slots, each key's newest record time (NEVER: not held), each list column's values end
         to end with each key's length) of `keys` (distinct), for a detector that runs on them
         itself (`in_store`); typed state of list columns only."""
+        from detectorkit.state import compiled_rows  # numba: loaded already by such a detector
+
         slots = self._slots_of(keys)
         held = slots >= 0
         seen = np.where(held, self._seen[slots], NEVER)
         columns = {}
-        for name, (values, lengths) in self._typed.gathered(slots[held]).items():
+        for name, (values, lengths) in self._typed.gathered(slots[held], compiled_rows).items():
             every = np.zeros(len(keys), dtype=np.int64)
             every[held] = lengths
             columns[name] = (values, every)

@@ -101,6 +101,7 @@ class PartitionStore(Slots):
         self._expiry_floor = NO_TIMER
         self._timer_floor = NO_TIMER
         self._changes: dict[str, bytes | None] = {}
+        self._rows = None  # the compiled copies, once a detector that runs on the store wrote (`write_lists`)
         self._event_written = 0  # the event time the changelog has
         # When its changes last went to the changelog (a task writes them once an interval): a new
         # store is what the changelog holds, or empty.
@@ -218,10 +219,13 @@ class PartitionStore(Slots):
         """`Slots.lists_of`'s keys with new values (every list column, each key's length) and newest
         times, written as `write` writes a prepared batch: `slots` as `lists_of` gave them, while
         no key got or lost a slot since."""
+        from detectorkit.state import compiled_rows  # numba: loaded already by such a detector
+
+        self._rows = compiled_rows
         self.position = max(self.position, tag)
         timers = np.where(slots >= 0, self._timer[slots], NO_TIMER)
         values = np.full(len(keys), _CHANGED, dtype=object)
-        self._put(keys, values, seen, tag, timers, slots, columns)
+        self._put(keys, values, seen, tag, timers, slots, columns, compiled_rows)
         self._changes.update(dict.fromkeys(keys, _CHANGED))
 
     def advance(self, event_ms: int) -> None:
@@ -295,7 +299,8 @@ class PartitionStore(Slots):
             changed = [k for k, v in changes.items() if v is _CHANGED]
             if changed:
                 slots = np.fromiter(map(self._slot.__getitem__, changed), dtype=np.intp, count=len(changed))
-                values = codec.encode_columns(self._typed.gathered(slots), self._seen[slots], self._timer[slots], self._tag[slots], NO_TIMER)
+                columns, rows = self._typed.gathered(slots, self._rows), self._rows
+                values = codec.encode_columns(columns, self._seen[slots], self._timer[slots], self._tag[slots], NO_TIMER, rows)
                 changes.update(zip(changed, values, strict=True))
         if self.event_ms > self._event_written:
             changes[EVENT_TIME_KEY] = str(self.event_ms).encode()
@@ -448,13 +453,14 @@ class PartitionStore(Slots):
         timers: np.ndarray,
         slots: np.ndarray | None = None,
         columns: dict[str, Any] | None = None,
+        rows: Any = None,
     ) -> None:
         slots = self._place(keys, self._slots_of(keys) if slots is None else slots)
         if self._typed is None:
             sizes = np.fromiter(map(len, values.tolist()), dtype=np.int64, count=len(values))
             self._value[slots] = values
         else:
-            sizes = self._typed.put(slots, columns)
+            sizes = self._typed.put(slots, columns, rows)
         self.bytes += int(sizes.sum() - self._size[slots].sum())
         self._size[slots] = sizes
         self._seen[slots] = seen
