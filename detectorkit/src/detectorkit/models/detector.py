@@ -114,16 +114,15 @@ def detector(
         def with_scores(records: pd.DataFrame, fields: np.ndarray, windows_found: pd.DataFrame) -> pd.DataFrame:
             """The detections among the records the window rule answered (`windows_found`: each
             record's key and aggregates), scored with their fields."""
-            windowed = windows_found.drop(columns=[START, END])
-            at = records.index.get_indexer(windowed.index)
-            matrix = np.column_stack([fields[at], features_of(windowed, named)])
+            at = records.index.get_indexer(windows_found.index)
+            matrix = np.column_stack([fields[at], features_of(windows_found, named)])
 
             def found(hit: np.ndarray) -> pd.DataFrame:
                 # A detection is of its record, not of a window (the windows only give features):
                 # without their bounds, `detectorkit diff` matches two models' detections by the record.
                 detections = records.iloc[at[hit]].loc[:, list(features)]
-                for name in windowed.columns:  # the key and the aggregates
-                    detections[name] = windowed[name].to_numpy()[hit]
+                for name in windows_found.columns.drop([START, END]):  # the key and the aggregates
+                    detections[name] = windows_found[name].to_numpy()[hit]
                 return detections
 
             return scored(matrix, found)

@@ -121,9 +121,11 @@ class Rule(Held, Emitting, Closing):
         if got is None:
             return None
         at, aggregates, columns, seen, late = got
-        named = dict(zip(self.names, aggregates, strict=True))
+        # Counts as integers from the start (`_counts_as_ints`' types), not converted in the frame.
+        named = {
+            name: a.astype(np.int64) if kind in (COUNT, DISTINCT) else a for name, (kind, _), a in zip(self.names, self.plan, aggregates, strict=True)
+        }
         found = pd.DataFrame({KEY: records[KEY].to_numpy()[at], START: t[at] - self.size, END: t[at], **named}, index=records.index[at])
-        self._counts_as_ints(found)
         return found, columns, seen, late
 
     # ---- the state's columns ----------------------------------------------------------------
