@@ -48,6 +48,20 @@ def in_batches(detector, rows, cuts, restarts, partitions):
     return harness, [f for f in found if len(f)], [f for f in fired if len(f)]
 
 
+def batch_by_batch(harness, rows, cuts, restarts):
+    """What `harness` answers and holds after each batch of `rows` cut at `cuts`, restarting before
+    the n-th batch where `restarts[n]` says: (its detections in order, their types, the state, the
+    late records so far)."""
+    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
+    steps = []
+    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        if restarts[n % len(restarts)]:
+            harness.restart()
+        found = harness.batch(frame(rows[lo:hi], start=lo))
+        steps.append((found.reset_index().to_numpy().tolist(), list(found.dtypes.astype(str)), harness.state(), harness.late))
+    return steps
+
+
 AGGREGATES = [w.Count(), w.Sum("amount"), w.Min("amount"), w.Max("amount"), w.Mean("amount"), w.DistinctCount("amount"), w.Last("amount")]
 
 

@@ -16,7 +16,7 @@ from detectorkit.testing import DetectorHarness
 from detectorkit.windows import rule as engine
 from detectorkit.windows import vectorised
 
-from .test_single_pass import frame
+from .test_single_pass import batch_by_batch, frame
 
 
 @pytest.fixture(autouse=True)
@@ -64,16 +64,9 @@ ROWS = st.lists(
 def run(shape, rows, cuts, restarts, on):
     window, aggregate, emit, where = shape
     detector = w.detector("rule", window, aggregate, emit, where=(lambda r: r["status"] == "failed") if where else None)
-    harness = DetectorHarness(detector)
-    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
-    steps = []
     with mock.patch.object(engine, "VECTORISED", on):
-        for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
-            if restarts[n % len(restarts)]:
-                harness.restart()
-            found = harness.batch(frame(rows[lo:hi], start=lo))
-            steps.append((sorted(map(tuple, found.reset_index().to_numpy().tolist())), harness.state(), harness.late))
-    return steps
+        steps = batch_by_batch(DetectorHarness(detector), rows, cuts, restarts)
+    return [(sorted(map(tuple, found)), state, late) for found, _, state, late in steps]
 
 
 @settings(max_examples=300, deadline=None)
