@@ -16,14 +16,8 @@ from detectorkit.windows import compiled
 from detectorkit.windows import rule as engine
 
 from .test_single_pass import batch_by_batch, frame
+from .test_vectorised import AGGREGATES
 
-AGGREGATES = {
-    "n": w.Count(),
-    "spent": w.Sum("amount"),
-    "mean": w.Mean("amount"),
-    "amounts": w.DistinctCount("amount"),
-    "statuses": w.DistinctCount("status"),
-}
 RULES = st.tuples(
     st.builds(w.Sliding, st.sampled_from([2, 5, 10]), st.sampled_from([0, 3])),
     st.sets(st.sampled_from(sorted(AGGREGATES)), min_size=1).map(lambda names: {n: AGGREGATES[n] for n in sorted(names)}),

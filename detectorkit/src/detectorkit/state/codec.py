@@ -161,7 +161,7 @@ class _Pieces:
         ends = np.cumsum(lengths.reshape(count, -1).sum(axis=1))
         if rows is not None:
             out = np.empty(int(ends[-1]), dtype=np.uint8)
-            rows.pieces(source, starts, lengths, out)
+            rows.gather(source, starts, lengths, out)
             gathered = out.tobytes()
         else:
             some = lengths > 0

@@ -98,7 +98,7 @@ class TypedColumns:
         if not long.any():
             if rows is not None:
                 values = np.empty(int(lengths.sum()), dtype=matrix.dtype)
-                rows.gather(matrix.reshape(-1), width, slots, lengths, values)
+                rows.gather(matrix.reshape(-1), slots * width, lengths, values)
                 return values, lengths
             # The values alone, not every slot's padded row: most keys hold a few values of a wide row.
             return matrix.reshape(-1)[np.repeat(slots * width, lengths) + _within(lengths)], lengths
@@ -169,7 +169,7 @@ class TypedColumns:
             wider[:, : matrix.shape[1]] = matrix
             self._matrices[name] = matrix = wider
         if rows is not None:
-            rows.scatter(matrix.reshape(-1), matrix.shape[1], slots, values.astype(matrix.dtype, copy=False), lengths)
+            rows.scatter(matrix.reshape(-1), slots * matrix.shape[1], values.astype(matrix.dtype, copy=False), lengths)
             return
         # Through the flat view (the matrix is contiguous): one index per value, not a pair.
         matrix.reshape(-1)[np.repeat(slots * matrix.shape[1], lengths) + _within(lengths)] = values

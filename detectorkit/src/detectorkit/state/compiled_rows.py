@@ -9,34 +9,24 @@ from numba import njit
 
 
 @njit(cache=True)
-def gather(flat, width, slots, lengths, out):
-    """Each slot's row (its first lengths[k] values of a matrix `width` wide, `flat` its values
-    row by row) into `out`, one after another."""
-    at = 0
-    for k in range(len(slots)):
-        base = slots[k] * width
-        for j in range(lengths[k]):
-            out[at + j] = flat[base + j]
-        at += lengths[k]
-
-
-@njit(cache=True)
-def scatter(flat, width, slots, values, lengths):
-    """`gather` the other way: each slot's row from `values`, one after another."""
-    at = 0
-    for k in range(len(slots)):
-        base = slots[k] * width
-        for j in range(lengths[k]):
-            flat[base + j] = values[at + j]
-        at += lengths[k]
-
-
-@njit(cache=True)
-def pieces(source, starts, lengths, out):
-    """Each piece of `source` (starts[i], lengths[i] bytes) into `out`, one after another."""
+def gather(source, starts, lengths, out):
+    """Each run of `source` (lengths[i] values from starts[i]) into `out`, one after another: a
+    store's rows (each slot's row starts at slot * width of its flat matrix), a changelog value's
+    pieces of text."""
     at = 0
     for i in range(len(starts)):
         begin = starts[i]
         for j in range(lengths[i]):
             out[at + j] = source[begin + j]
+        at += lengths[i]
+
+
+@njit(cache=True)
+def scatter(flat, starts, values, lengths):
+    """`gather` the other way: runs of `values`, one after another, to `starts` of `flat`."""
+    at = 0
+    for i in range(len(starts)):
+        begin = starts[i]
+        for j in range(lengths[i]):
+            flat[begin + j] = values[at + j]
         at += lengths[i]

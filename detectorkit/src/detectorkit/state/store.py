@@ -26,14 +26,13 @@ import pandas as pd
 from detectorkit.state import codec
 from detectorkit.state.columns import TypeMismatch
 from detectorkit.state.declaration import State, StateSchemaError
-from detectorkit.state.slots import NO_TIMER, Slots
+from detectorkit.state.slots import NEVER, NO_TIMER, Slots
 
 # A change for the changelog: (key, encoded value or None for a tombstone).
 Change = tuple[str, bytes | None]
 # The changelog record that holds the partition's event time (no customer key looks like it): a
 # restore gets the time a quiet partition reached from the wall clock, not only its keys' times.
 EVENT_TIME_KEY = "\x00detectorkit.event_ms"
-_NEVER = np.iinfo(np.int64).min
 # A typed key's change, encoded from the store's columns when the changes are taken.
 _CHANGED = True
 # A key with no change pending, in a savepoint.
@@ -134,7 +133,7 @@ class PartitionStore(Slots):
         ttl = self.state.ttl_ms
         if ttl is None or first_ms is None or not len(slots):
             return held
-        seen = np.where(held, self._seen[slots], _NEVER + ttl)
+        seen = np.where(held, self._seen[slots], NEVER + ttl)
         return held & ((seen + ttl >= np.asarray(first_ms, dtype=np.int64)) | (self._timer[slots] != NO_TIMER))
 
     def prepare(
@@ -165,7 +164,7 @@ class PartitionStore(Slots):
         else:
             rows = new_state.index.get_indexer(index)
         held = self._alive(slots, first_ms)
-        seen = np.maximum(np.asarray(last_ms, dtype=np.int64), np.where(held, self._seen[slots], _NEVER))
+        seen = np.maximum(np.asarray(last_ms, dtype=np.int64), np.where(held, self._seen[slots], NEVER))
         timer = np.where(held, self._timer[slots], NO_TIMER)
         if timers:
             stateless = [k for k, at in timers.items() if at is not None and k not in new_state.index]

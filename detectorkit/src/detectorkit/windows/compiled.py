@@ -23,10 +23,10 @@ import numpy as np
 from numba import njit
 
 from detectorkit.state.in_store import KeyColumns
+from detectorkit.state.slots import NEVER
 from detectorkit.windows.accumulate import COUNT, DISTINCT, MEAN, SUM
 
 KINDS = {COUNT: 0, SUM: 1, MEAN: 2, DISTINCT: 3}
-NEVER = np.iinfo(np.int64).min
 # An exact sum's partials never overlap, and a float spans about 2,100 bits: finite values never
 # need more than about 40. A batch that would goes to the engine.
 PARTIALS = 128
@@ -107,30 +107,6 @@ def _uncounted(keys, counts, x):
         h = (h + 1) & mask
     counts[h] -= 1
     return 1 if counts[h] == 0 else 0
-
-
-@njit(cache=True)
-def _bisect_left(a, x, hi):
-    lo = 0
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if a[mid] < x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@njit(cache=True)
-def _bisect_right(a, x, hi):
-    lo = 0
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if x < a[mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 @njit(cache=True)
@@ -237,14 +213,14 @@ def sliding_every(size, grace, ttl, kinds, of, summed, distinct, order, starts, 
                                 nd[c] -= _uncounted(tkeys[c, :tsize], tcounts[c, :tsize], bv[c, lo])
                         lo += 1
                 else:
-                    lo = _bisect_left(bt, at - size, n)
+                    lo = np.searchsorted(bt[:n], at - size, side="left")
                     if not _made(bv, lo, n, summed, distinct, partials, used, tkeys, tcounts, tsize, nd):
                         return TOO_MANY_PARTIALS, new_len, new_t, new_v, new_seen, late
                     valid = True
                 w_lo, w_hi = lo, n
             else:
                 # Back in time: among the others, and its window over its records.
-                place = _bisect_right(bt, at, n)
+                place = np.searchsorted(bt[:n], at, side="right")
                 for j in range(n, place, -1):
                     bt[j] = bt[j - 1]
                     for c in range(width):
@@ -253,7 +229,7 @@ def sliding_every(size, grace, ttl, kinds, of, summed, distinct, order, starts, 
                 for c in range(width):
                     bv[c, place] = values[c, i]
                 n += 1
-                w_lo, w_hi = _bisect_left(bt, at - size, n), _bisect_right(bt, at, n)
+                w_lo, w_hi = np.searchsorted(bt[:n], at - size, side="left"), np.searchsorted(bt[:n], at, side="right")
                 if not _made(bv, w_lo, w_hi, summed, distinct, partials, used, tkeys, tcounts, tsize, nd):
                     return TOO_MANY_PARTIALS, new_len, new_t, new_v, new_seen, late
                 valid = False  # the running aggregates are this window's, not the newest record's
@@ -268,7 +244,7 @@ def sliding_every(size, grace, ttl, kinds, of, summed, distinct, order, starts, 
                     total = _rounded(partials[c], used[c])
                     out[a, i] = total if kind == 1 else total / count
         # What a window can still take: within the window and grace of the key's newest.
-        keep = _bisect_left(bt, bt[n - 1] - grace - size, n) if n > 0 else 0
+        keep = np.searchsorted(bt[:n], bt[n - 1] - grace - size, side="left") if n > 0 else 0
         for j in range(keep, n):
             new_t[top] = bt[j]
             for c in range(width):
