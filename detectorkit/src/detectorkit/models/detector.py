@@ -18,7 +18,7 @@ from detectorkit.detector import Detector, defaults_of
 from detectorkit.metrics.registry import SCORE_BUCKETS, bucket_counts, merged_counts
 from detectorkit.models.scoring import Model
 from detectorkit.records import UNSCORABLE, Refused
-from detectorkit.windows.emitting import END, START
+from detectorkit.state.declaration import KEY
 
 SCORE, MODEL, MODEL_VERSION = "score", "model", "model_version"
 
@@ -111,31 +111,40 @@ def detector(
 
             return Detector(name=name, detect=detect, required_fields=features, **scoring)
 
-        def with_scores(records: pd.DataFrame, fields: np.ndarray, windows_found: pd.DataFrame) -> pd.DataFrame:
-            """The detections among the records the window rule answered (`windows_found`: each
-            record's key and aggregates), scored with their fields."""
-            at = records.index.get_indexer(windows_found.index)
-            matrix = np.column_stack([fields[at], features_of(windows_found, named)])
+        def with_scores(records: pd.DataFrame, fields: np.ndarray, at: np.ndarray, found: Mapping[str, np.ndarray]) -> pd.DataFrame:
+            """The detections among the records the window rule answered (`at`, their positions;
+            `found`, each one's key and aggregates by name), scored with their fields."""
+            matrix = np.empty((len(at), len(columns)), dtype=np.float32)
+            matrix[:, : len(features)] = fields[at]
+            for i, name in enumerate(named, len(features)):
+                matrix[:, i] = found[name]
+            _check_finite(matrix[:, len(features) :], named, lambda row: [found[n][row] for n in named])
 
-            def found(hit: np.ndarray) -> pd.DataFrame:
+            def detections(hit: np.ndarray) -> pd.DataFrame:
                 # A detection is of its record, not of a window (the windows only give features):
                 # without their bounds, `detectorkit diff` matches two models' detections by the record.
-                detections = records.iloc[at[hit]].loc[:, list(features)]
-                for name in windows_found.columns.drop([START, END]):  # the key and the aggregates
-                    detections[name] = windows_found[name].to_numpy()[hit]
-                return detections
+                chosen = at[hit]
+                data = {f: records[f].to_numpy()[chosen] for f in features}
+                data.update((name, found[name][hit]) for name in (KEY, *named))
+                return pd.DataFrame(data, index=records.index[chosen], copy=False)
 
-            return scored(matrix, found)
+            return scored(matrix, detections)
 
         def detect_windowed(records: pd.DataFrame, state: pd.DataFrame, rule_config) -> tuple:
             fields = features_of(records, features)  # a record it cannot score changes no window
             out = rule.detect(records, state, rule_config)
-            return (with_scores(records, fields, out[0]), *out[1:])
+            found = out[0]
+            at = records.index.get_indexer(found.index)
+            return (with_scores(records, fields, at, {name: found[name].to_numpy() for name in (KEY, *named)}), *out[1:])
 
         def in_store(records: pd.DataFrame, held: Any) -> tuple | None:
             fields = features_of(records, features)
-            out = rule.in_store(records, held)
-            return None if out is None else (with_scores(records, fields, out[0]), *out[1:])
+            out = rule.in_store(records, held, arrays=True)
+            if out is None:
+                return None
+            (at, found), *rest = out
+            found[KEY] = records[KEY].to_numpy()[at]
+            return (with_scores(records, fields, at, found), *rest)
 
         return dataclasses.replace(rule, detect=detect_windowed, in_store=in_store if rule.in_store is not None else None, **scoring)
 
@@ -166,13 +175,22 @@ def features_of(records: pd.DataFrame, features: tuple[str, ...]) -> np.ndarray:
     number. A batch with such a record fails whole and is split until it stands alone."""
     matrix = np.empty((len(records), len(features)), dtype=np.float32)
     for i, field in enumerate(features):
-        values = pd.to_numeric(records[field], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-        matrix[:, i] = values
-    finite = np.isfinite(matrix)
-    bad = ~finite.all(axis=1)
-    if bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        row = records.iloc[first]
-        which = [f for f, ok in zip(features, finite[first], strict=True) if not ok]
-        raise Refused(UNSCORABLE, f"features {which} are not finite numbers: {[row[f] for f in which]}")
+        column = records[field]
+        if column.dtype.kind in "iuf":  # numbers already, as JSON's parse gives them: no conversion
+            matrix[:, i] = column.to_numpy(dtype=np.float64, na_value=np.nan)
+        else:
+            matrix[:, i] = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    _check_finite(matrix, features, lambda row: records.iloc[row][list(features)].tolist())
     return matrix
+
+
+def _check_finite(matrix: np.ndarray, names: Sequence[str], values_of: Callable[[int], list]) -> None:
+    """Refused when a row of `matrix` (its columns `names`) holds a value that is not a finite
+    number, saying which of the first such row's (`values_of(row)`: its values, in order)."""
+    finite = np.isfinite(matrix)
+    if finite.all():
+        return
+    first = int(np.flatnonzero(~finite.all(axis=1))[0])
+    values = values_of(first)
+    which = [i for i, ok in enumerate(finite[first]) if not ok]
+    raise Refused(UNSCORABLE, f"features {[names[i] for i in which]} are not finite numbers: {[values[i] for i in which]}")

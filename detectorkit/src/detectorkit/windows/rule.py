@@ -107,10 +107,11 @@ class Rule(Held, Emitting, Closing):
         # The sliding windows among those, for every record: compiled, on the store's columns.
         self.compiled = self.sliding and mode == "every" and where is None and having is None and kinds <= {COUNT, SUM, MEAN, DISTINCT}
 
-    def detect_in_store(self, records: pd.DataFrame, held: KeyColumns) -> tuple[pd.DataFrame, dict, np.ndarray, int] | None:
+    def detect_in_store(self, records: pd.DataFrame, held: KeyColumns, arrays: bool = False) -> tuple | None:
         """`detect` on the store's columns (`state.in_store`), compiled (`windows.compiled`): the
         detections, the keys' new columns and newest times, and how many records were late; None
-        where `detect` must run it."""
+        where `detect` must run it. With `arrays`, the detections as (the positions of the records
+        answered, each aggregate at them by name) rather than a frame: a model scores them as they are."""
         if not COMPILED:
             return None
         from detectorkit.windows import compiled  # numba's import and compiling: only for the rules that use it
@@ -125,6 +126,8 @@ class Rule(Held, Emitting, Closing):
         named = {
             name: a.astype(np.int64) if kind in (COUNT, DISTINCT) else a for name, (kind, _), a in zip(self.names, self.plan, aggregates, strict=True)
         }
+        if arrays:
+            return (at, named), columns, seen, late
         found = pd.DataFrame({KEY: records[KEY].to_numpy()[at], START: t[at] - self.size, END: t[at], **named}, index=records.index[at])
         return found, columns, seen, late
 
