@@ -125,17 +125,19 @@ _OPS = st.lists(st.tuples(_ROWS, st.integers(0, 30_000), st.booleans(), st.boole
 @settings(max_examples=150, deadline=None)
 @given(_OPS)
 def test_typed_and_untyped_stores_agree_on_every_read_change_and_restore(ops):
-    # Lists longer than 3 are kept beside the matrix here: rows of both kinds, and rows that move between them.
-    with mock.patch.object(columns, "WIDE", 3):
+    # Rooms and pools as small as they go here: rows move, and pools are packed, within a few writes.
+    with mock.patch.object(columns, "FIRST_ROOM", 1), mock.patch.object(columns, "FIRST_POOL", 1):
         _typed_and_untyped_agree(ops)
 
 
-def test_a_busy_keys_long_list_does_not_widen_every_keys_row_and_rolls_back_as_it_was():
+def test_a_busy_keys_long_list_costs_its_own_room_and_rolls_back_as_it_was():
     store = PartitionStore(TYPED, 0)
     rows = {f"k{i}": {"recent_ms": [i], "flagged_ms": None, "count": i} for i in range(100)}
     rows["busy"] = {"recent_ms": list(range(10_000)), "flagged_ms": 1.0, "count": 0}
     write(store, rows, tag=1)
-    assert store._typed._matrices["recent_ms"].shape[1] <= columns.WIDE
+    pool = store._typed._lists["recent_ms"]
+    # Each row has room for twice what it holds, not for the longest row.
+    assert pool.room[store._slot["k7"]] == columns.FIRST_ROOM and pool.room[store._slot["busy"]] == 20_000
     assert store.read(["k7", "busy"])["recent_ms"].list.len().tolist() == [1, 10_000]
     saved = store.savepoint(["busy", "k7"])
     write(
@@ -143,12 +145,17 @@ def test_a_busy_keys_long_list_does_not_widen_every_keys_row_and_rolls_back_as_i
         {"busy": {"recent_ms": [1], "flagged_ms": 1.0, "count": 0}, "k7": {"recent_ms": list(range(500)), "flagged_ms": None, "count": 7}},
         tag=2,
     )
-    assert store.read(["k7"])["recent_ms"].list.len().tolist() == [500]
-    assert set(store._typed._long["recent_ms"]) == {store._slot["k7"]}  # busy's long row went as its list became short
+    assert store.read(["k7", "busy"])["recent_ms"].list.len().tolist() == [500, 1]
     store.rollback(saved)
     assert store.snapshot()["busy"]["recent_ms"] == list(range(10_000)) and store.snapshot()["k7"]["recent_ms"] == [7]
+    busy = store._slot["busy"]
     write(store, {}, tag=3, keys=["busy"])
-    assert not store._typed._long["recent_ms"]  # a key let go takes its long row with it
+    assert pool.room[busy] == 0 and pool.left >= 20_000  # a key let go gives up its room
+    write(store, {"big": {"recent_ms": list(range(30_000)), "flagged_ms": None, "count": 1}}, tag=4)
+    # No room for it: the rows were packed, and the room given up is gone.
+    assert pool.left == 0 and pool.top == int(pool.room.sum())
+    assert store.snapshot()["big"]["recent_ms"] == list(range(30_000)) and store.snapshot()["k7"]["recent_ms"] == [7]
+    assert "busy" not in store.snapshot()
 
 
 def _typed_and_untyped_agree(ops):
@@ -187,7 +194,7 @@ def test_typed_lists_go_to_the_changelog_byte_for_byte_as_untyped_ones_long_rows
     declared = {"amounts": "list<float64>", "recent_ms": "list<int64>"}
     typed, untyped = PartitionStore(State(columns=declared), 0), PartitionStore(State(columns=tuple(declared)), 0)
     rows = {f"k{i}": {"amounts": [i + 0.1, 5e-324, -1e300][: i % 4], "recent_ms": list(range(i))} for i in range(8)}
-    rows["busy"] = {"amounts": [x / 7 for x in range(columns.WIDE * 3)], "recent_ms": [2**62, -(2**62)]}
+    rows["busy"] = {"amounts": [x / 7 for x in range(200)], "recent_ms": [2**62, -(2**62)]}
     for store in (typed, untyped):
         keys = list(rows)
         data = pd.DataFrame({c: pd.Series([rows[k][c] for k in keys], index=keys, dtype=object) for c in declared}, index=keys)
@@ -208,8 +215,8 @@ _LIST_ROWS = st.dictionaries(
 def test_a_detector_on_its_stores_lists_reads_writes_and_encodes_them_as_a_detect_call_does(batches):
     """`lists_of` and `write_lists` (compiled row copies, and the changelog's bytes gathered by a
     compiled loop once they were used) against `prepare` and `write`: the same lists read, held,
-    and written to the changelog byte for byte, rows longer than the matrix among them."""
-    with mock.patch.object(columns, "WIDE", 5):
+    and written to the changelog byte for byte, with rows that move and pools packed among them."""
+    with mock.patch.object(columns, "FIRST_ROOM", 1), mock.patch.object(columns, "FIRST_POOL", 1):
         plain, fast = PartitionStore(LISTS, 0), PartitionStore(LISTS, 0)
         held: dict[str, tuple[list, list]] = {}
         for tag, rows in enumerate(batches, 1):

@@ -11,9 +11,11 @@ stateful benchmark, per-step CPU per worker); a store of decoded Python values i
 hundreds of thousands of small objects alive between tasks, and PySpark's worker collects garbage
 after every task.
 
-A list column is a matrix as wide as the longest list held up to `WIDE` values, padded, with each
-row's length; a longer list (a busy key's window: a customer with thousands of records in it) is an
-array of its own beside it, so one busy key does not widen every key's row.
+A list column's rows lie end to end in one array, its pool, each slot's at its own start with room
+to grow: a row that outgrows its room moves to the pool's end with twice the room, so a key whose
+list grows by a few values a batch moves a few times in all. A busy key's window (thousands of
+values) and a quiet key's (a few) cost what they hold, not the longest row's width each, and
+every row is copied in and out as one run.
 """
 
 from __future__ import annotations
@@ -25,11 +27,8 @@ import pandas as pd
 import pyarrow as pa
 
 TYPES = {"int64": np.int64, "float64": np.float64, "list<int64>": np.int64, "list<float64>": np.float64}
-# The widest a list column's matrix grows; a longer list is kept as an array of its own.
-WIDE = 64
-# A new matrix's width, and how many times wider it grows when a list outgrows it: each widening
-# copies every slot's row, so a few big steps (8, 32, 64) rather than doubling from one.
-FIRST_WIDTH, WIDER = 8, 4
+# The room a row gets at the least when it moves, and a pool's least size.
+FIRST_ROOM, FIRST_POOL = 4, 1024
 
 
 def lists(values: Any, lengths: Any) -> pd.api.extensions.ExtensionArray:
@@ -55,24 +54,19 @@ class TypedColumns:
     def __init__(self, types: tuple[tuple[str, str], ...]):
         self.types = dict(types)
         self._scalars: dict[str, np.ndarray] = {}
-        self._matrices: dict[str, np.ndarray] = {}  # list columns: (slots, width), padded
-        self._lengths: dict[str, np.ndarray] = {}
-        self._long: dict[str, dict[int, np.ndarray]] = {}  # list columns' rows longer than WIDE, by slot
+        self._lists: dict[str, _Lists] = {}
         for name, kind in self.types.items():
             dtype = TYPES[kind]
             if kind.startswith("list<"):
-                self._matrices[name] = np.zeros((0, min(FIRST_WIDTH, WIDE)), dtype=dtype)
-                self._lengths[name] = np.zeros(0, dtype=np.int64)
-                self._long[name] = {}
+                self._lists[name] = _Lists(dtype)
             else:
                 self._scalars[name] = np.zeros(0, dtype=dtype)
 
     def grow(self, capacity: int) -> None:
         for name, array in self._scalars.items():
             self._scalars[name] = _grown(array, capacity)
-        for name, matrix in self._matrices.items():
-            self._matrices[name] = _grown(matrix, capacity)
-            self._lengths[name] = _grown(self._lengths[name], capacity)
+        for column in self._lists.values():
+            column.grow(capacity)
 
     # ---- a batch's view ---------------------------------------------------------------------------
 
@@ -91,27 +85,7 @@ class TypedColumns:
     def _gather(self, name: str, slots: np.ndarray, rows: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """(values end to end, each row's length) of a list column's `slots`; `rows`: the compiled
         copies (`compiled_rows`), where numba is loaded."""
-        lengths = self._lengths[name][slots]
-        matrix = self._matrices[name]
-        width = matrix.shape[1]
-        long = lengths > width
-        if not long.any():
-            if rows is not None:
-                values = np.empty(int(lengths.sum()), dtype=matrix.dtype)
-                rows.gather(matrix.reshape(-1), slots * width, lengths, values)
-                return values, lengths
-            # The values alone, not every slot's padded row: most keys hold a few values of a wide row.
-            return matrix.reshape(-1)[np.repeat(slots * width, lengths) + _within(lengths)], lengths
-        values = np.empty(int(lengths.sum()), dtype=matrix.dtype)
-        starts = np.cumsum(lengths) - lengths
-        short = ~long
-        few, at = lengths[short], slots[short]
-        # Each short row's values, not its padded row, to where they go: its start, then one after another.
-        values[np.repeat(starts[short], few) + _within(few)] = matrix.reshape(-1)[np.repeat(at * width, few) + _within(few)]
-        stored = self._long[name]
-        for at, slot, n in zip(starts[long].tolist(), slots[long].tolist(), lengths[long].tolist(), strict=True):
-            values[at : at + n] = stored[slot]
-        return values, lengths
+        return self._lists[name].gather(slots, rows)
 
     def take(self, new_state: pd.DataFrame, rows: np.ndarray) -> dict[str, Any]:
         """The `rows` (positions) of what a detector returned, checked against the declared types:
@@ -147,42 +121,17 @@ class TypedColumns:
         return sizes
 
     def _put_list(self, name: str, slots: np.ndarray, values: np.ndarray, lengths: np.ndarray, rows: Any = None) -> None:
-        """Rows of a list column into `slots`: into the matrix, or (longer than WIDE) beside it."""
-        self._lengths[name][slots] = lengths
-        stored = self._long[name]
-        short = lengths <= WIDE
-        if stored:
-            # Rows that were long and are short now: a look among the few long ones, not at every slot.
-            held = np.fromiter(stored, dtype=np.int64, count=len(stored))
-            for slot in held[np.isin(held, slots[short])].tolist():
-                del stored[slot]
-        if not short.all():
-            starts = np.cumsum(lengths) - lengths
-            for slot, at, n in zip(slots[~short].tolist(), starts[~short].tolist(), lengths[~short].tolist(), strict=True):
-                stored[slot] = values[at : at + n].copy()
-            values = values[np.repeat(short, lengths)]
-            slots, lengths = slots[short], lengths[short]
-        matrix = self._matrices[name]
-        width = int(lengths.max()) if len(lengths) else 0
-        if width > matrix.shape[1]:
-            wider = np.zeros((matrix.shape[0], min(WIDE, max(width, WIDER * matrix.shape[1]))), dtype=matrix.dtype)
-            wider[:, : matrix.shape[1]] = matrix
-            self._matrices[name] = matrix = wider
-        if rows is not None:
-            rows.scatter(matrix.reshape(-1), slots * matrix.shape[1], values.astype(matrix.dtype, copy=False), lengths)
-            return
-        # Through the flat view (the matrix is contiguous): one index per value, not a pair.
-        matrix.reshape(-1)[np.repeat(slots * matrix.shape[1], lengths) + _within(lengths)] = values
+        self._lists[name].put(slots, values, lengths, rows)
 
     def free(self, slot: int) -> None:
-        """A slot let go: a long row kept beside its matrix goes with it."""
-        for stored in self._long.values():
-            stored.pop(slot, None)
+        """A slot let go: its rows' room is given up."""
+        for column in self._lists.values():
+            column.free(slot)
 
     def save(self, slots: np.ndarray) -> dict[str, Any]:
         """The slots' values as they are (copies), for `load` to put back."""
         saved: dict[str, Any] = {name: array[slots] for name, array in self._scalars.items()}
-        for name in self._matrices:
+        for name in self._lists:
             saved[name] = self._gather(name, slots)
         return saved
 
@@ -241,6 +190,75 @@ class TypedColumns:
             else:
                 taken[name] = _list(pd.Series(values, dtype=object), kind, name)
         return taken
+
+
+class _Lists:
+    """A list column's rows: each slot's `length[slot]` values from `start[slot]` of `pool`, with
+    room for `room[slot]`. Room given up (a row that moved, a slot freed) is `left` behind until the
+    pool is full, and then the rows are packed into a new pool twice their room."""
+
+    def __init__(self, dtype: Any) -> None:
+        self.pool = np.zeros(0, dtype=dtype)
+        self.start = np.zeros(0, dtype=np.int64)
+        self.room = np.zeros(0, dtype=np.int64)
+        self.length = np.zeros(0, dtype=np.int64)
+        self.top = 0  # the pool's end in use
+        self.left = 0  # room below the top that no row has
+
+    def grow(self, capacity: int) -> None:
+        self.start, self.room, self.length = _grown(self.start, capacity), _grown(self.room, capacity), _grown(self.length, capacity)
+
+    def gather(self, slots: np.ndarray, rows: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        lengths = self.length[slots]
+        starts = self.start[slots]
+        if rows is not None:
+            values = np.empty(int(lengths.sum()), dtype=self.pool.dtype)
+            rows.gather(self.pool, starts, lengths, values)
+            return values, lengths
+        return self.pool[np.repeat(starts, lengths) + _within(lengths)], lengths
+
+    def put(self, slots: np.ndarray, values: np.ndarray, lengths: np.ndarray, rows: Any = None) -> None:
+        """Rows into `slots` (distinct): in place where they fit their room, else moved to the end."""
+        moving = lengths > self.room[slots]
+        if moving.any():
+            moved = slots[moving]
+            self.left += int(self.room[moved].sum())
+            self.room[moved] = 0  # their old rows are not kept: these rows replace them
+            need = np.maximum(2 * lengths[moving], FIRST_ROOM)
+            total = int(need.sum())
+            if self.top + total > len(self.pool):
+                self._reserve(total)
+            self.start[moved] = self.top + np.cumsum(need) - need
+            self.room[moved] = need
+            self.top += total
+        self.length[slots] = lengths
+        starts = self.start[slots]
+        values = values.astype(self.pool.dtype, copy=False)
+        if rows is not None:
+            rows.scatter(self.pool, starts, values, lengths)
+        else:
+            self.pool[np.repeat(starts, lengths) + _within(lengths)] = values
+
+    def free(self, slot: int) -> None:
+        self.left += int(self.room[slot])
+        self.room[slot] = self.length[slot] = 0
+
+    def _reserve(self, extra: int) -> None:
+        """A pool with `extra` free after its top: the rows packed (room left behind dropped) into
+        one twice their room and the extra, so that filling it takes as long as packing took."""
+        held = np.flatnonzero(self.room)
+        room = self.room[held]
+        kept = int(room.sum())
+        pool = np.empty(max(FIRST_POOL, 2 * (kept + extra)), dtype=self.pool.dtype)
+        if self.left == 0:
+            pool[: self.top] = self.pool[: self.top]  # no holes: the rows stay where they are
+        else:
+            starts = np.cumsum(room) - room
+            lengths = self.length[held]
+            pool[np.repeat(starts, lengths) + _within(lengths)] = self.pool[np.repeat(self.start[held], lengths) + _within(lengths)]
+            self.start[held] = starts
+            self.top, self.left = kept, 0
+        self.pool = pool
 
 
 def _within(lengths: np.ndarray) -> np.ndarray:

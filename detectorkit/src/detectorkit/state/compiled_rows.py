@@ -11,8 +11,7 @@ from numba import njit
 @njit(cache=True)
 def gather(source, starts, lengths, out):
     """Each run of `source` (lengths[i] values from starts[i]) into `out`, one after another: a
-    store's rows (each slot's row starts at slot * width of its flat matrix), a changelog value's
-    pieces of text."""
+    store's rows (from its list column's pool), a changelog value's pieces of text."""
     at = 0
     for i in range(len(starts)):
         begin = starts[i]
