@@ -195,7 +195,8 @@ class TypedColumns:
 class _Lists:
     """A list column's rows: each slot's `length[slot]` values from `start[slot]` of `pool`, with
     room for `room[slot]`. Room given up (a row that moved, a slot freed) is `left` behind until the
-    pool is full, and then the rows are packed into a new pool twice their room."""
+    pool is full, and then the rows are packed into a new pool: what it holds stays in proportion
+    to what its rows hold."""
 
     def __init__(self, dtype: Any) -> None:
         self.pool = np.zeros(0, dtype=dtype)
@@ -220,6 +221,8 @@ class _Lists:
     def put(self, slots: np.ndarray, values: np.ndarray, lengths: np.ndarray, rows: Any = None) -> None:
         """Rows into `slots` (distinct): in place where they fit their room, else moved to the end."""
         moving = lengths > self.room[slots]
+        # Their new lengths first: a packing below gives each row room for what it is about to hold.
+        self.length[slots] = lengths
         if moving.any():
             moved = slots[moving]
             self.left += int(self.room[moved].sum())
@@ -227,38 +230,35 @@ class _Lists:
             need = np.maximum(2 * lengths[moving], FIRST_ROOM)
             total = int(need.sum())
             if self.top + total > len(self.pool):
-                self._reserve(total)
+                self._reserve(total, rows)
             self.start[moved] = self.top + np.cumsum(need) - need
             self.room[moved] = need
             self.top += total
-        self.length[slots] = lengths
-        starts = self.start[slots]
-        values = values.astype(self.pool.dtype, copy=False)
-        if rows is not None:
-            rows.scatter(self.pool, starts, values, lengths)
-        else:
-            self.pool[np.repeat(starts, lengths) + _within(lengths)] = values
+        self._write(self.start[slots], values.astype(self.pool.dtype, copy=False), lengths, rows)
 
     def free(self, slot: int) -> None:
         self.left += int(self.room[slot])
         self.room[slot] = self.length[slot] = 0
 
-    def _reserve(self, extra: int) -> None:
-        """A pool with `extra` free after its top: the rows packed (room left behind dropped) into
-        one twice their room and the extra, so that filling it takes as long as packing took."""
+    def _reserve(self, extra: int, rows: Any = None) -> None:
+        """A pool with `extra` free after its top: the rows packed into a new one, each with room
+        for twice what it holds now (the room that rows gave up, or no longer fill, is not kept),
+        and as much again free, so that filling it takes as long as packing took."""
         held = np.flatnonzero(self.room)
-        room = self.room[held]
+        values, lengths = self.gather(held, rows)
+        room = np.maximum(2 * lengths, FIRST_ROOM)
         kept = int(room.sum())
-        pool = np.empty(max(FIRST_POOL, 2 * (kept + extra)), dtype=self.pool.dtype)
-        if self.left == 0:
-            pool[: self.top] = self.pool[: self.top]  # no holes: the rows stay where they are
+        self.pool = np.empty(max(FIRST_POOL, 2 * (kept + extra)), dtype=self.pool.dtype)
+        self.start[held] = np.cumsum(room) - room
+        self.room[held] = room
+        self.top, self.left = kept, 0
+        self._write(self.start[held], values, lengths, rows)
+
+    def _write(self, starts: np.ndarray, values: np.ndarray, lengths: np.ndarray, rows: Any) -> None:
+        if rows is not None:
+            rows.scatter(self.pool, starts, values, lengths)
         else:
-            starts = np.cumsum(room) - room
-            lengths = self.length[held]
-            pool[np.repeat(starts, lengths) + _within(lengths)] = self.pool[np.repeat(self.start[held], lengths) + _within(lengths)]
-            self.start[held] = starts
-            self.top, self.left = kept, 0
-        self.pool = pool
+            self.pool[np.repeat(starts, lengths) + _within(lengths)] = values
 
 
 def _within(lengths: np.ndarray) -> np.ndarray:
