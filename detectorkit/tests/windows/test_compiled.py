@@ -7,10 +7,12 @@ hold go to the engine. One pass's answers are `test_single_pass`'s, which runs i
 import math
 from unittest import mock
 
+import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detectorkit import windows as w
+from detectorkit.state import runner
 from detectorkit.testing import DetectorHarness
 from detectorkit.windows import compiled
 from detectorkit.windows import rule as engine
@@ -112,3 +114,18 @@ def test_a_key_expires_between_its_records_where_the_partitions_time_passed_its_
         assert found["n"].tolist() == [1, 1, 1 if alone else 2]
         with mock.patch.object(engine, "COMPILED", False):
             assert found.equals(DetectorHarness(detector).batch(frame(rows)))
+
+
+def test_a_compiled_run_that_fails_leaves_the_engine_to_answer_and_says_so_once():
+    """numba unable to compile here, or any error of the compiled run: each batch is answered by
+    the engine as if the compiled window were off, and the log says why once, not once a batch."""
+    detector = w.detector("said-once", w.Sliding(10), {"n": w.Count(), "spent": w.Sum("amount")}, w.Every())
+    batches = [frame([("a", 0, 1, "ok"), ("b", 500, 2, "ok")]), frame([("a", 1_000, 3, "ok"), ("a", 2_000, 4, "ok")])]
+    harness, plain = DetectorHarness(detector), DetectorHarness(detector)
+    broken = mock.patch.object(compiled, "sliding_every_of", side_effect=RuntimeError("cannot cache"))
+    with broken, mock.patch.object(runner, "_TOLD", set()), structlog.testing.capture_logs() as logs:
+        found = [harness.batch(b) for b in batches]
+    with mock.patch.object(engine, "COMPILED", False):
+        expected = [plain.batch(b) for b in batches]
+    assert all(a.equals(b) for a, b in zip(found, expected, strict=True)) and found[1]["n"].tolist() == [2, 3]
+    assert [(e["detector"], e["error"]) for e in logs if e["log_level"] == "warning"] == [("said-once", "RuntimeError: cannot cache")]

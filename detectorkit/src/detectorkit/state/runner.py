@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import structlog
 
 from detectorkit import records as rec
 from detectorkit.state.answers import (
@@ -53,6 +54,11 @@ from detectorkit.state.store import PartitionStore
 # Firings in a row at one event time before `on_timer` is deemed to loop (it keeps setting timers
 # at or before the time they fire).
 MAX_FIRINGS = 100
+
+_log = structlog.get_logger("detectorkit.state")
+# (detector, error type) already logged by this process: a run on the store that raises again and
+# again (numba that cannot compile here) says so once, not once a batch.
+_TOLD: set[tuple[str, str]] = set()
 
 
 def run_stateful(
@@ -208,7 +214,9 @@ class _Run:
                 return None
             detections, new_columns, new_seen, late = out
             found = rec.detections_of(detections, self.frame.index, len(self.frame) == 1)
-        except Exception:  # noqa: BLE001 - user code (a model's): run again record by record, which isolates it
+        except Exception as exc:  # noqa: BLE001 - user code (a model's): run again record by record, which isolates it
+            if not isinstance(exc, rec.Refused):  # a record it cannot score: a dead letter, said as one
+                _tell_once(self.detector.name, exc)
             return False
         store.write_lists(keys, slots, new_seen, new_columns, self.tag)
         self.result.found += found
@@ -438,3 +446,12 @@ def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int
         return
     store.write(prepared, tag)
     result.fired += found
+
+
+def _tell_once(detector: str, exc: Exception) -> None:
+    """A warning, once per detector and error type, that its run on the store raised: its records
+    then run through `detect`, with the same answers, more slowly if it raises every batch."""
+    said = (detector, type(exc).__name__)
+    if said not in _TOLD:
+        _TOLD.add(said)
+        _log.warning("run on the store failed; the batch runs through detect", detector=detector, error=f"{type(exc).__name__}: {str(exc)[:200]}")
