@@ -78,6 +78,9 @@ class Detector:
     # -> (detections, the keys' new columns, their newest times, records late), or None where
     # `detect` must run them. It answers as `detect` does.
     in_store: Callable[[Any, Any], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
+    # What a Python worker loads before its first batch rather than in it: a model's session, a
+    # compiled window's code (numba's, from its cache or compiled). The job's start runs it.
+    warm: Callable[[], None] | None = dataclasses.field(default=None, repr=False, compare=False)
     # Builds the detector for the config the job reads at start (a window sized by a setting); None:
     # this detector serves every config.
     configure: Callable[[Any], Detector] | None = dataclasses.field(default=None, repr=False, compare=False)

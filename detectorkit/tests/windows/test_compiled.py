@@ -4,7 +4,11 @@ records and expiry; counts, sums, means and distinct counts, records back in tim
 and past it, keys that expire between their records, restarts; values whose exact sums it cannot
 hold go to the engine. One pass's answers are `test_single_pass`'s, which runs it too."""
 
+import json
 import math
+import subprocess
+import sys
+import textwrap
 from unittest import mock
 
 import structlog
@@ -129,3 +133,34 @@ def test_a_compiled_run_that_fails_leaves_the_engine_to_answer_and_says_so_once(
         expected = [plain.batch(b) for b in batches]
     assert all(a.equals(b) for a, b in zip(found, expected, strict=True)) and found[1]["n"].tolist() == [2, 3]
     assert [(e["detector"], e["error"]) for e in logs if e["log_level"] == "warning"] == [("said-once", "RuntimeError: cannot cache")]
+
+
+WARMED_THEN_RUN = textwrap.dedent(
+    """
+    import json, pandas as pd
+    from detectorkit import windows as w
+    from detectorkit.state import compiled_rows
+    from detectorkit.testing import DetectorHarness
+    from detectorkit.windows import compiled
+
+    aggregates = {"n": w.Count(), "spent": w.Sum("amount"), "mean": w.Mean("amount"), "statuses": w.DistinctCount("status")}
+    detector = w.detector("warm", w.Sliding(10), aggregates, w.Every())
+    kernels = (compiled.sliding_every, compiled_rows.gather, compiled_rows.scatter)
+    detector.warm()
+    warmed = [sorted(map(str, k.signatures)) for k in kernels]
+    at = pd.to_datetime([1_000, 2_000, 3_000], unit="ms", utc=True)
+    records = pd.DataFrame({"key": ["a", "b", "a"], "event_time": at, "amount": [1.5, 2.0, 3.0], "status": ["ok", "ok", "failed"]})
+    found = DetectorHarness(detector).batch(records)
+    print(json.dumps({"warmed": warmed, "after": [sorted(map(str, k.signatures)) for k in kernels], "n": found["n"].tolist()}))
+    """
+)
+
+
+def test_a_warmed_worker_has_nothing_left_to_load_at_its_first_batch():
+    """A worker warms a compiled window before its first task (`Detector.warm`, run by the job's
+    start): in a fresh process, the compiled code a batch then runs is all of it already loaded,
+    each kernel with the very types the batch calls it with."""
+    out = subprocess.run([sys.executable, "-c", WARMED_THEN_RUN], capture_output=True, text=True, check=True, timeout=300)
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["n"] == [1, 1, 2]
+    assert all(got["warmed"]) and got["after"] == got["warmed"]

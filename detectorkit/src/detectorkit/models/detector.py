@@ -96,7 +96,14 @@ def detector(
             out[MODEL], out[MODEL_VERSION], out[SCORE] = scoring.name, scoring.version, scores[hit]
             return out
 
+        def warm() -> None:
+            if model is not None:
+                model.warm()
+            if rule is not None and rule.warm is not None:
+                rule.warm()
+
         scoring = {
+            "warm": warm,
             "config": config,
             "model_info": None if model is None else (model.name, model.version),
             "take_scores": tally.take,

@@ -74,6 +74,10 @@ class Model:
         model = _LOADED.get(uri)
         return model if model is not None else _LOADED.setdefault(uri, cls.load(uri))
 
+    def warm(self) -> None:
+        """This process's session made now, not at the first batch it scores."""
+        _session(self.digest, self.content)
+
     def score(self, features: np.ndarray) -> np.ndarray:
         """One score per row of `features` (rows of float32, in the declared order)."""
         if len(features) == 0:

@@ -243,7 +243,18 @@ def warm_worker(ctx: TaskContext, _rows: Iterable[int]) -> Iterator[int]:
 
 
 def setup_worker(ctx: TaskContext) -> None:
-    """Once per Python worker, at its first task: the job's JSON logs, and the garbage collector
-    set for batches (runtime.gc_tuning) once the imports are done."""
+    """Once per Python worker, at its first task: the job's JSON logs, the stage warmed (what its
+    calls load once), and the garbage collector set for batches (runtime.gc_tuning) once the
+    imports are done."""
     logs.setup_once(ctx.log_level, **dict(ctx.log_context))
+    if ctx.stage.name not in _WARMED:
+        _WARMED.add(ctx.stage.name)
+        try:
+            ctx.stage.warm()
+        except Exception:  # noqa: BLE001, S110 - only an optimisation: the first batch loads it and says what fails
+            pass
     gc_tuning.tune_once()
+
+
+# The stages this process has warmed (a worker runs one job's stage, its tasks many times).
+_WARMED: set[str] = set()

@@ -171,6 +171,11 @@ class Stage(Protocol):
         SCORE_BUCKETS, their sum), for detector_model_scores; None: it scores with no model."""
         ...
 
+    def warm(self) -> None:
+        """In a Python worker, before its first task: what its calls load once (a model's session,
+        compiled code), so that its first batch does not pay for it."""
+        ...
+
 
 class StageBase:
     """What a stage without a lifecycle does at each point: nothing."""
@@ -204,6 +209,9 @@ class StageBase:
         return None
 
     def take_scores(self) -> tuple[list[int], float] | None:
+        return None
+
+    def warm(self) -> None:
         return None
 
 
@@ -249,6 +257,10 @@ class DetectorStage(StageBase):
 
     def take_scores(self) -> tuple[list[int], float] | None:
         return None if self.detector.take_scores is None else self.detector.take_scores()
+
+    def warm(self) -> None:
+        if self.detector.warm is not None:
+            self.detector.warm()
 
     def run(self, values: pa.Array, config: Any, source: Callable[[int], Source], service: str) -> tuple[list[Output], list[rec.Rejected]]:
         frame, rejected = rec.parse_arrow(values, self.detector.required_fields, self.decode)

@@ -43,6 +43,7 @@ detector from the config it reads from DETECTOR_* at start (the state's expiry i
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -145,12 +146,13 @@ def _detector(
     ttl = max(reach, DEFAULT_RETENTION_SECONDS) if retention_seconds is None else retention_seconds
     rule = Rule(window, aggregates, emit, where, having, threshold, mode)
     closing = mode in ("final", "episode", "silent")
+    state = State(columns=rule.state_columns, ttl_seconds=ttl, name=_state_name(window, aggregates, mode, emit))
     return Detector(
         name=name,
         detect=rule.detect,
         config=config,
         required_fields=required_fields,
-        state=State(columns=rule.state_columns, ttl_seconds=ttl, name=_state_name(window, aggregates, mode, emit)),
+        state=state,
         on_timer=rule.on_timer if closing else None,
         event_time_field=event_time_field,
         key_field=key_field,
@@ -159,6 +161,7 @@ def _detector(
         take_late=rule.take_late,
         configure=configure,
         in_store=rule.detect_in_store if rule.compiled else None,
+        warm=functools.partial(rule.warm, state) if rule.compiled else None,
     )
 
 

@@ -131,6 +131,23 @@ class Rule(Held, Emitting, Closing):
         found = pd.DataFrame({KEY: records[KEY].to_numpy()[at], START: t[at] - self.size, END: t[at], **named}, index=records.index[at])
         return found, columns, seen, late
 
+    def warm(self, state: Any) -> None:
+        """The compiled code `detect_in_store` runs, loaded from numba's cache (or compiled): run
+        on a record of a store of its own (`state`, the rule's State), as a batch runs it."""
+        if not COMPILED:
+            return
+        from detectorkit.state.store import PartitionStore  # the runner's store, only where a worker warms it
+
+        store = PartitionStore(state, 0)
+        at = pd.to_datetime([0], unit="ms", utc=True).astype("datetime64[ns, UTC]")
+        fields = {name: ["k"] if hashed else [1.0] for name, hashed in self.fields}
+        records = pd.DataFrame({KEY: np.array(["k"], dtype=object), EVENT_TIME: at, **fields})
+        slots, seen, columns = store.lists_of(["k"])
+        out = self.detect_in_store(records, KeyColumns(np.zeros(1, dtype=np.int64), ["k"], seen, columns, np.zeros(1, dtype=np.int64), state.ttl_ms))
+        if out is not None:
+            store.write_lists(["k"], slots, out[2], out[1], 0)
+            store.take_changes()
+
     # ---- the state's columns ----------------------------------------------------------------
 
     @functools.cached_property
