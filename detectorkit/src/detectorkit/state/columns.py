@@ -194,7 +194,7 @@ class TypedColumns:
 
 class _Lists:
     """A list column's rows: each slot's `length[slot]` values from `start[slot]` of `pool`, with
-    room for `room[slot]`. Room given up (a row that moved, a slot freed) is `left` behind until the
+    room for `room[slot]`. Room given up (a row that moved, a slot freed) is left behind until the
     pool is full, and then the rows are packed into a new pool: what it holds stays in proportion
     to what its rows hold."""
 
@@ -204,7 +204,11 @@ class _Lists:
         self.room = np.zeros(0, dtype=np.int64)
         self.length = np.zeros(0, dtype=np.int64)
         self.top = 0  # the pool's end in use
-        self.left = 0  # room below the top that no row has
+
+    @property
+    def left(self) -> int:
+        """Room below the top that no row has."""
+        return self.top - int(self.room.sum())
 
     def grow(self, capacity: int) -> None:
         self.start, self.room, self.length = _grown(self.start, capacity), _grown(self.room, capacity), _grown(self.length, capacity)
@@ -216,7 +220,7 @@ class _Lists:
             values = np.empty(int(lengths.sum()), dtype=self.pool.dtype)
             rows.gather(self.pool, starts, lengths, values)
             return values, lengths
-        return self.pool[np.repeat(starts, lengths) + _within(lengths)], lengths
+        return self.pool[_places(starts, lengths)], lengths
 
     def put(self, slots: np.ndarray, values: np.ndarray, lengths: np.ndarray, rows: Any = None) -> None:
         """Rows into `slots` (distinct): in place where they fit their room, else moved to the end."""
@@ -225,7 +229,6 @@ class _Lists:
         self.length[slots] = lengths
         if moving.any():
             moved = slots[moving]
-            self.left += int(self.room[moved].sum())
             self.room[moved] = 0  # their old rows are not kept: these rows replace them
             need = np.maximum(2 * lengths[moving], FIRST_ROOM)
             total = int(need.sum())
@@ -237,7 +240,6 @@ class _Lists:
         self._write(self.start[slots], values.astype(self.pool.dtype, copy=False), lengths, rows)
 
     def free(self, slot: int) -> None:
-        self.left += int(self.room[slot])
         self.room[slot] = self.length[slot] = 0
 
     def _reserve(self, extra: int, rows: Any = None) -> None:
@@ -251,14 +253,19 @@ class _Lists:
         self.pool = np.empty(max(FIRST_POOL, 2 * (kept + extra)), dtype=self.pool.dtype)
         self.start[held] = np.cumsum(room) - room
         self.room[held] = room
-        self.top, self.left = kept, 0
+        self.top = kept
         self._write(self.start[held], values, lengths, rows)
 
     def _write(self, starts: np.ndarray, values: np.ndarray, lengths: np.ndarray, rows: Any) -> None:
         if rows is not None:
             rows.scatter(self.pool, starts, values, lengths)
         else:
-            self.pool[np.repeat(starts, lengths) + _within(lengths)] = values
+            self.pool[_places(starts, lengths)] = values
+
+
+def _places(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Every value's place in an array whose runs start at `starts`, `lengths` long."""
+    return np.repeat(starts, lengths) + _within(lengths)
 
 
 def _within(lengths: np.ndarray) -> np.ndarray:
