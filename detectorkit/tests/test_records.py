@@ -3,8 +3,10 @@
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from detectorkit.records import detection_json, detections_of
+from detectorkit.records import detection_json, detections_of, utc_times
 
 N = 6
 NUMPY_TYPED = {
@@ -53,3 +55,16 @@ def test_a_detections_keys_of_any_type_are_written_as_strings_and_text_keys_as_b
     assert detection_json(nested) == b'{"service":"s","detection":{"by_hour":{"13":2,"14":1},"at":"2026-01-01 00:00:00+00:00"}}'
     for value in (numbered, nested, texts):
         assert detection_json(value) == orjson.dumps(value, default=str, option=everything)
+
+
+@given(st.lists(st.integers(min_value=-((2**63 - 1) // 1_000_000), max_value=(2**63 - 1) // 1_000_000), max_size=20))
+def test_epoch_milliseconds_become_the_utc_times_pandas_conversion_gives(ms):
+    times = utc_times(np.array(ms, dtype=np.int64))
+    expected = pd.to_datetime(np.array(ms, dtype=np.int64), unit="ms", utc=True).astype("datetime64[ns, UTC]")
+    pd.testing.assert_index_equal(times, expected)
+
+
+@pytest.mark.parametrize("ms", [2**62, -(2**62)])
+def test_epoch_milliseconds_beyond_nanoseconds_range_are_refused_as_pandas_refuses_them(ms):
+    with pytest.raises(pd.errors.OutOfBoundsDatetime):
+        utc_times(np.array([0, ms], dtype=np.int64))

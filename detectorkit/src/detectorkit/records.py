@@ -181,7 +181,8 @@ def detections_of(out: Any, index: pd.Index, single: bool = False) -> list[tuple
     if not out.columns.is_unique or not all(isinstance(t, np.dtype) for t in out.dtypes):
         return list(zip(positions, out.to_dict(orient="records"), strict=True))
     # As `to_dict(orient="records")` gives them, a column at a time rather than a value at a time.
-    columns = [_python_values(out.iloc[:, i]) for i in range(len(names))]
+    # By items(): iloc consolidates a frame of many blocks (one per array it was built of) first.
+    columns = [_python_values(column) for _, column in out.items()]
     return list(zip(positions, (dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)), strict=True))
 
 
@@ -219,6 +220,20 @@ def detection_json(value: dict) -> bytes:
         return orjson.dumps(value, default=str, option=_DETECTION_OPTIONS)
     except orjson.JSONEncodeError:
         return orjson.dumps(value, default=str, option=_ANY_KEYS)
+
+
+# The epoch milliseconds whose nanoseconds an int64 holds (pandas' datetimes are nanoseconds).
+_NS_MS = (2**63 - 1) // 1_000_000
+
+
+def utc_times(ms: np.ndarray) -> pd.DatetimeIndex:
+    """Epoch milliseconds as UTC datetimes in nanoseconds, as `pd.to_datetime(ms, unit="ms",
+    utc=True)` gives them, by scaling rather than its conversion of each value (a stateful batch
+    makes one per record); times beyond nanoseconds' range go to it, to be refused as it refuses them."""
+    ms = np.asarray(ms, dtype=np.int64)
+    if len(ms) and (int(ms.max()) > _NS_MS or int(ms.min()) < -_NS_MS):
+        return pd.to_datetime(ms, unit="ms", utc=True).astype("datetime64[ns, UTC]")
+    return pd.DatetimeIndex((ms * 1_000_000).view("datetime64[ns]")).tz_localize("UTC")
 
 
 def event_times_ms(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:

@@ -82,19 +82,20 @@ def detector(
         def loaded(c: Any) -> Model:
             return model if model is not None and c.model_uri == settings.model_uri else Model.load(c.model_uri)
 
-        def scored(matrix: np.ndarray, found: Callable[[np.ndarray], pd.DataFrame]) -> pd.DataFrame:
+        def scored(matrix: np.ndarray, found: Callable[[np.ndarray], tuple[pd.Index, dict]]) -> pd.DataFrame:
             """The detections among the rows of `matrix` (the features, in the model's order):
-            `found(hit)`, the fields of the rows that reach the threshold, with the model's name,
-            version and score."""
+            `found(hit)`, the index and fields of the rows that reach the threshold, with the
+            model's name, version and score (one frame made of arrays: a column set on a frame
+            costs more than a batch of detections)."""
             scoring = model if model is not None else Model.cached(settings.model_uri)
             if len(columns) != scoring.features:
                 raise ValueError(f"the model takes {scoring.features} features; the detector names {len(columns)}: {list(columns)}")
             scores = scoring.score(matrix)
             tally.add(scores)
             hit = np.ones(len(scores), dtype=bool) if every else scores >= settings.threshold
-            out = found(hit)
-            out[MODEL], out[MODEL_VERSION], out[SCORE] = scoring.name, scoring.version, scores[hit]
-            return out
+            index, data = found(hit)
+            data[MODEL], data[MODEL_VERSION], data[SCORE] = scoring.name, scoring.version, scores[hit]
+            return pd.DataFrame(data, index=index, copy=False)
 
         def warm() -> None:
             if model is not None:
@@ -114,7 +115,7 @@ def detector(
         if rule is None:
 
             def detect(records: pd.DataFrame, _config) -> pd.DataFrame:
-                return scored(features_of(records, columns), lambda hit: records.loc[hit, list(features)])
+                return scored(features_of(records, columns), lambda hit: (records.index[hit], {f: records[f].to_numpy()[hit] for f in features}))
 
             return Detector(name=name, detect=detect, required_fields=features, **scoring)
 
@@ -127,13 +128,13 @@ def detector(
                 matrix[:, i] = found[name]
             _check_finite(matrix[:, len(features) :], named, lambda row: [found[n][row] for n in named])
 
-            def detections(hit: np.ndarray) -> pd.DataFrame:
+            def detections(hit: np.ndarray) -> tuple[pd.Index, dict]:
                 # A detection is of its record, not of a window (the windows only give features):
                 # without their bounds, `detectorkit diff` matches two models' detections by the record.
                 chosen = at[hit]
                 data = {f: records[f].to_numpy()[chosen] for f in features}
                 data.update((name, found[name][hit]) for name in (KEY, *named))
-                return pd.DataFrame(data, index=records.index[chosen], copy=False)
+                return records.index[chosen], data
 
             return scored(matrix, detections)
 

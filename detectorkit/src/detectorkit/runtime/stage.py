@@ -295,7 +295,7 @@ class DetectorStage(StageBase):
         positions = frame.index.to_numpy()
         if len(positions):
             frame[KEY] = _texts(keys.take(pa.array(positions)))
-            frame[EVENT_TIME] = pd.to_datetime(stamps_ms[positions], unit="ms", utc=True).astype("datetime64[ns, UTC]")
+            frame[EVENT_TIME] = rec.utc_times(stamps_ms[positions])
         stamps = pd.Series(stamps_ms[positions], index=frame.index)
         result = run_stateful(self.detector, config, frame, stamps, store, batch.tag, batch.idle_ms)
         store.late += result.late

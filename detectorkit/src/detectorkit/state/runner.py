@@ -356,7 +356,7 @@ class _Run:
         whole = len(positions) == len(self.frame)
         frame = self.frame.copy(deep=False) if whole else self.frame.iloc[positions]
         if detector.sees_partition_time:
-            frame = frame.assign(**{PARTITION_TIME: pd.to_datetime(marks, unit="ms", utc=True).astype("datetime64[ns, UTC]")})
+            frame = frame.assign(**{PARTITION_TIME: rec.utc_times(marks)})
         # Each key once, in the order of its first record, with the partition's event time at its
         # first record (what its expiry is judged by) and its last record's time.
         codes, uniques = self._whole if whole and self._whole is not None else pd.factorize(frame[KEY].to_numpy())
@@ -414,9 +414,9 @@ def _fire_keys(detector, config, store: PartitionStore, due: list[tuple[str, int
     keys = [k for k, _ in due]
     index = pd.Index(keys, dtype=object, name=KEY)
     fired = store.frame_of(keys)
-    fired[DEADLINE] = pd.DatetimeIndex((np.array([at for _, at in due], dtype=np.int64) * 1_000_000).view("datetime64[ns]")).tz_localize("UTC")
+    fired[DEADLINE] = rec.utc_times([at for _, at in due])
     if detector.sees_partition_time:
-        fired[PARTITION_TIME] = pd.to_datetime(event_ms, unit="ms", utc=True).astype("datetime64[ns, UTC]")
+        fired[PARTITION_TIME] = rec.utc_times(event_ms)
     try:
         out = detector.on_timer(fired, config)
         detections, new_state, timers, _ = unpack(out, None, False, "on_timer")
