@@ -131,6 +131,7 @@ def test_the_model_travels_to_workers_as_bytes_and_is_scored_there_with_a_sessio
     detector = models.detector(name="fraud-score", features=FEATURES).configured(models.ModelConfig(model_uri=uri, threshold=0.0))
     shipped = cloudpickle.loads(cloudpickle.dumps(detector))
     scoring._SESSIONS.clear()  # as in a new worker process
+    scoring._TREES.clear()
     (tmp_path / "model.onnx").unlink()  # the worker has no file: the bytes came with the detector
     assert len(shipped.detect(records(10, seed=2), None)) == 10
     assert len(scoring._SESSIONS) == 1

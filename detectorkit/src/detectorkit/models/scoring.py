@@ -1,6 +1,7 @@
 """A trained model as the runtime holds it: its bytes, name and version read once where the job
 starts, and an ONNX Runtime session made once per process that scores (a Python worker's, reused
-across its tasks and slices; the session itself never travels)."""
+across its tasks and slices; the session itself never travels). A binary tree ensemble that
+`trees` scores as ONNX Runtime does, bit for bit, is scored by it instead."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from detectorkit.models import registry
+from detectorkit.models import registry, trees
 from detectorkit.settings import SettingsError, redact_url
 
 # Sessions of this process by the model's digest: a worker scores every slice with one.
 _SESSIONS: dict[str, Any] = {}
 _SESSIONS_LOCK = threading.Lock()
 _LOADED: dict[str, Model] = {}
+# The compiled ensemble of each model this process scored, None where ONNX Runtime scores it.
+_TREES: dict[str, trees.Trees | None] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,16 +78,33 @@ class Model:
         return model if model is not None else _LOADED.setdefault(uri, cls.load(uri))
 
     def warm(self) -> None:
-        """This process's session made now, not at the first batch it scores."""
-        _session(self.digest, self.content)
+        """This process's session (and compiled ensemble) made now, not at the first batch it scores."""
+        _trees(self.digest, self.content)
 
     def score(self, features: np.ndarray) -> np.ndarray:
         """One score per row of `features` (rows of float32, in the declared order)."""
         if len(features) == 0:
             return np.zeros(0)
-        session = _session(self.digest, self.content)
-        outputs = session.run(None, {session.get_inputs()[0].name: np.ascontiguousarray(features, dtype=np.float32)})
-        return _score_of(session, outputs).astype(np.float64)
+        compiled = _trees(self.digest, self.content)
+        if compiled is not None:
+            return compiled.score(features).astype(np.float64)
+        return _onnx_scores(_session(self.digest, self.content), features).astype(np.float64)
+
+
+def _onnx_scores(session, features: np.ndarray) -> np.ndarray:
+    outputs = session.run(None, {session.get_inputs()[0].name: np.ascontiguousarray(features, dtype=np.float32)})
+    return _score_of(session, outputs)
+
+
+def _trees(digest: str, content: bytes) -> trees.Trees | None:
+    """The model's compiled ensemble, once checked against ONNX Runtime's scores in this process."""
+    if digest not in _TREES:
+        session = _session(digest, content)
+        width = session.get_inputs()[0].shape[1]
+        _TREES[digest] = (
+            trees.checked(trees.of_onnx(content), lambda matrix: _onnx_scores(session, matrix), width) if isinstance(width, int) else None
+        )
+    return _TREES[digest]
 
 
 def _session(digest: str, content: bytes):
