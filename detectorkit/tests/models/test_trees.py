@@ -104,3 +104,23 @@ def test_without_onnx_the_model_is_left_to_onnx_runtime(tmp_path, monkeypatch):
     assert trees.of_onnx(content) is not None
     monkeypatch.setitem(sys.modules, "onnx", None)  # onnxruntime installed alone
     assert trees.of_onnx(content) is None
+
+
+def test_rows_with_a_missing_value_are_scored_by_onnx_runtime(tmp_path):
+    """Where the model sends a missing value (NaN) down the true branch: ONNX Runtime follows it."""
+    import onnx
+    from onnx import helper
+
+    exported = models.export(fitted(n_estimators=20, max_depth=3))
+    ensemble = exported.graph.node[0]
+    count = len(next(a for a in ensemble.attribute if a.name == "nodes_modes").strings)
+    kept = [a for a in ensemble.attribute if a.name != "nodes_missing_value_tracks_true"]
+    del ensemble.attribute[:]
+    ensemble.attribute.extend([*kept, helper.make_attribute("nodes_missing_value_tracks_true", [1] * count)])
+    onnx.save(exported, str(tmp_path / "tracks.onnx"))
+    model = models.Model.load(str(tmp_path / "tracks.onnx"))
+    model.warm()
+    matrix = np.random.default_rng(4).normal(100, 200, (200, 3)).astype(np.float32)
+    matrix[::7, 0] = np.nan
+    assert scoring._TREES[model.digest] is not None
+    assert np.array_equal(model.score(matrix), onnx_runtime(model, matrix).astype(np.float64))

@@ -86,7 +86,8 @@ class Model:
         if len(features) == 0:
             return np.zeros(0)
         compiled = _trees(self.digest, self.content)
-        if compiled is not None:
+        # A missing value (NaN) takes the branch the model says: ONNX Runtime reads that, the trees do not.
+        if compiled is not None and np.isfinite(features).all():
             return compiled.score(features).astype(np.float64)
         return _onnx_scores(_session(self.digest, self.content), features).astype(np.float64)
 
