@@ -154,17 +154,19 @@ def scoring_alone(uri: str, X: np.ndarray) -> dict:
     model = models.Model.load(uri)
     model.warm()  # the session made and the trees checked, as a worker's first task does
     session = scoring._session(model.digest, model.content)
-    out = {"batch": SCORE_BATCH, "compiled": scoring._TREES[model.digest] is not None}
-    for name, score in (("runtime", model.score), ("onnx_runtime", lambda m: scoring._onnx_scores(session, m).astype(np.float64))):
+
+    def timed(score) -> tuple[np.ndarray, dict]:
         cpu, wall = time.process_time(), time.perf_counter()
         scores = np.concatenate([score(X[i : i + SCORE_BATCH]) for i in range(0, len(X), SCORE_BATCH)])
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-        out[name] = {"records_per_s": len(X) / wall, "cpu_seconds_per_million": cpu / len(X) * 1_000_000}
-        out.setdefault("scores", scores)
-        if not np.array_equal(scores, out["scores"]):
-            raise SystemExit(f"{uri}: the runtime's scores are not ONNX Runtime's")
-    out["scores"] = scores  # ONNX Runtime's
-    return out
+        return scores, {"records_per_s": len(X) / wall, "cpu_seconds_per_million": cpu / len(X) * 1_000_000}
+
+    scores, runtime = timed(model.score)
+    reference, onnx_runtime = timed(lambda rows: scoring._onnx_scores(session, rows).astype(np.float64))
+    if not np.array_equal(scores, reference):
+        raise SystemExit(f"{uri}: the runtime's scores are not ONNX Runtime's")
+    compiled = scoring._TREES[model.digest] is not None
+    return {"batch": SCORE_BATCH, "compiled": compiled, "runtime": runtime, "onnx_runtime": onnx_runtime, "scores": reference}
 
 
 def model_service(target: str, name: str, uri: str, bootstrap: str, in_topic: str, prefix: str, slug: str, window_seconds: float) -> common.Contender:

@@ -79,13 +79,13 @@ class Model:
 
     def warm(self) -> None:
         """This process's session (and compiled ensemble) made now, not at the first batch it scores."""
-        _trees(self.digest, self.content)
+        _trees(self)
 
     def score(self, features: np.ndarray) -> np.ndarray:
         """One score per row of `features` (rows of float32, in the declared order)."""
         if len(features) == 0:
             return np.zeros(0)
-        compiled = _trees(self.digest, self.content)
+        compiled = _trees(self)
         # A missing value (NaN) takes the branch the model says: ONNX Runtime reads that, the trees do not.
         if compiled is not None and np.isfinite(features).all():
             return compiled.score(features).astype(np.float64)
@@ -97,15 +97,12 @@ def _onnx_scores(session, features: np.ndarray) -> np.ndarray:
     return _score_of(session, outputs)
 
 
-def _trees(digest: str, content: bytes) -> trees.Trees | None:
+def _trees(model: Model) -> trees.Trees | None:
     """The model's compiled ensemble, once checked against ONNX Runtime's scores in this process."""
-    if digest not in _TREES:
-        session = _session(digest, content)
-        width = session.get_inputs()[0].shape[1]
-        _TREES[digest] = (
-            trees.checked(trees.of_onnx(content), lambda matrix: _onnx_scores(session, matrix), width) if isinstance(width, int) else None
-        )
-    return _TREES[digest]
+    if model.digest not in _TREES:
+        session = _session(model.digest, model.content)
+        _TREES[model.digest] = trees.checked(trees.of_onnx(model.content), lambda matrix: _onnx_scores(session, matrix), model.features)
+    return _TREES[model.digest]
 
 
 def _session(digest: str, content: bytes):

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from detectorkit.records import utc_times
 from detectorkit.state.declaration import EVENT_TIME, KEY, PARTITION_TIME
 from detectorkit.state.in_store import KeyColumns
 from detectorkit.windows import vectorised
@@ -139,9 +140,8 @@ class Rule(Held, Emitting, Closing):
         from detectorkit.state.store import PartitionStore  # the runner's store, only where a worker warms it
 
         store = PartitionStore(state, 0)
-        at = pd.to_datetime([0], unit="ms", utc=True).astype("datetime64[ns, UTC]")
         fields = {name: ["k"] if hashed else [1.0] for name, hashed in self.fields}
-        records = pd.DataFrame({KEY: np.array(["k"], dtype=object), EVENT_TIME: at, **fields})
+        records = pd.DataFrame({KEY: np.array(["k"], dtype=object), EVENT_TIME: utc_times([0]), **fields})
         slots, seen, columns = store.lists_of(["k"])
         out = self.detect_in_store(records, KeyColumns(np.zeros(1, dtype=np.int64), ["k"], seen, columns, np.zeros(1, dtype=np.int64), state.ttl_ms))
         if out is not None:
